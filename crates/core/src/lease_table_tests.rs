@@ -1,0 +1,398 @@
+//! Unit tests of the lease table, and a property test that drives random operation sequences
+//! (with crashes and restores in between) against a simple model. Each test names the
+//! property it checks.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn lock(name: &str) -> LockName {
+    LockName::new(name).unwrap()
+}
+
+fn request(name: &str, holder: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
+    AcquireRequest {
+        lock: lock(name),
+        holder: HolderId::new(holder).unwrap(),
+        ttl_ms,
+        wait_ms,
+        class: LockClass::Critical,
+    }
+}
+
+fn granted(outcome: AcquireOutcome) -> Lease {
+    match outcome {
+        AcquireOutcome::Granted(lease) => lease,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn p1_epochs_increase_per_lock_across_release_and_expiry() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    table.release(a.id, 10).unwrap();
+    let b = granted(table.acquire(request("r/1", "b", 100, 0), 20).unwrap());
+    assert!(b.epoch > a.epoch);
+    table.expire_due(b.expires_at);
+    let c = granted(
+        table
+            .acquire(request("r/1", "c", 100, 0), b.expires_at)
+            .unwrap(),
+    );
+    assert!(c.epoch > b.epoch);
+    assert_eq!(table.last_epoch(), c.epoch);
+}
+
+#[test]
+fn held_lock_without_wait_is_rejected_with_the_holder() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 1_000, 0), 0).unwrap());
+    let err = table
+        .acquire(request("r/1", "b", 1_000, 0), 400)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        LeaseError::Held {
+            lock: lock("r/1"),
+            holder: a.holder.clone(),
+            epoch: a.epoch,
+            remaining_ms: 600
+        }
+    );
+}
+
+#[test]
+fn release_hands_the_lock_to_the_first_waiter_in_the_same_step() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 1_000, 0), 0).unwrap());
+    let AcquireOutcome::Waiting(w1) = table.acquire(request("r/1", "w1", 500, 100), 1).unwrap()
+    else {
+        panic!("expected to wait")
+    };
+    let AcquireOutcome::Waiting(_w2) = table.acquire(request("r/1", "w2", 500, 100), 2).unwrap()
+    else {
+        panic!("expected to wait")
+    };
+    table.take_events();
+    table.release(a.id, 5).unwrap();
+    let events = table.take_events();
+    // The release is reported before the hand-off it caused.
+    assert!(matches!(events[0], Event::Released { .. }));
+    let Event::Granted { lease, waiter } = &events[1] else {
+        panic!("expected a grant second, got {events:?}")
+    };
+    assert_eq!(*waiter, Some(w1));
+    assert_eq!(lease.holder.as_str(), "w1");
+    assert_eq!(lease.expires_at, 505);
+    // One durable change covers the release and the hand-off.
+    let changes = table.take_changes();
+    assert_eq!(changes.locks, vec![(lock("r/1"), Some(lease.clone()))]);
+}
+
+#[test]
+fn waits_time_out_and_are_skipped_on_hand_off() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 1_000, 0), 0).unwrap());
+    table.acquire(request("r/1", "w1", 500, 50), 0).unwrap();
+    table.acquire(request("r/1", "w2", 500, 500), 0).unwrap();
+    table.take_events();
+    assert_eq!(table.next_deadline(), Some(50));
+    table.expire_due(50);
+    assert!(matches!(table.take_events()[..], [Event::WaitEnded { .. }]));
+    table.release(a.id, 60).unwrap();
+    let lease = table.describe(&lock("r/1"), 60).lease.unwrap();
+    assert_eq!(lease.holder.as_str(), "w2");
+}
+
+#[test]
+fn the_waiter_queue_is_bounded() {
+    let mut table = LeaseTable::new();
+    table.acquire(request("r/1", "a", 1_000, 0), 0).unwrap();
+    for _ in 0..MAX_WAITERS_PER_LOCK {
+        table.acquire(request("r/1", "w", 1_000, 1_000), 0).unwrap();
+    }
+    let err = table
+        .acquire(request("r/1", "w", 1_000, 1_000), 0)
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::TooManyWaiters { .. }));
+}
+
+#[test]
+fn limits_are_enforced() {
+    let mut table = LeaseTable::new();
+    for ttl in [0, MIN_TTL_MS - 1, MAX_TTL_MS + 1] {
+        let err = table.acquire(request("r/1", "a", ttl, 0), 0).unwrap_err();
+        assert!(
+            matches!(err, LeaseError::InvalidInput(_)),
+            "ttl {ttl}: {err:?}"
+        );
+    }
+    let err = table
+        .acquire(request("r/1", "a", 100, MAX_WAIT_MS + 1), 0)
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::InvalidInput(_)));
+    assert_eq!(table.take_changes(), Changes::default());
+}
+
+#[test]
+fn expired_leases_cannot_be_renewed_or_released() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    assert_eq!(table.renew(a.id, 100), Err(LeaseError::UnknownLease(a.id)));
+    assert_eq!(
+        table.release(a.id, 100),
+        Err(LeaseError::UnknownLease(a.id))
+    );
+}
+
+#[test]
+fn renewal_extends_from_now_by_the_full_ttl() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    let renewed = table.renew(a.id, 90).unwrap();
+    assert_eq!(renewed.expires_at, 190);
+    table.expire_due(189);
+    assert!(table.lease(a.id).is_some());
+    table.expire_due(190);
+    assert!(table.lease(a.id).is_none());
+}
+
+#[test]
+fn p1_restore_restarts_leases_at_full_ttl_and_continues_the_epoch_counter() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    let changes = table.take_changes();
+    let leases = changes.locks.into_iter().filter_map(|(_, lease)| lease);
+    let mut restored = LeaseTable::restore(changes.last_epoch, leases, 5_000);
+    assert_eq!(restored.lease(a.id).unwrap().expires_at, 5_100);
+    restored.release(a.id, 5_001).unwrap();
+    let b = granted(
+        restored
+            .acquire(request("r/1", "b", 100, 0), 5_002)
+            .unwrap(),
+    );
+    assert!(b.epoch > a.epoch);
+}
+
+#[test]
+#[should_panic(expected = "above the epoch counter")]
+fn restore_refuses_a_lease_above_the_counter() {
+    let lease = Lease {
+        id: LeaseId(9),
+        lock: lock("r/1"),
+        holder: HolderId::new("a").unwrap(),
+        epoch: Epoch(9),
+        ttl_ms: 100,
+        class: LockClass::Critical,
+        expires_at: 0,
+    };
+    LeaseTable::restore(Epoch(3), [lease], 0);
+}
+
+#[test]
+fn cancelled_waiters_leave_no_entry_behind() {
+    let mut table = LeaseTable::new();
+    let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    let AcquireOutcome::Waiting(w) = table.acquire(request("r/1", "w", 100, 50), 0).unwrap() else {
+        panic!()
+    };
+    table.cancel_wait(w);
+    table.cancel_wait(w);
+    table.release(a.id, 1).unwrap();
+    assert!(table.list(10, 1).is_empty());
+    assert_eq!(table.waiter_count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property test: random operations, crashes and restores, checked against a model.
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire { lock: u8, ttl_ms: u64, wait_ms: u64 },
+    Renew { pick: usize },
+    Release { pick: usize },
+    Cancel { pick: usize },
+    Advance { ms: u64 },
+    CrashAndRestore,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..3, 10u64..200, prop_oneof![Just(0u64), 1u64..300])
+            .prop_map(|(lock, ttl_ms, wait_ms)| Op::Acquire { lock, ttl_ms, wait_ms }),
+        2 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        3 => (0u64..150).prop_map(|ms| Op::Advance { ms }),
+        1 => Just(Op::CrashAndRestore),
+    ]
+}
+
+/// What the model knows: the durable image (as the coordinator would have written it), the
+/// live leases with the expiry the model computes itself, and every epoch ever issued.
+#[derive(Default)]
+struct Model {
+    disk_locks: BTreeMap<LockName, Lease>,
+    disk_last_epoch: Epoch,
+    live: BTreeMap<LockName, (LeaseId, Millis, u64)>,
+    last_epoch_per_lock: HashMap<LockName, Epoch>,
+    issued: Vec<Epoch>,
+    waiters: Vec<WaiterId>,
+}
+
+impl Model {
+    fn observe_grant(&mut self, lease: &Lease, now: Millis) {
+        // P1: strictly above every earlier epoch of this lock, and never issued before.
+        if let Some(previous) = self.last_epoch_per_lock.get(&lease.lock) {
+            assert!(
+                lease.epoch > *previous,
+                "P1: epoch {} after {previous}",
+                lease.epoch
+            );
+        }
+        assert!(
+            !self.issued.contains(&lease.epoch),
+            "P1: epoch {} issued twice",
+            lease.epoch
+        );
+        self.issued.push(lease.epoch);
+        self.last_epoch_per_lock
+            .insert(lease.lock.clone(), lease.epoch);
+        let previous = self.live.insert(
+            lease.lock.clone(),
+            (lease.id, now + lease.ttl_ms, lease.ttl_ms),
+        );
+        assert!(previous.is_none(), "two live leases on {}", lease.lock);
+    }
+
+    fn observe_events(&mut self, events: Vec<Event>, now: Millis) {
+        for event in events {
+            match event {
+                Event::Granted { lease, .. } => self.observe_grant(&lease, now),
+                Event::Released { lease } => {
+                    assert_eq!(self.live.remove(&lease.lock).map(|l| l.0), Some(lease.id));
+                }
+                Event::Expired { lease } => {
+                    let (id, expires_at, _) = self.live.remove(&lease.lock).unwrap();
+                    assert_eq!(id, lease.id);
+                    assert!(
+                        expires_at <= now,
+                        "lease expired early: {expires_at} > {now}"
+                    );
+                }
+                Event::WaitEnded { waiter, .. } => self.waiters.retain(|w| *w != waiter),
+            }
+        }
+    }
+
+    fn persist(&mut self, changes: Changes) {
+        assert!(
+            changes.last_epoch >= self.disk_last_epoch,
+            "epoch counter went backwards"
+        );
+        self.disk_last_epoch = changes.last_epoch;
+        for (lock, lease) in changes.locks {
+            match lease {
+                Some(lease) => self.disk_locks.insert(lock, lease),
+                None => self.disk_locks.remove(&lock),
+            };
+        }
+    }
+
+    fn is_live(&self, lock: &LockName, now: Millis) -> bool {
+        self.live
+            .get(lock)
+            .is_some_and(|(_, expires_at, _)| *expires_at > now)
+    }
+}
+
+fn run_ops(ops: Vec<Op>) {
+    let names: Vec<LockName> = ["a", "b/c", "d.e"].iter().map(|n| lock(n)).collect();
+    let mut table = LeaseTable::new();
+    let mut model = Model::default();
+    let mut now: Millis = 0;
+    for op in ops {
+        match op {
+            Op::Acquire {
+                lock,
+                ttl_ms,
+                wait_ms,
+            } => {
+                let name = &names[lock as usize];
+                let was_live = model.is_live(name, now);
+                let result = table.acquire(request(name.as_str(), "h", ttl_ms, wait_ms), now);
+                match result {
+                    Ok(AcquireOutcome::Granted(_)) => assert!(!was_live, "granted a held lock"),
+                    Ok(AcquireOutcome::Waiting(w)) => {
+                        assert!(was_live && wait_ms > 0);
+                        model.waiters.push(w);
+                    }
+                    Err(LeaseError::Held { .. }) => assert!(was_live && wait_ms == 0),
+                    Err(other) => panic!("unexpected {other:?}"),
+                }
+            }
+            Op::Renew { pick } | Op::Release { pick } if !model.live.is_empty() => {
+                let (name, &(id, _, ttl)) = model.live.iter().nth(pick % model.live.len()).unwrap();
+                let (name, live) = (name.clone(), model.is_live(&name, now));
+                let result = if matches!(op, Op::Renew { .. }) {
+                    table.renew(id, now).map(|_| ())
+                } else {
+                    table.release(id, now).map(|_| ())
+                };
+                assert_eq!(
+                    result.is_ok(),
+                    live,
+                    "lease {id} live={live} got {result:?}"
+                );
+                if result.is_ok() && matches!(op, Op::Renew { .. }) {
+                    model.live.insert(name, (id, now + ttl, ttl));
+                }
+            }
+            Op::Renew { .. } | Op::Release { .. } => {
+                assert!(table.renew(LeaseId(u64::MAX), now).is_err());
+            }
+            Op::Cancel { pick } if !model.waiters.is_empty() => {
+                table.cancel_wait(model.waiters[pick % model.waiters.len()]);
+            }
+            Op::Cancel { .. } => {}
+            Op::Advance { ms } => {
+                now += ms;
+                table.expire_due(now);
+            }
+            Op::CrashAndRestore => {
+                // Only what was persisted survives; waiters (connections) are gone.
+                table = LeaseTable::restore(
+                    model.disk_last_epoch,
+                    model.disk_locks.values().cloned(),
+                    now,
+                );
+                model.waiters.clear();
+                model.live = model
+                    .disk_locks
+                    .values()
+                    .map(|l| (l.lock.clone(), (l.id, now + l.ttl_ms, l.ttl_ms)))
+                    .collect();
+            }
+        }
+        let events = table.take_events();
+        model.observe_events(events, now);
+        model.persist(table.take_changes());
+        table.check_invariants();
+        assert_eq!(table.lease_count(), model.live.len());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// P1 (monotonic issue) and mutual exclusion under random operations and restarts.
+    #[test]
+    fn p1_random_operations_with_restarts_never_reissue_or_lower_an_epoch(
+        ops in proptest::collection::vec(op(), 1..120)
+    ) {
+        run_ops(ops);
+    }
+}
