@@ -1,1 +1,160 @@
-fn main() {}
+//! `palisade`: the coordinator, its client commands and its benchmark, in one binary.
+//!
+//! Exit codes: 0 success; 1 error; 2 bad usage; 3 the lock is held (acquire with no wait
+//! left); 4 the coordinator is unavailable.
+
+mod bench;
+mod lock;
+mod output;
+mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use palisade_client::ClientError;
+
+/// Fencing-token coordination: leases with strictly increasing, signed ownership epochs.
+#[derive(Parser)]
+#[command(name = "palisade", version, about)]
+struct Cli {
+    /// Print one JSON document instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the coordinator (gRPC and HTTP/JSON on one port).
+    Serve(ServeArgs),
+    /// Acquire, renew, release and inspect locks.
+    #[command(subcommand)]
+    Lock(LockCommand),
+    /// Measure the coordinator.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Where the lease store and the signing key live.
+    #[arg(long, default_value = palisade_server::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Address for gRPC and HTTP.
+    #[arg(long, default_value = palisade_server::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+}
+
+/// Where the coordinator is.
+#[derive(Args, Clone)]
+struct EndpointArgs {
+    /// Coordinator URL(s), comma-separated.
+    #[arg(
+        long,
+        env = "PALISADE_ENDPOINT",
+        default_value = palisade_client::DEFAULT_ENDPOINT,
+        value_delimiter = ','
+    )]
+    endpoint: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum LockCommand {
+    /// Acquire a lock and print its epoch, lease id and token.
+    Acquire {
+        /// The lock's name: 1–256 bytes of [A-Za-z0-9._/-].
+        name: String,
+        /// Lease TTL (e.g. 10s, 500ms, 1m).
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// How long to wait for a held lock.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Holder id recorded in the lease (default: user@host:pid).
+        #[arg(long)]
+        holder: Option<String>,
+        /// critical (writes must be fenced) or efficiency.
+        #[arg(long, default_value = "critical")]
+        class: String,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// Renew a lease by its full TTL.
+    Renew {
+        /// The lease id printed by acquire.
+        lease_id: u64,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// Release a lease.
+    Release {
+        /// The lease id printed by acquire.
+        lease_id: u64,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// List held locks and locks with waiters.
+    List {
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// Show one lock.
+    Show {
+        /// The lock's name.
+        name: String,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Acquire+release cycles per second, with latency percentiles and the disk's fsync rate.
+    Acquire(bench::AcquireBenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(exit_code(&error))
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let json = cli.json;
+    match cli.command {
+        Command::Serve(args) => serve::run(args.data_dir, args.listen).await,
+        Command::Lock(command) => lock::run(command, json).await,
+        Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
+    }
+}
+
+fn exit_code(error: &anyhow::Error) -> u8 {
+    match error.downcast_ref::<ClientError>() {
+        Some(ClientError::Held(_)) => 3,
+        Some(ClientError::Unavailable(_)) => 4,
+        _ => 1,
+    }
+}

@@ -336,7 +336,7 @@ fn run_ops(ops: Vec<Op>) {
             }
             Op::Renew { pick } | Op::Release { pick } if !model.live.is_empty() => {
                 let (name, &(id, _, ttl)) = model.live.iter().nth(pick % model.live.len()).unwrap();
-                let (name, live) = (name.clone(), model.is_live(&name, now));
+                let (name, live) = (name.clone(), model.is_live(name, now));
                 let result = if matches!(op, Op::Renew { .. }) {
                     table.renew(id, now).map(|_| ())
                 } else {

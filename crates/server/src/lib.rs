@@ -1,1 +1,173 @@
+//! The Palisade coordinator: a durable lease service that issues signed, strictly increasing
+//! ownership epochs.
+//!
+//! Components: [`store`] (durable state, redb), [`engine`] (the lease table behind a queue,
+//! group commit), [`api`] / [`http`] / [`grpc`] (the front ends, one port), [`keys`] (the
+//! signing key), [`metrics`]. [`start`] wires them together; see `ARCHITECTURE.md`.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod engine;
+pub mod grpc;
+pub mod http;
+pub mod keys;
+pub mod metrics;
+pub mod store;
+
+use std::future::IntoFuture as _;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt as _;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::Api;
+use crate::metrics::Metrics;
+use crate::store::{RedbLeaseStore, StoreError};
+
+/// Default data directory of `palisade serve`.
+pub const DEFAULT_DATA_DIR: &str = "./palisade-data";
+/// Default listen address of `palisade serve` (gRPC and HTTP on one port).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+/// File name of the lease store inside the data directory.
+pub const STORE_FILE: &str = "coordinator.redb";
+/// How long a stopping server waits for open connections (keepalive streams, watches) before
+/// it closes them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How to run a coordinator.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where the store and the signing key live.
+    pub data_dir: PathBuf,
+    /// Where to listen for gRPC and HTTP.
+    pub listen: SocketAddr,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            listen: DEFAULT_LISTEN.parse().expect("a valid default address"),
+        }
+    }
+}
+
+/// Why a coordinator could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The data directory or the listen socket failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The signing key could not be loaded or created.
+    #[error(transparent)]
+    Key(#[from] keys::KeyError),
+    /// The store failed (at start, or later, which stops the server).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A coordinator that is serving.
+pub struct RunningServer {
+    /// The address it listens on (useful with port 0).
+    pub local_addr: SocketAddr,
+    shutdown: Arc<watch::Sender<bool>>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// Asks the server to stop: the batch being committed finishes, waiting acquires are told
+    /// the coordinator is unavailable, open connections get [`SHUTDOWN_GRACE`] to finish.
+    pub fn begin_shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Resolves once the server has begun to stop, whether asked to or because its storage
+    /// failed.
+    pub async fn stopping(&self) {
+        let mut signal = self.shutdown.subscribe();
+        let _ = signal.wait_for(|stop| *stop).await;
+    }
+
+    /// Stops the server and waits until it has stopped.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        self.begin_shutdown();
+        self.wait().await
+    }
+
+    /// Waits until the server stops (after [`Self::begin_shutdown`], or a storage failure).
+    pub async fn wait(self) -> Result<(), ServerError> {
+        self.task.await.expect("the server task does not panic")
+    }
+}
+
+/// Opens the data directory and starts serving.
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    let io = |context: String| move |source| ServerError::Io { context, source };
+    let dir = &config.data_dir;
+    keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
+    let signer = Arc::new(keys::load_or_create_signer(dir)?);
+    let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
+    let metrics = Arc::new(Metrics::new());
+    let (shutdown, shutdown_signal) = watch::channel(false);
+    let shutdown = Arc::new(shutdown);
+    let (coordinator, engine) = engine::start(store, metrics.clone(), shutdown_signal.clone())?;
+    let api = Api {
+        coordinator,
+        signer,
+        metrics,
+    };
+    // The HTTP router (with its JSON 404 fallback) plus the gRPC service's path prefix.
+    let app = tonic::service::Routes::from(http::router(api.clone()))
+        .add_service(grpc::service(api))
+        .into_axum_router();
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(io(format!("listen on {}", config.listen)))?;
+    let local_addr = listener.local_addr().map_err(io("local address".into()))?;
+    tracing::info!(%local_addr, data_dir = %dir.display(), "coordinator serving gRPC and HTTP");
+    let listener = listener.tap_io(|tcp| {
+        // Small request/response messages: never wait for Nagle's algorithm.
+        let _ = tcp.set_nodelay(true);
+    });
+    let mut http_shutdown = shutdown_signal;
+    let http = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_shutdown.wait_for(|stop| *stop).await;
+            })
+            .into_future(),
+    );
+    let stopper = shutdown.clone();
+    let task = tokio::spawn(async move {
+        // The engine ends on shutdown or on a storage failure; either way the front ends stop.
+        let engine_result = engine.await.expect("the engine does not panic");
+        let _ = stopper.send(true);
+        match tokio::time::timeout(SHUTDOWN_GRACE, http).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "HTTP server error while stopping"),
+            Ok(Err(error)) => tracing::warn!(%error, "HTTP server task failed"),
+            Err(_) => tracing::warn!("connections still open after the grace period; closing"),
+        }
+        tracing::info!("coordinator stopped");
+        engine_result.map_err(ServerError::from)
+    });
+    Ok(RunningServer {
+        local_addr,
+        shutdown,
+        task,
+    })
+}

@@ -1,0 +1,284 @@
+//! `palisade bench acquire`: acquire+release cycles per second against a coordinator.
+//!
+//! With no `--endpoint` it starts its own coordinator in a temporary directory and, in the same
+//! run, measures the fdatasync rate of that directory, so the result can be read as a ratio
+//! (cycles per fsync) that holds from machine to machine: one fsync per operation would give
+//! at most 0.5 cycles per fsync (a cycle is two durable operations).
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use palisade_client::{AcquireOptions, Client, ClientError};
+use palisade_core::LockClass;
+use palisade_server::ServerConfig;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::lock::print_json;
+use crate::output::print_fields;
+
+/// How long the fdatasync rate is measured.
+const FSYNC_PROBE: Duration = Duration::from_secs(2);
+/// Most cycles recorded per client (bounds the memory of a long run).
+const MAX_SAMPLES_PER_CLIENT: usize = 2_000_000;
+/// How long a contended acquire may wait for its turn.
+const BENCH_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Args)]
+pub struct AcquireBenchArgs {
+    /// Coordinator URL(s); without it the bench starts its own coordinator in a temp dir.
+    #[arg(long, env = "PALISADE_ENDPOINT", value_delimiter = ',')]
+    endpoint: Option<Vec<String>>,
+    /// Concurrent clients, each with its own connection.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Distinct locks; client i uses lock i mod M (M = 1 is one contended lock).
+    #[arg(long, default_value_t = 8)]
+    locks: usize,
+    /// How long to run.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+}
+
+/// One acquire+release cycle as one client saw it.
+#[derive(Clone, Copy)]
+struct Cycle {
+    lock: usize,
+    epoch: u64,
+    acquire_sent: Instant,
+    granted: Instant,
+    release_sent: Instant,
+    released: Instant,
+}
+
+#[derive(Serialize)]
+struct Report {
+    clients: usize,
+    locks: usize,
+    duration_s: f64,
+    cycles: usize,
+    errors: usize,
+    ops_per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+    /// Hand-offs from a releasing holder to a waiting one: release sent → grant received.
+    handoffs: usize,
+    handoff_p50_us: Option<u64>,
+    handoff_p99_us: Option<u64>,
+    /// fdatasync calls per second in the coordinator's data directory (embedded runs only).
+    fsyncs_per_sec: Option<f64>,
+    /// ops_per_sec / fsyncs_per_sec.
+    ops_per_fsync: Option<f64>,
+    endpoint: String,
+}
+
+pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(args.locks >= 1, "--locks must be at least 1");
+    let mut embedded = None;
+    let mut fsyncs_per_sec = None;
+    let endpoints = match args.endpoint.clone() {
+        Some(endpoints) => endpoints,
+        None => {
+            let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+            let probe_path = dir.path().to_path_buf();
+            let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
+                .await?
+                .context("cannot measure the fdatasync rate")?;
+            fsyncs_per_sec = Some(rate);
+            let config = ServerConfig {
+                data_dir: dir.path().join("data"),
+                listen: "127.0.0.1:0".parse().expect("valid address"),
+            };
+            let server = palisade_server::start(config).await?;
+            let url = format!("http://{}", server.local_addr);
+            embedded = Some((server, dir));
+            vec![url]
+        }
+    };
+    let started = Instant::now();
+    let deadline = started + args.duration;
+    let mut tasks = Vec::with_capacity(args.clients);
+    for index in 0..args.clients {
+        let client = Client::connect(&endpoints).await?;
+        tasks.push(tokio::spawn(client_loop(
+            client, index, args.locks, deadline,
+        )));
+    }
+    let mut cycles = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (mine, failed) = task.await?;
+        cycles.extend(mine);
+        errors += failed;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if let Some((server, _dir)) = embedded {
+        server.shutdown().await?;
+    }
+    let report = summarize(&args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
+    print_report(&report, json);
+    Ok(())
+}
+
+async fn client_loop(
+    client: Client,
+    index: usize,
+    locks: usize,
+    deadline: Instant,
+) -> (Vec<Cycle>, usize) {
+    let lock = index % locks;
+    let mut options = AcquireOptions::new(format!("bench/{lock}"));
+    options.ttl = Duration::from_secs(10);
+    options.wait = BENCH_WAIT;
+    options.holder = format!("bench-{index}");
+    options.class = LockClass::Efficiency;
+    let mut cycles = Vec::new();
+    let mut errors = 0;
+    while Instant::now() < deadline && cycles.len() < MAX_SAMPLES_PER_CLIENT {
+        let acquire_sent = Instant::now();
+        let grant = match client.acquire_once(&options).await {
+            Ok(grant) => grant,
+            Err(ClientError::Held(_)) => continue,
+            Err(_) => {
+                errors += 1;
+                continue;
+            }
+        };
+        let granted = Instant::now();
+        let release_sent = Instant::now();
+        if client.release(grant.lease_id).await.is_err() {
+            errors += 1;
+            continue;
+        }
+        cycles.push(Cycle {
+            lock,
+            epoch: grant.epoch,
+            acquire_sent,
+            granted,
+            release_sent,
+            released: Instant::now(),
+        });
+    }
+    (cycles, errors)
+}
+
+fn summarize(
+    args: &AcquireBenchArgs,
+    endpoints: &[String],
+    mut cycles: Vec<Cycle>,
+    errors: usize,
+    elapsed: f64,
+    fsyncs_per_sec: Option<f64>,
+) -> Report {
+    let mut latencies: Vec<u64> = cycles
+        .iter()
+        .map(|c| (c.released - c.acquire_sent).as_micros() as u64)
+        .collect();
+    latencies.sort_unstable();
+    // A hand-off: consecutive epochs of one lock where the next holder asked before the
+    // previous one released, so it was waiting and the release handed the lock over.
+    cycles.sort_by_key(|c| (c.lock, c.epoch));
+    let mut handoffs: Vec<u64> = cycles
+        .windows(2)
+        .filter(|w| w[0].lock == w[1].lock && w[1].acquire_sent < w[0].release_sent)
+        .map(|w| {
+            w[1].granted
+                .saturating_duration_since(w[0].release_sent)
+                .as_micros() as u64
+        })
+        .collect();
+    handoffs.sort_unstable();
+    let ops_per_sec = cycles.len() as f64 / elapsed;
+    Report {
+        clients: args.clients,
+        locks: args.locks,
+        duration_s: elapsed,
+        cycles: cycles.len(),
+        errors,
+        ops_per_sec,
+        p50_us: percentile(&latencies, 0.50).unwrap_or(0),
+        p99_us: percentile(&latencies, 0.99).unwrap_or(0),
+        handoffs: handoffs.len(),
+        handoff_p50_us: percentile(&handoffs, 0.50),
+        handoff_p99_us: percentile(&handoffs, 0.99),
+        fsyncs_per_sec,
+        ops_per_fsync: fsyncs_per_sec.map(|rate| ops_per_sec / rate),
+        endpoint: if args.endpoint.is_some() {
+            endpoints.join(",")
+        } else {
+            "embedded".into()
+        },
+    }
+}
+
+fn percentile(sorted: &[u64], quantile: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((sorted.len() as f64 * quantile).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn print_report(report: &Report, json: bool) {
+    if json {
+        print_json(&serde_json::to_value(report).expect("the report serializes"));
+        return;
+    }
+    let optional = |v: Option<u64>| v.map_or("-".into(), |v| format!("{v} µs"));
+    print_fields(&[
+        ("endpoint", report.endpoint.clone()),
+        ("clients", report.clients.to_string()),
+        ("locks", report.locks.to_string()),
+        ("duration", format!("{:.1} s", report.duration_s)),
+        ("cycles", report.cycles.to_string()),
+        ("errors", report.errors.to_string()),
+        ("cycles/s", format!("{:.0}", report.ops_per_sec)),
+        ("cycle p50", format!("{} µs", report.p50_us)),
+        ("cycle p99", format!("{} µs", report.p99_us)),
+        ("hand-offs", report.handoffs.to_string()),
+        ("hand-off p50", optional(report.handoff_p50_us)),
+        ("hand-off p99", optional(report.handoff_p99_us)),
+        (
+            "fdatasync/s",
+            report
+                .fsyncs_per_sec
+                .map_or("-".into(), |r| format!("{r:.0}")),
+        ),
+        (
+            "cycles/fsync",
+            report
+                .ops_per_fsync
+                .map_or("-".into(), |r| format!("{r:.2}")),
+        ),
+    ]);
+}
+
+/// Rewrites one 4 KiB block and fdatasyncs it, repeatedly, for [`FSYNC_PROBE`]; returns
+/// fdatasyncs per second. This is the ceiling of a service that syncs once per operation.
+fn measure_fdatasync(dir: &Path) -> std::io::Result<f64> {
+    let path = dir.join("fsync-probe");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)?;
+    let block = [0x5a_u8; 4096];
+    // Allocate the block first, so the loop measures overwrite + fdatasync, not file growth.
+    file.write_all_at(&block, 0)?;
+    file.sync_all()?;
+    let started = std::time::Instant::now();
+    let mut count = 0u64;
+    while started.elapsed() < FSYNC_PROBE {
+        file.write_all_at(&block, 0)?;
+        file.sync_data()?;
+        count += 1;
+    }
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    std::fs::remove_file(path)?;
+    Ok(rate)
+}

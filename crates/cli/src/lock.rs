@@ -1,0 +1,172 @@
+//! `palisade lock acquire|renew|release|list|show`.
+
+use anyhow::Context as _;
+use palisade_client::proto::{LockClass as ProtoClass, LockInfo};
+use palisade_client::{AcquireOptions, Client};
+use palisade_core::LockClass;
+use serde_json::json;
+
+use crate::output::{millis, print_fields, print_table};
+use crate::{EndpointArgs, LockCommand};
+
+pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
+    match command {
+        LockCommand::Acquire {
+            name,
+            ttl,
+            wait,
+            holder,
+            class,
+            endpoint,
+        } => {
+            let class = LockClass::parse(&class)?;
+            let mut options = AcquireOptions::new(name);
+            options.ttl = ttl;
+            options.wait = wait;
+            options.class = class;
+            if let Some(holder) = holder {
+                options.holder = holder;
+            }
+            let grant = connect(&endpoint).await?.acquire_once(&options).await?;
+            if json {
+                print_json(&json!({
+                    "lock": grant.lock,
+                    "epoch": grant.epoch,
+                    "lease_id": grant.lease_id,
+                    "ttl_ms": grant.ttl_ms,
+                    "holder": grant.holder,
+                    "class": grant.class,
+                    "token": grant.token,
+                }));
+            } else {
+                print_fields(&[
+                    ("lock", grant.lock),
+                    ("epoch", grant.epoch.to_string()),
+                    ("lease_id", grant.lease_id.to_string()),
+                    ("ttl", millis(grant.ttl_ms)),
+                    ("holder", grant.holder),
+                    ("class", grant.class.to_string()),
+                    ("token", grant.token),
+                ]);
+            }
+        }
+        LockCommand::Renew { lease_id, endpoint } => {
+            let renewed = connect(&endpoint).await?.renew(lease_id).await?;
+            if json {
+                print_json(&json!({
+                    "lease_id": renewed.lease_id,
+                    "epoch": renewed.epoch,
+                    "ttl_ms": renewed.ttl_ms,
+                }));
+            } else {
+                println!("renewed lease {lease_id} for {}", millis(renewed.ttl_ms));
+            }
+        }
+        LockCommand::Release { lease_id, endpoint } => {
+            connect(&endpoint).await?.release(lease_id).await?;
+            if json {
+                print_json(&json!({"lease_id": lease_id, "released": true}));
+            } else {
+                println!("released lease {lease_id}");
+            }
+        }
+        LockCommand::List { endpoint } => {
+            let locks = connect(&endpoint).await?.list().await?;
+            if json {
+                let locks: Vec<_> = locks.iter().map(lock_json).collect();
+                print_json(&json!({ "locks": locks }));
+            } else if locks.is_empty() {
+                println!("no locks are held");
+            } else {
+                let rows: Vec<Vec<String>> = locks.iter().map(lock_row).collect();
+                print_table(
+                    &[
+                        "LOCK",
+                        "EPOCH",
+                        "LEASE",
+                        "HOLDER",
+                        "CLASS",
+                        "REMAINING",
+                        "WAITERS",
+                    ],
+                    &rows,
+                );
+            }
+        }
+        LockCommand::Show { name, endpoint } => {
+            let info = connect(&endpoint).await?.describe(&name).await?;
+            if json {
+                print_json(&lock_json(&info));
+            } else if info.held {
+                let row = lock_row(&info);
+                let keys = [
+                    "lock",
+                    "epoch",
+                    "lease_id",
+                    "holder",
+                    "class",
+                    "remaining",
+                    "waiters",
+                ];
+                let fields: Vec<(&str, String)> = keys.into_iter().zip(row).collect();
+                print_fields(&fields);
+            } else {
+                println!("{name} is free ({} waiting)", info.waiters);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(endpoint: &EndpointArgs) -> anyhow::Result<Client> {
+    Client::connect(&endpoint.endpoint).await.with_context(|| {
+        format!(
+            "cannot reach the coordinator at {}",
+            endpoint.endpoint.join(",")
+        )
+    })
+}
+
+fn class_name(class: i32) -> &'static str {
+    if class == ProtoClass::Efficiency as i32 {
+        "efficiency"
+    } else {
+        "critical"
+    }
+}
+
+fn lock_row(info: &LockInfo) -> Vec<String> {
+    vec![
+        info.lock.clone(),
+        info.epoch.to_string(),
+        info.lease_id.to_string(),
+        info.holder.clone(),
+        class_name(info.class).into(),
+        millis(info.remaining_ms),
+        info.waiters.to_string(),
+    ]
+}
+
+fn lock_json(info: &LockInfo) -> serde_json::Value {
+    if !info.held {
+        return json!({"lock": info.lock, "held": false, "waiters": info.waiters});
+    }
+    json!({
+        "lock": info.lock,
+        "held": true,
+        "epoch": info.epoch,
+        "lease_id": info.lease_id,
+        "holder": info.holder,
+        "ttl_ms": info.ttl_ms,
+        "remaining_ms": info.remaining_ms,
+        "class": class_name(info.class),
+        "waiters": info.waiters,
+    })
+}
+
+pub fn print_json(value: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("JSON values serialize")
+    );
+}

@@ -1,0 +1,50 @@
+//! Output for people: aligned tables and readable durations.
+
+/// Prints rows as a table with a header, columns padded to their widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// Prints `key value` pairs, keys aligned.
+pub fn print_fields(fields: &[(&str, String)]) {
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in fields {
+        println!("{key:<width$}  {value}");
+    }
+}
+
+/// A duration in milliseconds, for people: `850ms`, `9.5s`, `2m30s`.
+pub fn millis(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1_000..=59_999 => format!("{:.1}s", ms as f64 / 1_000.0),
+        _ => format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1_000),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(super::millis(850), "850ms");
+        assert_eq!(super::millis(9_500), "9.5s");
+        assert_eq!(super::millis(150_000), "2m30s");
+    }
+}

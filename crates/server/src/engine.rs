@@ -1,0 +1,447 @@
+//! The engine: one task that owns the lease table and the store, and turns concurrent
+//! requests into group commits.
+//!
+//! Lifecycle of a request: an API handler sends it over a bounded queue ([`CoordinatorHandle`]);
+//! the engine takes every queued request (up to [`MAX_BATCH`]), applies them in order to the
+//! lease table with the same `now`, writes the resulting changes in **one** durable commit, and
+//! only then answers them — so one fsync acknowledges a whole batch, and nothing is ever
+//! acknowledged before it is on disk (P1, P8). Reads (`describe`, `list`) are answered after the
+//! same commit, so they never show a state that could still be lost.
+//!
+//! Waiting acquires stay in the table's FIFO queue; their reply channels stay here. When a
+//! release or an expiry hands a lock to a waiter whose client has gone away, the engine releases
+//! that lease again *before* the commit, so abandoned waits do not block a lock for a TTL.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_core::{
+    AcquireOutcome, AcquireRequest, Event, Lease, LeaseError, LeaseId, LeaseTable, LockName,
+    LockSummary, WaiterId,
+};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::metrics::{Metrics, TransitionLabels};
+use crate::store::{LeaseStore, StoreError};
+
+/// Most requests waiting for the engine. Senders wait (back-pressure) when it is full.
+pub const REQUEST_QUEUE_CAPACITY: usize = 16_384;
+/// Most requests applied in one commit; bounds the latency a huge burst adds to its first
+/// request and the size of one write transaction.
+pub const MAX_BATCH: usize = 4_096;
+/// Ownership transitions buffered for watchers; a watcher that falls further behind is
+/// disconnected (it can reconnect and read the current state).
+pub const WATCH_BUFFER: usize = 4_096;
+/// Most locks one `list` returns.
+pub const MAX_LIST: usize = 10_000;
+
+/// Why a coordinator operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoordinatorError {
+    /// An expected rejection from the lease table (bad input, held, queue full, unknown lease).
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// The acquire waited its full wait time without the lock becoming free.
+    #[error("lock {lock} is still held after waiting")]
+    WaitTimedOut {
+        /// The lock.
+        lock: LockName,
+    },
+    /// The coordinator is starting, stopping, or stopped by a storage failure.
+    #[error("coordinator unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// How a lease ended or began, for watchers and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransitionKind {
+    /// A lease was granted.
+    Granted,
+    /// A lease was released.
+    Released,
+    /// A lease expired.
+    Expired,
+}
+
+impl TransitionKind {
+    /// The kind's name in metrics and the watch stream.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransitionKind::Granted => "granted",
+            TransitionKind::Released => "released",
+            TransitionKind::Expired => "expired",
+        }
+    }
+}
+
+/// A durable ownership transition, broadcast after its commit.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    /// What happened.
+    pub kind: TransitionKind,
+    /// The lease it happened to.
+    pub lease: Lease,
+    /// Time left on the lease at the commit (0 unless granted).
+    pub remaining_ms: u64,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, CoordinatorError>>;
+
+enum Request {
+    Acquire(AcquireRequest, Reply<Lease>),
+    Renew(LeaseId, Reply<Lease>),
+    Release(LeaseId, Reply<Lease>),
+    Describe(LockName, Reply<LockSummary>),
+    List(usize, Reply<Vec<LockSummary>>),
+}
+
+/// A cheap, cloneable handle to the engine.
+#[derive(Clone)]
+pub struct CoordinatorHandle {
+    requests: mpsc::Sender<Request>,
+    transitions: broadcast::Sender<Transition>,
+    ready: Arc<AtomicBool>,
+}
+
+impl CoordinatorHandle {
+    /// Acquires a lock; resolves when granted (durably), refused, or the wait ends.
+    pub async fn acquire(&self, request: AcquireRequest) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Acquire(request, reply)).await
+    }
+
+    /// Renews a lease by its full TTL (durably).
+    pub async fn renew(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Renew(id, reply)).await
+    }
+
+    /// Releases a lease (durably) and returns it.
+    pub async fn release(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Release(id, reply)).await
+    }
+
+    /// The durable state of one lock.
+    pub async fn describe(&self, lock: LockName) -> Result<LockSummary, CoordinatorError> {
+        self.call(|reply| Request::Describe(lock, reply)).await
+    }
+
+    /// Up to `limit` (at most [`MAX_LIST`]) held or awaited locks, by name.
+    pub async fn list(&self, limit: usize) -> Result<Vec<LockSummary>, CoordinatorError> {
+        self.call(|reply| Request::List(limit.min(MAX_LIST), reply))
+            .await
+    }
+
+    /// Ownership transitions from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Transition> {
+        self.transitions.subscribe()
+    }
+
+    /// True while the engine is serving.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, CoordinatorError> {
+        let stopped = || CoordinatorError::Unavailable("the coordinator is stopping".into());
+        let (reply, response) = oneshot::channel();
+        self.requests
+            .send(make(reply))
+            .await
+            .map_err(|_| stopped())?;
+        response.await.map_err(|_| stopped())?
+    }
+}
+
+/// An answer held back until the commit that covers it.
+trait Deferred: Send {
+    /// Sends the answer, or `failure` when the commit failed.
+    fn deliver(self: Box<Self>, failure: Option<&CoordinatorError>);
+}
+
+struct Answer<T>(Reply<T>, Result<T, CoordinatorError>);
+
+impl<T: Send> Deferred for Answer<T> {
+    fn deliver(self: Box<Self>, failure: Option<&CoordinatorError>) {
+        let result = match failure {
+            Some(error) => Err(error.clone()),
+            None => self.1,
+        };
+        // The client may have gone away; nothing to do then.
+        let _ = self.0.send(result);
+    }
+}
+
+/// Starts the engine over `store` (loading its durable state first) and returns its handle
+/// and the task, which ends on `shutdown` or with the storage error that stopped it.
+pub fn start<S: LeaseStore>(
+    store: S,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<
+    (
+        CoordinatorHandle,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
+    ),
+    StoreError,
+> {
+    let durable = store.load()?;
+    let start = Instant::now();
+    let table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
+    tracing::info!(
+        last_epoch = %table.last_epoch(),
+        leases = table.lease_count(),
+        "loaded durable state; every lease restarts at its full TTL"
+    );
+    let (requests, receiver) = mpsc::channel(REQUEST_QUEUE_CAPACITY);
+    let (transitions, _) = broadcast::channel(WATCH_BUFFER);
+    let ready = Arc::new(AtomicBool::new(true));
+    let handle = CoordinatorHandle {
+        requests,
+        transitions: transitions.clone(),
+        ready: ready.clone(),
+    };
+    let engine = Engine {
+        table,
+        store: Some(store),
+        waiting: HashMap::new(),
+        receiver,
+        transitions,
+        metrics,
+        start,
+        ready,
+    };
+    let task = tokio::spawn(engine.run(shutdown));
+    Ok((handle, task))
+}
+
+struct Engine<S> {
+    table: LeaseTable,
+    /// The store; `None` only while a commit runs on a blocking thread.
+    store: Option<S>,
+    /// Reply channels of acquires queued in the table, with when they arrived.
+    waiting: HashMap<WaiterId, Reply<Lease>>,
+    receiver: mpsc::Receiver<Request>,
+    transitions: broadcast::Sender<Transition>,
+    metrics: Arc<Metrics>,
+    /// Origin of the table's clock.
+    start: Instant,
+    ready: Arc<AtomicBool>,
+}
+
+impl<S: LeaseStore> Engine<S> {
+    async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {
+        let mut batch = Vec::new();
+        let result = loop {
+            let deadline = self.table.next_deadline().map(|ms| self.instant_of(ms));
+            tokio::select! {
+                biased;
+                () = shutdown_requested(&mut shutdown) => break Ok(()),
+                received = self.receiver.recv() => match received {
+                    Some(request) => batch.push(request),
+                    None => break Ok(()),
+                },
+                () = sleep_until_optional(deadline) => {}
+            }
+            while batch.len() < MAX_BATCH {
+                match self.receiver.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            if let Err(error) = self.process(std::mem::take(&mut batch)).await {
+                tracing::error!(%error, "storage failed; the coordinator stops serving");
+                break Err(error);
+            }
+        };
+        self.ready.store(false, Ordering::Release);
+        self.receiver.close();
+        let stopping = CoordinatorError::Unavailable("the coordinator is stopping".into());
+        for (_, reply) in self.waiting.drain() {
+            let _ = reply.send(Err(stopping.clone()));
+        }
+        result
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn instant_of(&self, ms: u64) -> Instant {
+        self.start + Duration::from_millis(ms)
+    }
+
+    /// Applies a batch, commits its changes once, then answers it.
+    async fn process(&mut self, batch: Vec<Request>) -> Result<(), StoreError> {
+        let now = self.now_ms();
+        self.table.expire_due(now);
+        let batch_size = batch.len();
+        let mut answers: Vec<Box<dyn Deferred>> = Vec::with_capacity(batch_size);
+        for request in batch {
+            if let Some(answer) = self.apply(request, now) {
+                answers.push(answer);
+            }
+        }
+        let events = self.collect_events(now);
+        let changes = self.table.take_changes();
+        if !changes.is_empty() {
+            let mut store = self
+                .store
+                .take()
+                .expect("the store is home between commits");
+            let started = std::time::Instant::now();
+            let (store, result) = if store.commit_blocks() {
+                tokio::task::spawn_blocking(move || {
+                    let result = store.commit(&changes);
+                    (store, result)
+                })
+                .await
+                .expect("the commit task does not panic")
+            } else {
+                let result = store.commit(&changes);
+                (store, result)
+            };
+            self.store = Some(store);
+            self.metrics
+                .commit_duration
+                .observe(started.elapsed().as_secs_f64());
+            self.metrics.commit_batch_size.observe(batch_size as f64);
+            if let Err(error) = result {
+                let failure = CoordinatorError::Unavailable(format!("storage failed: {error}"));
+                answers.into_iter().for_each(|a| a.deliver(Some(&failure)));
+                return Err(error);
+            }
+        }
+        answers.into_iter().for_each(|a| a.deliver(None));
+        self.publish(events, now);
+        self.metrics
+            .leases_active
+            .set(self.table.lease_count() as i64);
+        self.metrics.waiters.set(self.table.waiter_count() as i64);
+        Ok(())
+    }
+
+    fn apply(&mut self, request: Request, now: u64) -> Option<Box<dyn Deferred>> {
+        match request {
+            Request::Acquire(acquire, reply) => match self.table.acquire(acquire, now) {
+                Ok(AcquireOutcome::Granted(lease)) => Some(Box::new(Answer(reply, Ok(lease)))),
+                Ok(AcquireOutcome::Waiting(waiter)) => {
+                    self.waiting.insert(waiter, reply);
+                    None
+                }
+                Err(error) => Some(Box::new(Answer(reply, Err(error.into())))),
+            },
+            Request::Renew(id, reply) => {
+                let result = self.table.renew(id, now);
+                match &result {
+                    Ok(_) => self.metrics.leases_renewed.inc(),
+                    Err(_) => self.metrics.renewal_failures.inc(),
+                };
+                Some(Box::new(Answer(reply, result.map_err(Into::into))))
+            }
+            Request::Release(id, reply) => {
+                let result = self.table.release(id, now).map(|o| o.released);
+                Some(Box::new(Answer(reply, result.map_err(Into::into))))
+            }
+            Request::Describe(lock, reply) => {
+                Some(Box::new(Answer(reply, Ok(self.table.describe(&lock, now)))))
+            }
+            Request::List(limit, reply) => {
+                Some(Box::new(Answer(reply, Ok(self.table.list(limit, now)))))
+            }
+        }
+    }
+
+    /// Drains the table's events; a grant to a waiter whose client has gone is released again
+    /// at once (before the commit), which may grant the next waiter, and so on.
+    fn collect_events(&mut self, now: u64) -> Vec<Event> {
+        let mut all = Vec::new();
+        loop {
+            let events = self.table.take_events();
+            if events.is_empty() {
+                return all;
+            }
+            for event in &events {
+                if let Event::Granted {
+                    lease,
+                    waiter: Some(waiter),
+                } = event
+                {
+                    if self
+                        .waiting
+                        .get(waiter)
+                        .is_none_or(|reply| reply.is_closed())
+                    {
+                        self.waiting.remove(waiter);
+                        self.table
+                            .release(lease.id, now)
+                            .expect("the lease was just granted");
+                    }
+                }
+            }
+            all.extend(events);
+        }
+    }
+
+    /// After the commit: answers waiters, updates metrics, and tells watchers.
+    fn publish(&mut self, events: Vec<Event>, now: u64) {
+        for event in events {
+            let (kind, lease) = match event {
+                Event::Granted { lease, waiter } => {
+                    if let Some(reply) = waiter.and_then(|w| self.waiting.remove(&w)) {
+                        let _ = reply.send(Ok(lease.clone()));
+                    }
+                    self.metrics.leases_granted.inc();
+                    (TransitionKind::Granted, lease)
+                }
+                Event::Released { lease } => {
+                    self.metrics.leases_released.inc();
+                    (TransitionKind::Released, lease)
+                }
+                Event::Expired { lease } => {
+                    self.metrics.leases_expired.inc();
+                    (TransitionKind::Expired, lease)
+                }
+                Event::WaitEnded { waiter, lock } => {
+                    if let Some(reply) = self.waiting.remove(&waiter) {
+                        let _ = reply.send(Err(CoordinatorError::WaitTimedOut { lock }));
+                    }
+                    continue;
+                }
+            };
+            self.metrics
+                .transitions
+                .get_or_create(&TransitionLabels {
+                    class: lease.class.as_str(),
+                    transition: kind.as_str(),
+                })
+                .inc();
+            let remaining_ms = match kind {
+                TransitionKind::Granted => lease.expires_at.saturating_sub(now),
+                _ => 0,
+            };
+            // No watcher is fine.
+            let _ = self.transitions.send(Transition {
+                kind,
+                lease,
+                remaining_ms,
+            });
+        }
+    }
+}
+
+/// Resolves when shutdown is asked for; never, if the sender is gone without asking.
+async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
+    if shutdown.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn sleep_until_optional(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

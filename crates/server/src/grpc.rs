@@ -1,0 +1,286 @@
+//! The gRPC API (`proto/palisade.proto`), served on the same port as HTTP.
+
+use std::pin::Pin;
+
+use futures::Stream;
+use palisade_core::limits::DEFAULT_TTL_MS;
+use palisade_core::{AcquireRequest, HolderId, LeaseError, LeaseId, LockClass, LockName};
+use palisade_core::{Lease, LockSummary};
+use palisade_proto::v1 as pb;
+use pb::coordinator_server::{Coordinator, CoordinatorServer};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::api::Api;
+use crate::engine::{CoordinatorError, TransitionKind, MAX_LIST};
+
+/// Responses buffered per keepalive or watch stream before the server waits for the client.
+const STREAM_BUFFER: usize = 16;
+
+/// Holder recorded when a gRPC acquire names none.
+const DEFAULT_HOLDER: &str = "anonymous";
+
+/// The tonic service for [`Api`].
+pub fn service(api: Api) -> CoordinatorServer<GrpcApi> {
+    CoordinatorServer::new(GrpcApi { api })
+}
+
+/// Implements the generated `Coordinator` trait over the shared [`Api`].
+pub struct GrpcApi {
+    api: Api,
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn status(error: CoordinatorError) -> Status {
+    let message = error.to_string();
+    match error {
+        CoordinatorError::Lease(LeaseError::InvalidInput(_)) => Status::invalid_argument(message),
+        CoordinatorError::Lease(LeaseError::Held { .. })
+        | CoordinatorError::WaitTimedOut { .. } => Status::already_exists(message),
+        CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => {
+            Status::resource_exhausted(message)
+        }
+        CoordinatorError::Lease(LeaseError::UnknownLease(_)) => Status::not_found(message),
+        CoordinatorError::Lease(_) => Status::invalid_argument(message),
+        CoordinatorError::Unavailable(_) => Status::unavailable(message),
+    }
+}
+
+fn class_to_proto(class: LockClass) -> i32 {
+    match class {
+        LockClass::Critical => pb::LockClass::Critical as i32,
+        LockClass::Efficiency => pb::LockClass::Efficiency as i32,
+    }
+}
+
+fn class_from_proto(class: i32) -> Result<LockClass, Status> {
+    match pb::LockClass::try_from(class) {
+        Ok(pb::LockClass::Unspecified | pb::LockClass::Critical) => Ok(LockClass::Critical),
+        Ok(pb::LockClass::Efficiency) => Ok(LockClass::Efficiency),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown lock class {class}"
+        ))),
+    }
+}
+
+fn lock_name(name: String) -> Result<LockName, Status> {
+    LockName::new(name).map_err(|e| Status::invalid_argument(e.0))
+}
+
+/// The proto form of a lock's state.
+pub fn lock_info(summary: &LockSummary) -> pb::LockInfo {
+    let mut info = pb::LockInfo {
+        lock: summary.lock.to_string(),
+        remaining_ms: summary.remaining_ms,
+        waiters: u32::try_from(summary.waiters).unwrap_or(u32::MAX),
+        ..Default::default()
+    };
+    if let Some(lease) = &summary.lease {
+        fill_lease(&mut info, lease);
+    }
+    info
+}
+
+fn fill_lease(info: &mut pb::LockInfo, lease: &Lease) {
+    info.held = true;
+    info.epoch = lease.epoch.0;
+    info.lease_id = lease.id.0;
+    info.holder = lease.holder.to_string();
+    info.ttl_ms = lease.ttl_ms;
+    info.class = class_to_proto(lease.class);
+}
+
+#[tonic::async_trait]
+impl Coordinator for GrpcApi {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let request = request.into_inner();
+        let holder = if request.holder.is_empty() {
+            DEFAULT_HOLDER.to_owned()
+        } else {
+            request.holder
+        };
+        let acquire = AcquireRequest {
+            lock: lock_name(request.lock)?,
+            holder: HolderId::new(holder).map_err(|e| Status::invalid_argument(e.0))?,
+            ttl_ms: if request.ttl_ms == 0 {
+                DEFAULT_TTL_MS
+            } else {
+                request.ttl_ms
+            },
+            wait_ms: request.wait_ms,
+            class: class_from_proto(request.class)?,
+        };
+        let grant = self.api.acquire(acquire).await.map_err(status)?;
+        let lease = grant.lease;
+        Ok(Response::new(pb::AcquireResponse {
+            lock: lease.lock.to_string(),
+            epoch: lease.epoch.0,
+            lease_id: lease.id.0,
+            ttl_ms: lease.ttl_ms,
+            holder: lease.holder.to_string(),
+            token: grant.token,
+            class: class_to_proto(lease.class),
+        }))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let lease = self
+            .api
+            .renew(LeaseId(request.into_inner().lease_id))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(renew_response(&lease)))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let id = LeaseId(request.into_inner().lease_id);
+        let lease = self.api.coordinator.release(id).await.map_err(status)?;
+        Ok(Response::new(pb::ReleaseResponse {
+            lease_id: lease.id.0,
+        }))
+    }
+
+    type KeepaliveStream = ResponseStream<pb::RenewResponse>;
+
+    async fn keepalive(
+        &self,
+        request: Request<Streaming<pb::RenewRequest>>,
+    ) -> Result<Response<Self::KeepaliveStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let api = self.api.clone();
+        tokio::spawn(async move {
+            while let Some(message) = inbound.next().await {
+                let reply = match message {
+                    Ok(renew) => api.renew(LeaseId(renew.lease_id)).await,
+                    Err(_) => break, // the client went away
+                };
+                let failed = reply.is_err();
+                let reply = reply.map(|lease| renew_response(&lease)).map_err(status);
+                if sender.send(reply).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::LockInfo>, Status> {
+        let lock = lock_name(request.into_inner().lock)?;
+        let summary = self.api.coordinator.describe(lock).await.map_err(status)?;
+        Ok(Response::new(lock_info(&summary)))
+    }
+
+    async fn list(
+        &self,
+        _request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let locks = self.api.coordinator.list(MAX_LIST).await.map_err(status)?;
+        Ok(Response::new(pb::ListResponse {
+            locks: locks.iter().map(lock_info).collect(),
+        }))
+    }
+
+    type WatchStream = ResponseStream<pb::LockEvent>;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let lock = lock_name(request.into_inner().lock)?;
+        // Subscribe before reading the current state, so no transition falls in between.
+        let mut transitions = self.api.coordinator.subscribe();
+        let current = self
+            .api
+            .coordinator
+            .describe(lock.clone())
+            .await
+            .map_err(status)?;
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(async move {
+            let first = pb::LockEvent {
+                state: Some(lock_info(&current)),
+                kind: "current".into(),
+            };
+            if sender.send(Ok(first)).await.is_err() {
+                return;
+            }
+            loop {
+                let transition = tokio::select! {
+                    received = transitions.recv() => received,
+                    () = sender.closed() => return,
+                };
+                let event = match transition {
+                    Ok(t) if t.lease.lock != lock => continue,
+                    Ok(t) => {
+                        let mut state = pb::LockInfo {
+                            lock: lock.to_string(),
+                            ..Default::default()
+                        };
+                        if t.kind == TransitionKind::Granted {
+                            fill_lease(&mut state, &t.lease);
+                            state.remaining_ms = t.remaining_ms;
+                        } else {
+                            state.epoch = t.lease.epoch.0;
+                            state.lease_id = t.lease.id.0;
+                            state.holder = t.lease.holder.to_string();
+                        }
+                        Ok(pb::LockEvent {
+                            state: Some(state),
+                            kind: t.kind.as_str().into(),
+                        })
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => Err(Status::data_loss(
+                        format!("watch fell {missed} transitions behind; watch again"),
+                    )),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let stop = event.is_err();
+                if sender.send(event).await.is_err() || stop {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn keys(
+        &self,
+        _request: Request<pb::KeysRequest>,
+    ) -> Result<Response<pb::KeysResponse>, Status> {
+        let keys = self
+            .api
+            .public_keys()
+            .into_iter()
+            .map(|k| pb::PublicKey {
+                key_id: k.key_id,
+                public_key: k.public_key,
+                algorithm: k.algorithm.into(),
+            })
+            .collect();
+        Ok(Response::new(pb::KeysResponse { keys }))
+    }
+}
+
+fn renew_response(lease: &Lease) -> pb::RenewResponse {
+    pb::RenewResponse {
+        lease_id: lease.id.0,
+        ttl_ms: lease.ttl_ms,
+        epoch: lease.epoch.0,
+    }
+}

@@ -1,0 +1,273 @@
+//! The HTTP/JSON API (PRODUCT.md, "Interfaces"). Every error is `{"error": CODE, "message"}`
+//! with a fitting status; the server keeps serving after any bad request.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use palisade_core::limits::DEFAULT_TTL_MS;
+use palisade_core::{
+    AcquireRequest, HolderId, InvalidInput, LeaseError, LeaseId, LockClass, LockName, LockSummary,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::api::Api;
+use crate::engine::{CoordinatorError, MAX_LIST};
+
+/// Largest request body accepted. An acquire body is under 300 bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Holder recorded when an HTTP acquire names none.
+pub const DEFAULT_HOLDER: &str = "anonymous";
+
+/// The HTTP routes.
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/v1/locks", get(list_locks))
+        .route("/v1/locks/{name}", get(show_lock))
+        .route("/v1/locks/{name}/acquire", post(acquire))
+        .route("/v1/leases/{id}/renew", post(renew))
+        .route("/v1/leases/{id}/release", post(release))
+        .route("/v1/keys", get(keys))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(api)
+}
+
+/// A JSON error response.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": self.code, "message": self.message});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<InvalidInput> for ApiError {
+    fn from(error: InvalidInput) -> Self {
+        Self::bad_request(error.0)
+    }
+}
+
+impl From<CoordinatorError> for ApiError {
+    fn from(error: CoordinatorError) -> Self {
+        let message = error.to_string();
+        let (status, code) = match error {
+            CoordinatorError::Lease(LeaseError::InvalidInput(_)) => {
+                (StatusCode::BAD_REQUEST, "invalid_argument")
+            }
+            CoordinatorError::Lease(LeaseError::Held { .. })
+            | CoordinatorError::WaitTimedOut { .. } => (StatusCode::CONFLICT, "lock_held"),
+            CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_waiters")
+            }
+            CoordinatorError::Lease(LeaseError::UnknownLease(_)) => {
+                (StatusCode::NOT_FOUND, "unknown_lease")
+            }
+            CoordinatorError::Lease(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
+            CoordinatorError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        };
+        Self::new(status, code, message)
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        let status = rejection.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "invalid_body"
+        };
+        Self::new(status, code, rejection.body_text())
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    ttl_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    holder: Option<String>,
+    class: Option<String>,
+}
+
+#[derive(Serialize)]
+struct AcquireReply {
+    lock: LockName,
+    epoch: u64,
+    lease_id: u64,
+    ttl_ms: u64,
+    holder: String,
+    class: LockClass,
+    token: String,
+}
+
+#[derive(Serialize)]
+struct LockReply {
+    lock: LockName,
+    held: bool,
+    epoch: Option<u64>,
+    lease_id: Option<u64>,
+    holder: Option<String>,
+    ttl_ms: Option<u64>,
+    remaining_ms: u64,
+    class: Option<LockClass>,
+    waiters: usize,
+}
+
+impl From<LockSummary> for LockReply {
+    fn from(summary: LockSummary) -> Self {
+        let lease = summary.lease.as_ref();
+        Self {
+            held: lease.is_some(),
+            epoch: lease.map(|l| l.epoch.0),
+            lease_id: lease.map(|l| l.id.0),
+            holder: lease.map(|l| l.holder.to_string()),
+            ttl_ms: lease.map(|l| l.ttl_ms),
+            class: lease.map(|l| l.class),
+            remaining_ms: summary.remaining_ms,
+            waiters: summary.waiters,
+            lock: summary.lock,
+        }
+    }
+}
+
+fn parse_acquire(name: String, body: &[u8]) -> Result<AcquireRequest, ApiError> {
+    let lock = LockName::new(name)?;
+    let body: AcquireBody = if body.iter().all(u8::is_ascii_whitespace) {
+        AcquireBody::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    Ok(AcquireRequest {
+        lock,
+        holder: HolderId::new(body.holder.unwrap_or_else(|| DEFAULT_HOLDER.into()))?,
+        ttl_ms: body.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
+        wait_ms: body.wait_ms.unwrap_or(0),
+        class: body
+            .class
+            .as_deref()
+            .map_or(Ok(LockClass::Critical), LockClass::parse)?,
+    })
+}
+
+fn parse_lease_id(id: &str) -> Result<LeaseId, ApiError> {
+    id.parse()
+        .map(LeaseId)
+        .map_err(|_| ApiError::bad_request(format!("lease id {id:?} is not a number")))
+}
+
+async fn acquire(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AcquireReply>, ApiError> {
+    let request = parse_acquire(name, &body?)?;
+    let grant = api.acquire(request).await?;
+    let lease = grant.lease;
+    Ok(Json(AcquireReply {
+        lock: lease.lock,
+        epoch: lease.epoch.0,
+        lease_id: lease.id.0,
+        ttl_ms: lease.ttl_ms,
+        holder: lease.holder.to_string(),
+        class: lease.class,
+        token: grant.token,
+    }))
+}
+
+async fn renew(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let lease = api.renew(parse_lease_id(&id)?).await?;
+    Ok(Json(json!({
+        "lease_id": lease.id.0,
+        "lock": lease.lock,
+        "epoch": lease.epoch.0,
+        "ttl_ms": lease.ttl_ms,
+    })))
+}
+
+async fn release(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let lease = api.coordinator.release(parse_lease_id(&id)?).await?;
+    Ok(Json(json!({
+        "lease_id": lease.id.0,
+        "lock": lease.lock,
+        "epoch": lease.epoch.0,
+        "released": true,
+    })))
+}
+
+async fn list_locks(State(api): State<Api>) -> Result<Json<serde_json::Value>, ApiError> {
+    let locks = api.coordinator.list(MAX_LIST).await?;
+    let truncated = locks.len() >= MAX_LIST;
+    let locks: Vec<LockReply> = locks.into_iter().map(Into::into).collect();
+    Ok(Json(json!({"locks": locks, "truncated": truncated})))
+}
+
+async fn show_lock(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<Json<LockReply>, ApiError> {
+    let lock = LockName::new(name)?;
+    Ok(Json(api.coordinator.describe(lock).await?.into()))
+}
+
+async fn keys(State(api): State<Api>) -> Json<serde_json::Value> {
+    Json(json!({"keys": api.public_keys()}))
+}
+
+async fn metrics(State(api): State<Api>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        api.metrics.render(),
+    )
+}
+
+async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
+    if api.coordinator.is_ready() {
+        Ok("ready\n")
+    } else {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "not ready",
+        ))
+    }
+}

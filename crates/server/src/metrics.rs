@@ -1,0 +1,139 @@
+//! Prometheus metrics of the coordinator, served at `GET /metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of an ownership transition.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// `critical` or `efficiency`.
+    pub class: &'static str,
+    /// `granted`, `released` or `expired`.
+    pub transition: &'static str,
+}
+
+/// Every metric of the coordinator. Cheap to update from any task.
+pub struct Metrics {
+    registry: Registry,
+    /// Leases granted (immediately or to a waiter).
+    pub leases_granted: Counter,
+    /// Successful renewals.
+    pub leases_renewed: Counter,
+    /// Leases ended by release.
+    pub leases_released: Counter,
+    /// Leases ended by expiry.
+    pub leases_expired: Counter,
+    /// Renewals refused because the lease was unknown, released or expired.
+    pub renewal_failures: Counter,
+    /// Ownership transitions by lock class.
+    pub transitions: Family<TransitionLabels, Counter>,
+    /// Leases live now.
+    pub leases_active: Gauge,
+    /// Acquires waiting now.
+    pub waiters: Gauge,
+    /// Time from receiving an acquire to answering it with a grant, in seconds.
+    pub acquire_latency: Histogram,
+    /// Requests per durable commit (group-commit batch size).
+    pub commit_batch_size: Histogram,
+    /// Duration of one durable commit, in seconds.
+    pub commit_duration: Histogram,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("palisade");
+        let metrics = Self {
+            leases_granted: Counter::default(),
+            leases_renewed: Counter::default(),
+            leases_released: Counter::default(),
+            leases_expired: Counter::default(),
+            renewal_failures: Counter::default(),
+            transitions: Family::default(),
+            leases_active: Gauge::default(),
+            waiters: Gauge::default(),
+            acquire_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 20)),
+            commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            commit_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "leases_granted",
+            "Leases granted",
+            metrics.leases_granted.clone(),
+        );
+        r.register(
+            "leases_renewed",
+            "Lease renewals",
+            metrics.leases_renewed.clone(),
+        );
+        r.register(
+            "leases_released",
+            "Leases released",
+            metrics.leases_released.clone(),
+        );
+        r.register(
+            "leases_expired",
+            "Leases expired",
+            metrics.leases_expired.clone(),
+        );
+        r.register(
+            "renewal_failures",
+            "Renewals of unknown, released or expired leases",
+            metrics.renewal_failures.clone(),
+        );
+        r.register(
+            "ownership_transitions",
+            "Ownership transitions by lock class",
+            metrics.transitions.clone(),
+        );
+        r.register(
+            "leases_active",
+            "Live leases",
+            metrics.leases_active.clone(),
+        );
+        r.register(
+            "waiters",
+            "Acquires waiting for a held lock",
+            metrics.waiters.clone(),
+        );
+        r.register(
+            "acquire_duration_seconds",
+            "Time from receiving an acquire to granting it",
+            metrics.acquire_latency.clone(),
+        );
+        r.register(
+            "commit_batch_size",
+            "Requests answered by one durable commit",
+            metrics.commit_batch_size.clone(),
+        );
+        r.register(
+            "commit_duration_seconds",
+            "Duration of one durable commit (fsync included)",
+            metrics.commit_duration.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

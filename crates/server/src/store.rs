@@ -1,0 +1,297 @@
+//! Durable state of the coordinator: the epoch counter and the live leases.
+//!
+//! [`LeaseStore`] is the boundary between the engine (which decides) and the disk (which
+//! remembers). The engine batches every change of a group of concurrent requests into one
+//! [`LeaseStore::commit`] — one fsync for the whole group (group commit) — and acknowledges
+//! none of them before that commit returns.
+
+use std::path::Path;
+
+use palisade_core::{Changes, Epoch, HolderId, Lease, LeaseId, LockClass, LockName};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+/// Lock name → the lock's live lease, as JSON (`LeaseRecord`).
+const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
+/// Named counters: `last_epoch`, `format_version`.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const LAST_EPOCH: &str = "last_epoch";
+const FORMAT_VERSION_KEY: &str = "format_version";
+/// Version of the on-disk layout; a data directory of another version is refused.
+const FORMAT_VERSION: u64 = 1;
+
+/// What a store failure looks like. Every variant is fatal to the engine: a coordinator that
+/// cannot make its state durable must stop serving rather than acknowledge from memory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The storage engine failed (I/O error, disk full, corruption, already open elsewhere).
+    #[error("storage error: {0}")]
+    Storage(#[from] redb::Error),
+    /// The stored data does not decode or contradicts itself.
+    #[error("corrupt data directory: {0}")]
+    Corrupt(String),
+}
+
+macro_rules! storage_error {
+    ($($source:ty),*) => {
+        $(impl From<$source> for StoreError {
+            fn from(error: $source) -> Self {
+                StoreError::Storage(error.into())
+            }
+        })*
+    };
+}
+storage_error!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
+
+/// The durable state read at start-up.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DurableState {
+    /// The greatest epoch ever granted (and acknowledged or not): the next grant is above it.
+    pub last_epoch: Epoch,
+    /// The leases that were live at the last commit; their expiry is restarted in full.
+    pub leases: Vec<Lease>,
+}
+
+/// Durable storage of the lease table.
+///
+/// Contract for every implementation:
+/// - `commit` returns only once every change in `changes` (and the epoch counter) is on
+///   stable storage: a kill -9 or power loss after it returns loses none of it (P8);
+/// - a `commit` that fails leaves the previous durable state intact (all or nothing);
+/// - the epoch counter on disk never decreases (P1): `commit` refuses a lower one;
+/// - `load` returns exactly the state of the last successful `commit`.
+pub trait LeaseStore: Send + 'static {
+    /// Reads the durable state.
+    fn load(&self) -> Result<DurableState, StoreError>;
+    /// Makes `changes` durable, atomically, before returning.
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError>;
+
+    /// True when `commit` blocks on I/O, so the engine runs it on a blocking thread.
+    fn commit_blocks(&self) -> bool {
+        true
+    }
+}
+
+/// A [`LeaseStore`] in memory, shared by clones: "durable" for as long as any clone lives.
+///
+/// For tests and simulations that isolate the engine's logic (a paused clock cannot be used
+/// with real I/O on blocking threads) and model a restart by starting a new engine over a clone.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryLeaseStore {
+    state: std::sync::Arc<std::sync::Mutex<DurableState>>,
+}
+
+impl LeaseStore for MemoryLeaseStore {
+    fn load(&self) -> Result<DurableState, StoreError> {
+        Ok(self.state.lock().expect("not poisoned").clone())
+    }
+
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let mut state = self.state.lock().expect("not poisoned");
+        if changes.last_epoch < state.last_epoch {
+            return Err(StoreError::Corrupt("epoch counter would go back".into()));
+        }
+        state.last_epoch = changes.last_epoch;
+        for (lock, lease) in &changes.locks {
+            state.leases.retain(|l| &l.lock != lock);
+            state.leases.extend(lease.clone());
+        }
+        Ok(())
+    }
+
+    fn commit_blocks(&self) -> bool {
+        false
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaseRecord {
+    id: u64,
+    holder: String,
+    epoch: u64,
+    ttl_ms: u64,
+    class: LockClass,
+}
+
+/// [`LeaseStore`] over a redb file with `Durability::Immediate` commits.
+pub struct RedbLeaseStore {
+    db: Database,
+}
+
+impl RedbLeaseStore {
+    /// Opens (or creates) the store at `path`. Fails when another process has it open.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path)?;
+        let store = Self { db };
+        store.check_format()?;
+        Ok(store)
+    }
+
+    fn check_format(&self) -> Result<(), StoreError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let version = meta.get(FORMAT_VERSION_KEY)?.map(|v| v.value());
+            match version {
+                None => {
+                    meta.insert(FORMAT_VERSION_KEY, FORMAT_VERSION)?;
+                }
+                Some(FORMAT_VERSION) => {}
+                Some(other) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "data format version {other}; this build reads version {FORMAT_VERSION}"
+                    )))
+                }
+            }
+            txn.open_table(LEASES)?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+}
+
+impl LeaseStore for RedbLeaseStore {
+    fn load(&self) -> Result<DurableState, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let last_epoch = Epoch(meta.get(LAST_EPOCH)?.map_or(0, |v| v.value()));
+        let table = txn.open_table(LEASES)?;
+        let mut leases = Vec::new();
+        for entry in table.iter()? {
+            let (lock, record) = entry?;
+            leases.push(decode_lease(lock.value(), record.value())?);
+        }
+        Ok(DurableState { last_epoch, leases })
+    }
+
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let stored = meta.get(LAST_EPOCH)?.map_or(0, |v| v.value());
+            if changes.last_epoch.0 < stored {
+                // Refuse rather than lower the counter: a lower counter would reissue epochs.
+                return Err(StoreError::Corrupt(format!(
+                    "epoch counter would go back from {stored} to {}",
+                    changes.last_epoch
+                )));
+            }
+            meta.insert(LAST_EPOCH, changes.last_epoch.0)?;
+            let mut table = txn.open_table(LEASES)?;
+            for (lock, lease) in &changes.locks {
+                match lease {
+                    Some(lease) => {
+                        table.insert(lock.as_str(), encode_lease(lease).as_slice())?;
+                    }
+                    None => {
+                        table.remove(lock.as_str())?;
+                    }
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(())
+    }
+}
+
+fn encode_lease(lease: &Lease) -> Vec<u8> {
+    let record = LeaseRecord {
+        id: lease.id.0,
+        holder: lease.holder.as_str().to_owned(),
+        epoch: lease.epoch.0,
+        ttl_ms: lease.ttl_ms,
+        class: lease.class,
+    };
+    serde_json::to_vec(&record).expect("a lease record always serializes")
+}
+
+fn decode_lease(lock: &str, bytes: &[u8]) -> Result<Lease, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("lease of lock {lock:?}: {what}"));
+    let record: LeaseRecord = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    Ok(Lease {
+        id: LeaseId(record.id),
+        lock: LockName::new(lock).map_err(|e| corrupt(e.0))?,
+        holder: HolderId::new(record.holder).map_err(|e| corrupt(e.0))?,
+        epoch: Epoch(record.epoch),
+        ttl_ms: record.ttl_ms,
+        class: record.class,
+        expires_at: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(lock: &str, epoch: u64) -> Lease {
+        Lease {
+            id: LeaseId(epoch),
+            lock: LockName::new(lock).unwrap(),
+            holder: HolderId::new("h").unwrap(),
+            epoch: Epoch(epoch),
+            ttl_ms: 1_000,
+            class: LockClass::Efficiency,
+            expires_at: 0,
+        }
+    }
+
+    #[test]
+    fn p8_committed_changes_are_loaded_back_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let mut store = RedbLeaseStore::open(&path).unwrap();
+            let changes = Changes {
+                locks: vec![
+                    (LockName::new("a").unwrap(), Some(lease("a", 3))),
+                    (LockName::new("b").unwrap(), Some(lease("b", 4))),
+                ],
+                last_epoch: Epoch(4),
+            };
+            store.commit(&changes).unwrap();
+            let release_b = Changes {
+                locks: vec![(LockName::new("b").unwrap(), None)],
+                last_epoch: Epoch(4),
+            };
+            store.commit(&release_b).unwrap();
+        }
+        let store = RedbLeaseStore::open(&path).unwrap();
+        let state = store.load().unwrap();
+        assert_eq!(state.last_epoch, Epoch(4));
+        assert_eq!(state.leases, vec![lease("a", 3)]);
+    }
+
+    #[test]
+    fn p1_the_epoch_counter_never_goes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = RedbLeaseStore::open(&dir.path().join("db")).unwrap();
+        let up = Changes {
+            locks: vec![],
+            last_epoch: Epoch(10),
+        };
+        store.commit(&up).unwrap();
+        let down = Changes {
+            locks: vec![],
+            last_epoch: Epoch(9),
+        };
+        assert!(matches!(store.commit(&down), Err(StoreError::Corrupt(_))));
+        assert_eq!(store.load().unwrap().last_epoch, Epoch(10));
+    }
+
+    #[test]
+    fn a_second_process_cannot_open_the_same_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let _first = RedbLeaseStore::open(&path).unwrap();
+        assert!(RedbLeaseStore::open(&path).is_err());
+    }
+}
