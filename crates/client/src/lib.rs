@@ -137,7 +137,7 @@ impl Client {
     pub async fn acquire_once(&self, options: &AcquireOptions) -> Result<Grant, ClientError> {
         let request = pb::AcquireRequest {
             lock: options.lock.clone(),
-            ttl_ms: duration_ms(options.ttl)?,
+            ttl_ms: Some(duration_ms(options.ttl)?),
             wait_ms: u64::try_from(options.wait.as_millis()).unwrap_or(u64::MAX),
             holder: options.holder.clone(),
             class: match options.class {

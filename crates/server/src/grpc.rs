@@ -108,11 +108,7 @@ impl Coordinator for GrpcApi {
         let acquire = AcquireRequest {
             lock: lock_name(request.lock)?,
             holder: HolderId::new(holder).map_err(|e| Status::invalid_argument(e.0))?,
-            ttl_ms: if request.ttl_ms == 0 {
-                DEFAULT_TTL_MS
-            } else {
-                request.ttl_ms
-            },
+            ttl_ms: request.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
             wait_ms: request.wait_ms,
             class: class_from_proto(request.class)?,
         };

@@ -1,0 +1,87 @@
+//! The `palisade` CLI as users script it: JSON fields, tables, exit codes, errors on stderr.
+
+mod common;
+
+use common::{ServerProcess, BINARY};
+use serde_json::Value;
+
+fn json_of(output: &std::process::Output) -> Value {
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("stdout is one JSON document")
+}
+
+#[test]
+fn acquire_renew_release_list_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path());
+    let acquired = json_of(&server.cli(&[
+        "lock", "acquire", "report/7", "--ttl", "30s", "--holder", "me", "--json",
+    ]));
+    for field in ["lock", "epoch", "lease_id", "ttl_ms", "holder", "token"] {
+        assert!(!acquired[field].is_null(), "{field} missing: {acquired}");
+    }
+    assert_eq!(acquired["ttl_ms"], 30_000);
+    let lease = acquired["lease_id"].to_string();
+
+    // Held with no wait left: non-zero exit (3) and a message on stderr.
+    let held = server.cli(&["lock", "acquire", "report/7"]);
+    assert_eq!(held.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&held.stderr).contains("held"));
+
+    let list = server.cli(&["lock", "list"]);
+    let table = String::from_utf8_lossy(&list.stdout);
+    assert!(table.starts_with("LOCK"), "{table}");
+    assert!(table.contains("report/7") && table.contains(" me "), "{table}");
+    let shown = json_of(&server.cli(&["lock", "show", "report/7", "--json"]));
+    assert_eq!(shown["epoch"], acquired["epoch"]);
+
+    assert!(server.cli(&["lock", "renew", &lease]).status.success());
+    assert!(server.cli(&["lock", "release", &lease, "--json"]).status.success());
+    let again = server.cli(&["lock", "renew", &lease]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("unknown"));
+
+    let next = json_of(&server.cli(&["lock", "acquire", "report/7", "--json"]));
+    assert!(next["epoch"].as_u64() > acquired["epoch"].as_u64());
+}
+
+#[test]
+fn bad_input_fails_with_a_message_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path());
+    for args in [
+        &["lock", "acquire", "has space"][..],
+        &["lock", "acquire", "ok", "--ttl", "0s"],
+        &["lock", "acquire", "ok", "--ttl", "2h"],
+        &["lock", "acquire", "ok", "--wait", "1h"],
+        &["lock", "acquire", "ok", "--class", "urgent"],
+    ] {
+        let output = server.cli(args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+    }
+    assert!(server.cli(&["lock", "acquire", "ok"]).status.success());
+}
+
+#[test]
+fn an_unreachable_coordinator_exits_with_4() {
+    let output = std::process::Command::new(BINARY)
+        .args(["lock", "list", "--endpoint", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(4));
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly_and_keeps_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = ServerProcess::start(dir.path());
+    let acquired = json_of(&server.cli(&["lock", "acquire", "kept", "--ttl", "1m", "--json"]));
+    assert!(server.terminate().success());
+    let server = ServerProcess::start(dir.path());
+    let shown = json_of(&server.cli(&["lock", "show", "kept", "--json"]));
+    assert_eq!(shown["epoch"], acquired["epoch"]);
+    let key = std::fs::metadata(dir.path().join("signing.key")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&key.permissions()) & 0o777, 0o600);
+}

@@ -1,0 +1,86 @@
+//! Running the real `palisade` binary in tests: a coordinator process on a loopback port of
+//! its own choosing, and CLI invocations against it.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_palisade");
+
+/// A `palisade serve` process.
+pub struct ServerProcess {
+    pub child: Child,
+    pub url: String,
+    pub data_dir: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts `palisade serve` on 127.0.0.1 with an OS-chosen port and waits until it listens.
+    pub fn start(data_dir: &Path) -> Self {
+        let mut child = Command::new(BINARY)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start palisade serve");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the server printed its address before exiting")
+                .unwrap();
+            if let Some(address) = line.strip_prefix("palisade coordinator listening on ") {
+                break format!("http://{address}");
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self {
+            child,
+            url,
+            data_dir: data_dir.to_path_buf(),
+        }
+    }
+
+    /// kill -9.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        for _ in 0..200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the server did not stop within 10 s of SIGTERM");
+    }
+
+    /// Runs `palisade ARGS --endpoint URL`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BINARY)
+            .args(args)
+            .args(["--endpoint", &self.url])
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run palisade")
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,116 @@
+//! The client against a real coordinator on loopback: keepalive, conservative loss detection,
+//! release on drop, watch, and error mapping.
+
+use std::time::Duration;
+
+use palisade_client::{AcquireOptions, Client, ClientError, LeaseState};
+use palisade_server::{RunningServer, ServerConfig};
+use tokio::time::{sleep, timeout, Instant};
+
+async fn server() -> (RunningServer, Client, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        data_dir: dir.path().join("data"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+    };
+    let server = palisade_server::start(config).await.unwrap();
+    let client = Client::connect(&[format!("http://{}", server.local_addr)]).await.unwrap();
+    (server, client, dir)
+}
+
+fn options(lock: &str, ttl_ms: u64) -> AcquireOptions {
+    let mut options = AcquireOptions::new(lock);
+    options.ttl = Duration::from_millis(ttl_ms);
+    options
+}
+
+#[tokio::test]
+async fn the_keepalive_holds_a_lease_well_past_its_ttl() {
+    let (_server, client, _dir) = server().await;
+    let lease = client.acquire(options("k/1", 300)).await.unwrap();
+    sleep(Duration::from_millis(1_000)).await;
+    assert!(lease.is_valid(), "{:?}", lease.state());
+    let info = client.describe("k/1").await.unwrap();
+    assert!(info.held);
+    assert_eq!(info.epoch, lease.epoch());
+}
+
+#[tokio::test]
+async fn validity_is_counted_from_the_send_time_so_the_holder_gives_up_first() {
+    let (server, client, _dir) = server().await;
+    let ttl = Duration::from_millis(400);
+    let mut lease = client.acquire(options("k/2", 400)).await.unwrap();
+    let answered = Instant::now();
+    // The coordinator counts the TTL from its commit, which is after the send: the holder's
+    // deadline is never later than the answer's arrival plus the TTL.
+    let LeaseState::Held { valid_until } = lease.state() else {
+        panic!("not held: {:?}", lease.state())
+    };
+    assert!(valid_until <= answered + ttl);
+    server.shutdown().await.unwrap();
+    let reason = timeout(Duration::from_secs(5), lease.lost()).await.expect("loss noticed");
+    assert!(!reason.is_empty());
+    assert!(!lease.is_valid());
+}
+
+#[tokio::test]
+async fn a_lease_released_behind_the_holders_back_is_reported_lost() {
+    let (_server, client, _dir) = server().await;
+    let mut lease = client.acquire(options("k/3", 300)).await.unwrap();
+    client.release(lease.lease_id()).await.unwrap();
+    let reason = timeout(Duration::from_secs(5), lease.lost()).await.expect("loss noticed");
+    assert!(reason.contains("unknown"), "{reason}");
+    assert!(matches!(lease.state(), LeaseState::Lost { .. }));
+}
+
+#[tokio::test]
+async fn dropping_a_handle_releases_its_lease() {
+    let (_server, client, _dir) = server().await;
+    let first = client.acquire(options("k/4", 60_000)).await.unwrap();
+    let epoch = first.epoch();
+    drop(first);
+    let mut waiting = options("k/4", 1_000);
+    waiting.wait = Duration::from_secs(5);
+    let second = client.acquire(waiting).await.unwrap();
+    assert!(second.epoch() > epoch);
+    second.release().await.unwrap();
+    assert!(!client.describe("k/4").await.unwrap().held);
+}
+
+#[tokio::test]
+async fn errors_are_typed() {
+    let (_server, client, _dir) = server().await;
+    let _held = client.acquire(options("k/5", 10_000)).await.unwrap();
+    let err = client.acquire_once(&options("k/5", 10_000)).await.unwrap_err();
+    assert!(matches!(err, ClientError::Held(_)), "{err:?}");
+    let err = client.acquire_once(&options("bad name", 10_000)).await.unwrap_err();
+    assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
+    let err = client.renew(123_456).await.unwrap_err();
+    assert!(matches!(err, ClientError::UnknownLease(_)), "{err:?}");
+    let unreachable = Client::connect(&["http://127.0.0.1:1".into()]).await.unwrap_err();
+    assert!(matches!(unreachable, ClientError::Unavailable(_)), "{unreachable:?}");
+}
+
+#[tokio::test]
+async fn several_endpoints_fall_through_to_a_reachable_one() {
+    let (server, _client, _dir) = server().await;
+    let endpoints = ["http://127.0.0.1:1".to_string(), format!("http://{}", server.local_addr)];
+    let client = Client::connect(&endpoints).await.unwrap();
+    assert_eq!(client.keys().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn watch_reports_the_current_state_then_each_transition() {
+    let (_server, client, _dir) = server().await;
+    let mut events = client.watch("k/6").await.unwrap();
+    let current = events.message().await.unwrap().unwrap();
+    assert_eq!(current.kind, "current");
+    assert!(!current.state.unwrap().held);
+    let lease = client.acquire(options("k/6", 10_000)).await.unwrap();
+    let epoch = lease.epoch();
+    lease.release().await.unwrap();
+    let granted = events.message().await.unwrap().unwrap();
+    assert_eq!((granted.kind.as_str(), granted.state.unwrap().epoch), ("granted", epoch));
+    let released = events.message().await.unwrap().unwrap();
+    assert_eq!((released.kind.as_str(), released.state.unwrap().epoch), ("released", epoch));
+}
