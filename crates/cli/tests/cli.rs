@@ -6,7 +6,11 @@ use common::{ServerProcess, BINARY};
 use serde_json::Value;
 
 fn json_of(output: &std::process::Output) -> Value {
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     serde_json::from_slice(&output.stdout).expect("stdout is one JSON document")
 }
 
@@ -31,12 +35,18 @@ fn acquire_renew_release_list_show() {
     let list = server.cli(&["lock", "list"]);
     let table = String::from_utf8_lossy(&list.stdout);
     assert!(table.starts_with("LOCK"), "{table}");
-    assert!(table.contains("report/7") && table.contains(" me "), "{table}");
+    assert!(
+        table.contains("report/7") && table.contains(" me "),
+        "{table}"
+    );
     let shown = json_of(&server.cli(&["lock", "show", "report/7", "--json"]));
     assert_eq!(shown["epoch"], acquired["epoch"]);
 
     assert!(server.cli(&["lock", "renew", &lease]).status.success());
-    assert!(server.cli(&["lock", "release", &lease, "--json"]).status.success());
+    assert!(server
+        .cli(&["lock", "release", &lease, "--json"])
+        .status
+        .success());
     let again = server.cli(&["lock", "renew", &lease]);
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("unknown"));
@@ -83,5 +93,8 @@ fn sigterm_stops_the_server_cleanly_and_keeps_leases() {
     let shown = json_of(&server.cli(&["lock", "show", "kept", "--json"]));
     assert_eq!(shown["epoch"], acquired["epoch"]);
     let key = std::fs::metadata(dir.path().join("signing.key")).unwrap();
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&key.permissions()) & 0o777, 0o600);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&key.permissions()) & 0o777,
+        0o600
+    );
 }

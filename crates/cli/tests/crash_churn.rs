@@ -35,7 +35,9 @@ async fn churn(client: Client, lock: String, known: Arc<Mutex<Known>>) {
     options.ttl = Duration::from_secs(60);
     loop {
         known.lock().unwrap().in_flight = Some(Step::Acquire);
-        let Ok(grant) = client.acquire_once(&options).await else { return };
+        let Ok(grant) = client.acquire_once(&options).await else {
+            return;
+        };
         *known.lock().unwrap() = Known {
             acked: Some((Step::Acquire, grant.epoch, grant.lease_id)),
             in_flight: Some(Step::Release),
@@ -59,7 +61,7 @@ async fn p1_p8_kill_9_under_churn_loses_nothing_acknowledged_and_reissues_no_epo
     // that every later epoch be above every earlier acknowledged one.)
     for _ in 0..CRASHES {
         let mut server = ServerProcess::start(dir.path());
-        let client = Client::connect(&[server.url.clone()]).await.unwrap();
+        let client = Client::connect(&[&server.url]).await.unwrap();
         // Clear what the previous crash left held, so every worker starts on a free lock.
         for info in client.list().await.unwrap() {
             client.release(info.lease_id).await.unwrap();
@@ -68,7 +70,7 @@ async fn p1_p8_kill_9_under_churn_loses_nothing_acknowledged_and_reissues_no_epo
         let mut workers = Vec::new();
         let started_at_epoch = highest_acked;
         for (index, known) in knowns.iter().enumerate() {
-            let client = Client::connect(&[server.url.clone()]).await.unwrap();
+            let client = Client::connect(&[&server.url]).await.unwrap();
             let lock = format!("churn/{index}");
             workers.push(tokio::spawn(churn(client, lock, known.clone())));
         }
@@ -79,21 +81,29 @@ async fn p1_p8_kill_9_under_churn_loses_nothing_acknowledged_and_reissues_no_epo
         }
 
         let server = ServerProcess::start(dir.path());
-        let client = Client::connect(&[server.url.clone()]).await.unwrap();
+        let client = Client::connect(&[&server.url]).await.unwrap();
         for (index, known) in knowns.iter().enumerate() {
             let known = known.lock().unwrap().clone();
             let info = client.describe(&format!("churn/{index}")).await.unwrap();
-            let Some((step, epoch, lease_id)) = known.acked else { continue };
+            let Some((step, epoch, lease_id)) = known.acked else {
+                continue;
+            };
             highest_acked = highest_acked.max(epoch);
             total_acked_cycles += 1;
             match (step, known.in_flight) {
                 // P8: an acknowledged acquire with nothing after it is still held, same lease.
                 (Step::Acquire, None) => {
-                    assert!(info.held && info.lease_id == lease_id, "lock {index}: {info:?}")
+                    assert!(
+                        info.held && info.lease_id == lease_id,
+                        "lock {index}: {info:?}"
+                    )
                 }
                 // A release in flight: held by that lease, or free.
                 (Step::Acquire, Some(_)) => {
-                    assert!(!info.held || info.lease_id == lease_id, "lock {index}: {info:?}")
+                    assert!(
+                        !info.held || info.lease_id == lease_id,
+                        "lock {index}: {info:?}"
+                    )
                 }
                 // P8: an acknowledged release is not undone; a new grant has a higher epoch.
                 (Step::Release, _) => {
@@ -105,10 +115,20 @@ async fn p1_p8_kill_9_under_churn_loses_nothing_acknowledged_and_reissues_no_epo
         let mut options = AcquireOptions::new("churn/probe");
         options.ttl = Duration::from_secs(1);
         let probe = client.acquire_once(&options).await.unwrap();
-        assert!(probe.epoch > highest_acked, "epoch {} after {highest_acked}", probe.epoch);
+        assert!(
+            probe.epoch > highest_acked,
+            "epoch {} after {highest_acked}",
+            probe.epoch
+        );
         client.release(probe.lease_id).await.unwrap();
-        eprintln!("crash: epochs {started_at_epoch}..={highest_acked} acknowledged, probe {}", probe.epoch);
+        eprintln!(
+            "crash: epochs {started_at_epoch}..={highest_acked} acknowledged, probe {}",
+            probe.epoch
+        );
         drop(server);
     }
-    assert!(total_acked_cycles >= WORKERS, "the churn acknowledged too little to check");
+    assert!(
+        total_acked_cycles >= WORKERS,
+        "the churn acknowledged too little to check"
+    );
 }

@@ -97,10 +97,11 @@ pub struct Client {
 
 impl Client {
     /// Connects to the first reachable of `endpoints` (URLs like `http://127.0.0.1:7420`).
-    pub async fn connect(endpoints: &[String]) -> Result<Self, ClientError> {
+    pub async fn connect(endpoints: &[impl AsRef<str>]) -> Result<Self, ClientError> {
         let mut last_error = ClientError::InvalidArgument("no endpoint given".into());
         for url in endpoints {
-            let endpoint = match Endpoint::from_shared(url.clone()) {
+            let url = url.as_ref();
+            let endpoint = match Endpoint::from_shared(url.to_owned()) {
                 Ok(endpoint) => endpoint
                     .connect_timeout(CONNECT_TIMEOUT)
                     .tcp_nodelay(true)

@@ -14,7 +14,9 @@ async fn server() -> (RunningServer, Client, tempfile::TempDir) {
         listen: "127.0.0.1:0".parse().unwrap(),
     };
     let server = palisade_server::start(config).await.unwrap();
-    let client = Client::connect(&[format!("http://{}", server.local_addr)]).await.unwrap();
+    let client = Client::connect(&[format!("http://{}", server.local_addr)])
+        .await
+        .unwrap();
     (server, client, dir)
 }
 
@@ -48,7 +50,9 @@ async fn validity_is_counted_from_the_send_time_so_the_holder_gives_up_first() {
     };
     assert!(valid_until <= answered + ttl);
     server.shutdown().await.unwrap();
-    let reason = timeout(Duration::from_secs(5), lease.lost()).await.expect("loss noticed");
+    let reason = timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("loss noticed");
     assert!(!reason.is_empty());
     assert!(!lease.is_valid());
 }
@@ -58,7 +62,9 @@ async fn a_lease_released_behind_the_holders_back_is_reported_lost() {
     let (_server, client, _dir) = server().await;
     let mut lease = client.acquire(options("k/3", 300)).await.unwrap();
     client.release(lease.lease_id()).await.unwrap();
-    let reason = timeout(Duration::from_secs(5), lease.lost()).await.expect("loss noticed");
+    let reason = timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("loss noticed");
     assert!(reason.contains("unknown"), "{reason}");
     assert!(matches!(lease.state(), LeaseState::Lost { .. }));
 }
@@ -81,20 +87,32 @@ async fn dropping_a_handle_releases_its_lease() {
 async fn errors_are_typed() {
     let (_server, client, _dir) = server().await;
     let _held = client.acquire(options("k/5", 10_000)).await.unwrap();
-    let err = client.acquire_once(&options("k/5", 10_000)).await.unwrap_err();
+    let err = client
+        .acquire_once(&options("k/5", 10_000))
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::Held(_)), "{err:?}");
-    let err = client.acquire_once(&options("bad name", 10_000)).await.unwrap_err();
+    let err = client
+        .acquire_once(&options("bad name", 10_000))
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
     let err = client.renew(123_456).await.unwrap_err();
     assert!(matches!(err, ClientError::UnknownLease(_)), "{err:?}");
-    let unreachable = Client::connect(&["http://127.0.0.1:1".into()]).await.unwrap_err();
-    assert!(matches!(unreachable, ClientError::Unavailable(_)), "{unreachable:?}");
+    let unreachable = Client::connect(&["http://127.0.0.1:1"]).await.unwrap_err();
+    assert!(
+        matches!(unreachable, ClientError::Unavailable(_)),
+        "{unreachable:?}"
+    );
 }
 
 #[tokio::test]
 async fn several_endpoints_fall_through_to_a_reachable_one() {
     let (server, _client, _dir) = server().await;
-    let endpoints = ["http://127.0.0.1:1".to_string(), format!("http://{}", server.local_addr)];
+    let endpoints = [
+        "http://127.0.0.1:1".to_string(),
+        format!("http://{}", server.local_addr),
+    ];
     let client = Client::connect(&endpoints).await.unwrap();
     assert_eq!(client.keys().await.unwrap().len(), 1);
 }
@@ -110,7 +128,13 @@ async fn watch_reports_the_current_state_then_each_transition() {
     let epoch = lease.epoch();
     lease.release().await.unwrap();
     let granted = events.message().await.unwrap().unwrap();
-    assert_eq!((granted.kind.as_str(), granted.state.unwrap().epoch), ("granted", epoch));
+    assert_eq!(
+        (granted.kind.as_str(), granted.state.unwrap().epoch),
+        ("granted", epoch)
+    );
     let released = events.message().await.unwrap().unwrap();
-    assert_eq!((released.kind.as_str(), released.state.unwrap().epoch), ("released", epoch));
+    assert_eq!(
+        (released.kind.as_str(), released.state.unwrap().epoch),
+        ("released", epoch)
+    );
 }
