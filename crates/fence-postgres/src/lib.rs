@@ -1,0 +1,363 @@
+//! [`PostgresFence`]: resource-side enforcement in PostgreSQL.
+//!
+//! - For **your own table** with a `last_fence bigint NOT NULL` column, [`GuardedTable`] runs the
+//!   seed statement `UPDATE t SET payload = $3, last_fence = $2 WHERE id = $1 AND last_fence <
+//!   $2 RETURNING id` (strict mode, fence per row) and installs the **bypass guard** trigger
+//!   that makes any other UPDATE that does not raise `last_fence` fail in the database (P5).
+//! - For Palisade's own tables (`palisade_kv`, `palisade_fences`, `palisade_ledger`) it
+//!   implements [`FencedResource`] in all three modes, and passes the shared conformance suite.
+//!
+//! Schema changes are versioned migrations ([`migrations`]) applied on [`PostgresFence::connect`].
+//! Every accepted write is committed (PostgreSQL's own durability: with `synchronous_commit`
+//! on, the WAL is flushed before the commit returns) before `Accepted` is returned.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod migrations;
+mod sql;
+mod table;
+
+use std::str::FromStr as _;
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use palisade_core::{Epoch, LockName};
+use palisade_fence::{
+    value_digest, Activation, FenceError, FenceMode, FencedResource, Outcome, Rejection, Stored,
+    Verifier, Write, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+};
+use tokio_postgres::NoTls;
+
+pub use table::{is_guard_violation, GuardedTable};
+
+/// Connections in the pool by default. Each is a PostgreSQL backend; the server's default
+/// `max_connections` is 100.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
+/// The PostgreSQL fence adapter.
+#[derive(Clone)]
+pub struct PostgresFence {
+    pool: Pool,
+    mode: FenceMode,
+    verifier: Arc<Verifier>,
+}
+
+/// Wraps a driver or pool error. PostgreSQL's own message and SQLSTATE are kept in the text
+/// (the driver's `Display` says only "db error").
+fn storage(error: impl std::error::Error + Send + Sync + 'static) -> FenceError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(current) = source {
+        if let Some(db) = current
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|e| e.as_db_error())
+        {
+            let text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            return FenceError::Storage(text.into());
+        }
+        source = current.source();
+    }
+    FenceError::Storage(Box::new(error))
+}
+
+/// PostgreSQL stores signed 64-bit integers; a larger epoch or sequence number is refused
+/// rather than wrapped.
+fn to_bigint(value: u64, what: &str) -> Result<i64, Rejection> {
+    i64::try_from(value).map_err(|_| {
+        Rejection::InvalidRequest(format!("{what} {value} is above PostgreSQL bigint"))
+    })
+}
+
+fn from_bigint(value: i64) -> Result<u64, FenceError> {
+    u64::try_from(value).map_err(|_| FenceError::Integrity(format!("negative epoch {value}")))
+}
+
+impl PostgresFence {
+    /// Connects to `url` (e.g. `postgres://user@127.0.0.1:5432/db`), applies the migrations,
+    /// and returns an adapter in `mode` that trusts `verifier`.
+    pub async fn connect(
+        url: &str,
+        pool_size: usize,
+        mode: FenceMode,
+        verifier: Arc<Verifier>,
+    ) -> Result<Self, FenceError> {
+        let config = tokio_postgres::Config::from_str(url).map_err(storage)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .build()
+            .map_err(storage)?;
+        let mut client = pool.get().await.map_err(storage)?;
+        let applied = migrations::apply(&mut client).await.map_err(storage)?;
+        if !applied.is_empty() {
+            tracing::info!(?applied, "applied Palisade schema migrations");
+        }
+        Ok(Self {
+            pool,
+            mode,
+            verifier,
+        })
+    }
+
+    /// The connection pool (for callers that run their own statements next to the fence).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The trusted keys.
+    pub fn verifier(&self) -> &Arc<Verifier> {
+        &self.verifier
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, FenceError> {
+        self.pool.get().await.map_err(storage)
+    }
+
+    /// Checks sizes and the sequence number, then the token (P4); returns the epoch and seq as
+    /// PostgreSQL integers.
+    fn precheck(&self, write: &Write<'_>) -> Result<(i64, Option<i64>), Rejection> {
+        if write.key.is_empty() || write.key.len() > MAX_KEY_BYTES {
+            return Err(Rejection::InvalidRequest(format!(
+                "key must be 1 to {MAX_KEY_BYTES} bytes"
+            )));
+        }
+        if write.value.len() > MAX_VALUE_BYTES {
+            return Err(Rejection::InvalidRequest(format!(
+                "value is {} bytes; the maximum is {MAX_VALUE_BYTES}",
+                write.value.len()
+            )));
+        }
+        let seq = match (self.mode, write.seq) {
+            (FenceMode::Sequenced, Some(seq)) => Some(to_bigint(seq, "sequence number")?),
+            (FenceMode::Sequenced, None) => {
+                return Err(Rejection::InvalidRequest(
+                    "sequenced mode needs a sequence number".into(),
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(Rejection::InvalidRequest(format!(
+                    "{} mode takes no sequence number",
+                    self.mode
+                )))
+            }
+            (_, None) => None,
+        };
+        let claims = self
+            .verifier
+            .verify(write.token, write.lock)
+            .map_err(Rejection::InvalidToken)?;
+        Ok((to_bigint(claims.epoch.0, "epoch")?, seq))
+    }
+
+    async fn rejected_write(
+        &self,
+        client: &tokio_postgres::Client,
+        write: &Write<'_>,
+        epoch: i64,
+        seq: Option<i64>,
+    ) -> Result<Outcome, FenceError> {
+        let lock = write.lock.as_str();
+        match self.mode {
+            FenceMode::Activated => {
+                let fence = read_fence(client, lock).await?;
+                let rejection = if fence > epoch {
+                    Rejection::StaleEpoch {
+                        fence: Epoch(from_bigint(fence)?),
+                        fence_seq: None,
+                    }
+                } else {
+                    Rejection::NotActivated {
+                        fence: Epoch(from_bigint(fence)?),
+                    }
+                };
+                Ok(Outcome::Rejected(rejection))
+            }
+            FenceMode::Strict | FenceMode::Sequenced => {
+                if let Some(seq) = seq {
+                    let digest = value_digest(write.value).to_vec();
+                    let ledger = client
+                        .query_opt(sql::READ_LEDGER, &[&lock, &write.key, &epoch, &seq])
+                        .await
+                        .map_err(storage)?;
+                    if let Some(row) = ledger {
+                        let (epoch, seq) = (Epoch(from_bigint(epoch)?), from_bigint(seq)?);
+                        let recorded: Vec<u8> = row.get(0);
+                        return Ok(if recorded == digest {
+                            Outcome::Replayed { epoch, seq }
+                        } else {
+                            Outcome::Rejected(Rejection::ReplayMismatch { epoch, seq })
+                        });
+                    }
+                }
+                let row = client
+                    .query_opt(sql::READ_PAIR, &[&lock, &write.key])
+                    .await
+                    .map_err(storage)?
+                    .ok_or_else(|| {
+                        FenceError::Integrity("a rejected write found no stored row".into())
+                    })?;
+                let (fence, fence_seq): (i64, Option<i64>) = (row.get(0), row.get(1));
+                // Fences only rise, so the row that beat this write carries an epoch (pair) at
+                // least as high; anything else means the table was changed behind the fence.
+                if (fence, fence_seq.unwrap_or(0)) < (epoch, seq.unwrap_or(0)) {
+                    return Err(FenceError::Integrity(format!(
+                        "write at {epoch} rejected but the stored epoch is {fence}"
+                    )));
+                }
+                Ok(Outcome::Rejected(Rejection::StaleEpoch {
+                    fence: Epoch(from_bigint(fence)?),
+                    fence_seq: fence_seq.map(from_bigint).transpose()?,
+                }))
+            }
+        }
+    }
+}
+
+async fn read_fence(client: &tokio_postgres::Client, lock: &str) -> Result<i64, FenceError> {
+    let row = client
+        .query_opt(sql::READ_FENCE, &[&lock])
+        .await
+        .map_err(storage)?;
+    Ok(row.map_or(0, |r| r.get(0)))
+}
+
+impl FencedResource for PostgresFence {
+    fn mode(&self) -> FenceMode {
+        self.mode
+    }
+
+    async fn write<'a>(&'a self, write: Write<'a>) -> Result<Outcome, FenceError> {
+        let (epoch, seq) = match self.precheck(&write) {
+            Ok(checked) => checked,
+            Err(rejection) => return Ok(Outcome::Rejected(rejection)),
+        };
+        let client = self.client().await?;
+        let lock = write.lock.as_str();
+        let rows = match self.mode {
+            FenceMode::Strict => {
+                let statement = client
+                    .prepare_cached(sql::STRICT_WRITE)
+                    .await
+                    .map_err(storage)?;
+                client
+                    .query(&statement, &[&lock, &write.key, &write.value, &epoch])
+                    .await
+            }
+            FenceMode::Activated => {
+                let statement = client
+                    .prepare_cached(sql::ACTIVATED_WRITE)
+                    .await
+                    .map_err(storage)?;
+                client
+                    .query(&statement, &[&lock, &write.key, &write.value, &epoch])
+                    .await
+            }
+            FenceMode::Sequenced => {
+                let statement = client
+                    .prepare_cached(sql::SEQUENCED_WRITE)
+                    .await
+                    .map_err(storage)?;
+                let digest = value_digest(write.value).to_vec();
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                    [&lock, &write.key, &write.value, &epoch, &seq, &digest];
+                client.query(&statement, &params).await
+            }
+        }
+        .map_err(storage)?;
+        if rows.is_empty() {
+            return self.rejected_write(&client, &write, epoch, seq).await;
+        }
+        Ok(Outcome::Accepted {
+            epoch: Epoch(from_bigint(epoch)?),
+            seq: seq.map(from_bigint).transpose()?,
+        })
+    }
+
+    async fn activate<'a>(
+        &'a self,
+        lock: &'a LockName,
+        token: &'a str,
+    ) -> Result<Activation, FenceError> {
+        if self.mode != FenceMode::Activated {
+            return Ok(Activation::Rejected(Rejection::InvalidRequest(format!(
+                "activation is for activated mode; this resource is {}",
+                self.mode
+            ))));
+        }
+        let epoch = match self.verifier.verify(token, lock) {
+            Ok(claims) => claims.epoch,
+            Err(error) => return Ok(Activation::Rejected(Rejection::InvalidToken(error))),
+        };
+        let epoch = match to_bigint(epoch.0, "epoch") {
+            Ok(epoch) => epoch,
+            Err(rejection) => return Ok(Activation::Rejected(rejection)),
+        };
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql::ACTIVATE)
+            .await
+            .map_err(storage)?;
+        let advanced = client
+            .query_opt(&statement, &[&lock.as_str(), &epoch])
+            .await
+            .map_err(storage)?;
+        if advanced.is_some() {
+            return Ok(Activation::Activated {
+                fence: Epoch(from_bigint(epoch)?),
+            });
+        }
+        let fence = read_fence(&client, lock.as_str()).await?;
+        let fence_epoch = Epoch(from_bigint(fence)?);
+        if fence == epoch {
+            Ok(Activation::Activated { fence: fence_epoch })
+        } else {
+            Ok(Activation::Rejected(Rejection::StaleEpoch {
+                fence: fence_epoch,
+                fence_seq: None,
+            }))
+        }
+    }
+
+    async fn read<'a>(
+        &'a self,
+        lock: &'a LockName,
+        key: &'a str,
+    ) -> Result<Option<Stored>, FenceError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(sql::READ_VALUE, &[&lock.as_str(), &key])
+            .await
+            .map_err(storage)?;
+        row.map(|row| {
+            let (value, epoch, seq): (Vec<u8>, i64, Option<i64>) =
+                (row.get(0), row.get(1), row.get(2));
+            Ok(Stored {
+                value,
+                epoch: Epoch(from_bigint(epoch)?),
+                seq: seq.map(from_bigint).transpose()?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn fence<'a>(&'a self, lock: &'a LockName) -> Result<Epoch, FenceError> {
+        let client = self.client().await?;
+        let fence = match self.mode {
+            FenceMode::Activated => read_fence(&client, lock.as_str()).await?,
+            _ => {
+                let row = client
+                    .query_one(sql::READ_MAX_EPOCH, &[&lock.as_str()])
+                    .await
+                    .map_err(storage)?;
+                row.get::<_, Option<i64>>(0).unwrap_or(0)
+            }
+        };
+        Ok(Epoch(from_bigint(fence)?))
+    }
+}

@@ -1,0 +1,58 @@
+//! Versioned, idempotent schema migrations, applied by [`crate::PostgresFence::connect`].
+//!
+//! They run in one transaction under a transaction-level advisory lock, so several processes
+//! starting at once apply each migration exactly once. The SQL is in
+//! `sql/` beside this crate, for users who prefer to run it themselves.
+
+use tokio_postgres::Client;
+
+/// `(version, name, sql)`, in order.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "fence tables",
+        include_str!("../sql/001_fence_tables.sql"),
+    ),
+    (2, "bypass guard", include_str!("../sql/002_guard.sql")),
+];
+
+/// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).
+const MIGRATION_LOCK: i64 = 0x7061_6c69_7361_6465;
+
+/// Applies every migration not yet recorded in `palisade_schema_migrations`, all in one
+/// transaction that first takes the advisory lock (even the bookkeeping table's creation races
+/// otherwise: concurrent `CREATE TABLE IF NOT EXISTS` can fail in PostgreSQL).
+pub async fn apply(client: &mut Client) -> Result<Vec<i32>, tokio_postgres::Error> {
+    let txn = client.transaction().await?;
+    txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    txn.batch_execute(
+        "CREATE TABLE IF NOT EXISTS palisade_schema_migrations (
+             version    integer     PRIMARY KEY,
+             name       text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await?;
+    let mut applied = Vec::new();
+    for &(version, name, sql) in MIGRATIONS {
+        let done = txn
+            .query_opt(
+                "SELECT 1 FROM palisade_schema_migrations WHERE version = $1",
+                &[&version],
+            )
+            .await?
+            .is_some();
+        if !done {
+            txn.batch_execute(sql).await?;
+            txn.execute(
+                "INSERT INTO palisade_schema_migrations (version, name) VALUES ($1, $2)",
+                &[&version, &name],
+            )
+            .await?;
+            applied.push(version);
+        }
+    }
+    txn.commit().await?;
+    Ok(applied)
+}

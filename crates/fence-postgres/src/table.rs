@@ -1,0 +1,213 @@
+//! Fencing a user's own table: the seed statement, and the bypass guard (P5).
+
+use palisade_core::{Epoch, LockName};
+use palisade_fence::{FenceError, Outcome, Rejection};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+
+use crate::{from_bigint, storage, to_bigint, PostgresFence};
+
+/// SQLSTATE raised by the guard when an UPDATE does not raise `last_fence`.
+pub const GUARD_UPDATE_SQLSTATE: &str = "P5001";
+/// SQLSTATE raised by the opt-in guard on INSERT/DELETE outside the fenced path.
+pub const GUARD_ROWS_SQLSTATE: &str = "P5002";
+
+/// True when `error` is the bypass guard refusing a write.
+pub fn is_guard_violation(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        *code == SqlState::from_code(GUARD_UPDATE_SQLSTATE)
+            || *code == SqlState::from_code(GUARD_ROWS_SQLSTATE)
+    })
+}
+
+/// A user's table fenced per row, in strict mode: it must have a `last_fence bigint NOT NULL`
+/// column (0 for rows never written under a fence).
+#[derive(Debug, Clone)]
+pub struct GuardedTable {
+    table: String,
+    update: String,
+    read_fence: String,
+    insert: String,
+    delete: String,
+}
+
+/// Quotes `schema.table` or `column`, accepting only plain SQL identifiers.
+fn quote_identifier(name: &str) -> Result<String, FenceError> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let valid = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 63
+            && part
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    if parts.len() > 2 || !parts.iter().all(|p| valid(p)) {
+        return Err(FenceError::Integrity(format!(
+            "{name:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, optionally schema.)"
+        )));
+    }
+    Ok(parts
+        .iter()
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+impl GuardedTable {
+    /// The table `table` (optionally `schema.table`), its key column and its payload column.
+    pub fn new(table: &str, id_column: &str, payload_column: &str) -> Result<Self, FenceError> {
+        let t = quote_identifier(table)?;
+        let id = quote_identifier(id_column)?;
+        let payload = quote_identifier(payload_column)?;
+        Ok(Self {
+            // The seed statement, exactly: zero rows is a rejection, never success.
+            update: format!(
+                "UPDATE {t} SET {payload} = $3, last_fence = $2 \
+                 WHERE {id} = $1 AND last_fence < $2 RETURNING {id}"
+            ),
+            read_fence: format!("SELECT last_fence FROM {t} WHERE {id} = $1"),
+            insert: format!("INSERT INTO {t} ({id}, {payload}, last_fence) VALUES ($1, $2, 0)"),
+            delete: format!("DELETE FROM {t} WHERE {id} = $1 AND last_fence < $2 RETURNING {id}"),
+            table: t,
+        })
+    }
+
+    /// Installs the bypass guard (P5): any UPDATE that does not strictly raise `last_fence`
+    /// fails in the database; with `guard_rows`, so does any INSERT or DELETE outside
+    /// [`Self::insert`] / [`Self::delete`]. Idempotent.
+    pub async fn install_guard(
+        &self,
+        fence: &PostgresFence,
+        guard_rows: bool,
+    ) -> Result<(), FenceError> {
+        let client = fence.client().await?;
+        client
+            .execute(
+                "SELECT palisade_install_guard($1::text::regclass, $2)",
+                &[&self.table, &guard_rows],
+            )
+            .await
+            .map_err(storage)?;
+        Ok(())
+    }
+
+    /// The fenced update of row `id` to `payload` under `lock` (strict: accepted iff the
+    /// token's epoch is above the row's `last_fence`). One statement: the comparison and the
+    /// write are atomic; the rejection's fence is read right after, and is at least the epoch
+    /// that beat this write (fences only rise — the guard sees to it).
+    pub async fn update(
+        &self,
+        fence: &PostgresFence,
+        lock: &LockName,
+        id: &(dyn ToSql + Sync),
+        token: &str,
+        payload: &(dyn ToSql + Sync),
+    ) -> Result<Outcome, FenceError> {
+        let epoch = match fence.verifier().verify(token, lock) {
+            Ok(claims) => claims.epoch,
+            Err(error) => return Ok(Outcome::Rejected(Rejection::InvalidToken(error))),
+        };
+        let epoch = match to_bigint(epoch.0, "epoch") {
+            Ok(epoch) => epoch,
+            Err(rejection) => return Ok(Outcome::Rejected(rejection)),
+        };
+        let client = fence.client().await?;
+        let statement = client.prepare_cached(&self.update).await.map_err(storage)?;
+        let updated = client
+            .query_opt(&statement, &[id, &epoch, payload])
+            .await
+            .map_err(storage)?;
+        if updated.is_some() {
+            return Ok(Outcome::Accepted {
+                epoch: Epoch(from_bigint(epoch)?),
+                seq: None,
+            });
+        }
+        self.rejection(&client, id, epoch).await
+    }
+
+    async fn rejection(
+        &self,
+        client: &deadpool_postgres::Client,
+        id: &(dyn ToSql + Sync),
+        epoch: i64,
+    ) -> Result<Outcome, FenceError> {
+        let statement = client
+            .prepare_cached(&self.read_fence)
+            .await
+            .map_err(storage)?;
+        let row = client.query_opt(&statement, &[id]).await.map_err(storage)?;
+        let Some(row) = row else {
+            return Ok(Outcome::Rejected(Rejection::InvalidRequest(
+                "no row with that id".into(),
+            )));
+        };
+        let current: i64 = row.get(0);
+        if current < epoch {
+            return Err(FenceError::Integrity(format!(
+                "write at {epoch} rejected but last_fence is {current}"
+            )));
+        }
+        Ok(Outcome::Rejected(Rejection::StaleEpoch {
+            fence: Epoch(from_bigint(current)?),
+            fence_seq: None,
+        }))
+    }
+
+    /// Inserts a new row with `last_fence = 0` on the guarded path (allowed by the opt-in
+    /// row guard).
+    pub async fn insert(
+        &self,
+        fence: &PostgresFence,
+        id: &(dyn ToSql + Sync),
+        payload: &(dyn ToSql + Sync),
+    ) -> Result<(), FenceError> {
+        let mut client = fence.client().await?;
+        let txn = client.transaction().await.map_err(storage)?;
+        txn.batch_execute("SET LOCAL palisade.fenced_path = 'on'")
+            .await
+            .map_err(storage)?;
+        txn.execute(&self.insert, &[id, payload])
+            .await
+            .map_err(storage)?;
+        txn.commit().await.map_err(storage)
+    }
+
+    /// Deletes row `id` iff the token's epoch is above its `last_fence` (fenced, on the guarded
+    /// path).
+    pub async fn delete(
+        &self,
+        fence: &PostgresFence,
+        lock: &LockName,
+        id: &(dyn ToSql + Sync),
+        token: &str,
+    ) -> Result<Outcome, FenceError> {
+        let epoch = match fence.verifier().verify(token, lock) {
+            Ok(claims) => claims.epoch,
+            Err(error) => return Ok(Outcome::Rejected(Rejection::InvalidToken(error))),
+        };
+        let epoch = match to_bigint(epoch.0, "epoch") {
+            Ok(epoch) => epoch,
+            Err(rejection) => return Ok(Outcome::Rejected(rejection)),
+        };
+        let mut client = fence.client().await?;
+        let txn = client.transaction().await.map_err(storage)?;
+        txn.batch_execute("SET LOCAL palisade.fenced_path = 'on'")
+            .await
+            .map_err(storage)?;
+        let deleted = txn
+            .query_opt(&self.delete, &[id, &epoch])
+            .await
+            .map_err(storage)?;
+        txn.commit().await.map_err(storage)?;
+        if deleted.is_some() {
+            return Ok(Outcome::Accepted {
+                epoch: Epoch(from_bigint(epoch)?),
+                seq: None,
+            });
+        }
+        self.rejection(&client, id, epoch).await
+    }
+}

@@ -1,0 +1,247 @@
+//! A user's own table fenced with the seed statement, and the bypass guard (P5), against a
+//! real PostgreSQL.
+
+mod common;
+
+use std::sync::Arc;
+
+use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_fence::{FenceMode, Outcome, Rejection, Verifier};
+use palisade_fence_postgres::{is_guard_violation, GuardedTable, PostgresFence};
+
+struct Fixture {
+    fence: PostgresFence,
+    table: GuardedTable,
+    name: String,
+    signer: TokenSigner,
+    lock: LockName,
+}
+
+impl Fixture {
+    async fn new(case: &str, guard_rows: bool) -> Self {
+        let signer = TokenSigner::from_secret_bytes(&[3; 32]);
+        let verifier = Arc::new(Verifier::new(TokenVerifier::new([signer.verifying_key()])));
+        let fence = PostgresFence::connect(&common::postgres_url(), 4, FenceMode::Strict, verifier)
+            .await
+            .unwrap();
+        let name = format!("guarded_{case}_{}", std::process::id());
+        let client = fence.pool().get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {name};
+                 CREATE TABLE {name} (id bigint PRIMARY KEY, payload text NOT NULL,
+                                      last_fence bigint NOT NULL DEFAULT 0);
+                 INSERT INTO {name} (id, payload) VALUES (1, 'initial');"
+            ))
+            .await
+            .unwrap();
+        let table = GuardedTable::new(&name, "id", "payload").unwrap();
+        table.install_guard(&fence, guard_rows).await.unwrap();
+        let lock = LockName::new(format!("table/{name}")).unwrap();
+        Self {
+            fence,
+            table,
+            name,
+            signer,
+            lock,
+        }
+    }
+
+    fn token(&self, epoch: u64) -> String {
+        let holder = HolderId::new("test").unwrap();
+        self.signer
+            .sign(&self.lock, Epoch(epoch), LeaseId(epoch), &holder, 0)
+    }
+
+    async fn update(&self, id: i64, epoch: u64, payload: &str) -> Outcome {
+        let token = self.token(epoch);
+        self.table
+            .update(&self.fence, &self.lock, &id, &token, &payload)
+            .await
+            .unwrap()
+    }
+
+    async fn row(&self) -> (String, i64) {
+        let client = self.fence.pool().get().await.unwrap();
+        let row = client
+            .query_one(
+                &format!("SELECT payload, last_fence FROM {} WHERE id = 1", self.name),
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+
+    async fn raw(&self, sql: &str) -> Result<u64, tokio_postgres::Error> {
+        let client = self.fence.pool().get().await.unwrap();
+        client.execute(&sql.replace("{t}", &self.name), &[]).await
+    }
+}
+
+#[tokio::test]
+async fn p2_the_seed_statement_accepts_only_higher_epochs_and_reports_the_fence() {
+    let f = Fixture::new("seed", false).await;
+    assert_eq!(
+        f.update(1, 7, "seven").await,
+        Outcome::Accepted {
+            epoch: Epoch(7),
+            seq: None
+        }
+    );
+    let stale = Outcome::Rejected(Rejection::StaleEpoch {
+        fence: Epoch(7),
+        fence_seq: None,
+    });
+    assert_eq!(f.update(1, 7, "again").await, stale);
+    assert_eq!(f.update(1, 3, "older").await, stale);
+    assert_eq!(f.row().await, ("seven".to_string(), 7));
+    let missing = f.update(99, 8, "nobody").await;
+    assert!(
+        matches!(missing, Outcome::Rejected(Rejection::InvalidRequest(_))),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn p4_a_token_for_another_lock_cannot_update_the_table() {
+    let f = Fixture::new("wronglock", false).await;
+    let other = LockName::new("table/other").unwrap();
+    let holder = HolderId::new("test").unwrap();
+    let token = f.signer.sign(&other, Epoch(50), LeaseId(50), &holder, 0);
+    let outcome = f
+        .table
+        .update(&f.fence, &f.lock, &1i64, &token, &"evil")
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Rejected(Rejection::InvalidToken(_))),
+        "{outcome:?}"
+    );
+    assert_eq!(f.row().await, ("initial".to_string(), 0));
+}
+
+#[tokio::test]
+async fn p5_an_update_that_skips_the_fence_fails_in_the_database() {
+    let f = Fixture::new("bypass", false).await;
+    assert!(matches!(
+        f.update(1, 5, "fenced").await,
+        Outcome::Accepted { .. }
+    ));
+    for bypass in [
+        "UPDATE {t} SET payload = 'admin script' WHERE id = 1",
+        "UPDATE {t} SET payload = 'lowered', last_fence = 2 WHERE id = 1",
+        "UPDATE {t} SET payload = 'same', last_fence = last_fence WHERE id = 1",
+        "UPDATE {t} SET payload = 'everyone'",
+    ] {
+        let error = f.raw(bypass).await.expect_err(bypass);
+        assert!(is_guard_violation(&error), "{bypass}: {error}");
+    }
+    assert_eq!(f.row().await, ("fenced".to_string(), 5));
+    // Inserts and deletes stay allowed unless the table opted in.
+    assert_eq!(
+        f.raw("INSERT INTO {t} (id, payload) VALUES (2, 'new')")
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(f.raw("DELETE FROM {t} WHERE id = 2").await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn p5_opted_in_tables_refuse_inserts_and_deletes_outside_the_fenced_path() {
+    let f = Fixture::new("rows", true).await;
+    for bypass in [
+        "INSERT INTO {t} (id, payload) VALUES (3, 'sneaky')",
+        "DELETE FROM {t} WHERE id = 1",
+    ] {
+        let error = f.raw(bypass).await.expect_err(bypass);
+        assert!(is_guard_violation(&error), "{bypass}: {error}");
+    }
+    f.table
+        .insert(&f.fence, &3i64, &"via the fence")
+        .await
+        .unwrap();
+    let stale = f
+        .table
+        .delete(&f.fence, &f.lock, &3i64, &f.token(0))
+        .await
+        .unwrap();
+    assert!(
+        matches!(stale, Outcome::Rejected(Rejection::StaleEpoch { .. })),
+        "{stale:?}"
+    );
+    let deleted = f
+        .table
+        .delete(&f.fence, &f.lock, &3i64, &f.token(4))
+        .await
+        .unwrap();
+    assert!(matches!(deleted, Outcome::Accepted { .. }), "{deleted:?}");
+}
+
+#[tokio::test]
+async fn installing_the_guard_needs_a_last_fence_column_and_is_idempotent() {
+    let f = Fixture::new("idempotent", false).await;
+    f.table.install_guard(&f.fence, false).await.unwrap();
+    f.table.install_guard(&f.fence, true).await.unwrap();
+    let client = f.fence.pool().get().await.unwrap();
+    let bare = format!("bare_{}", std::process::id());
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {bare}; CREATE TABLE {bare} (id bigint PRIMARY KEY, payload text)"
+        ))
+        .await
+        .unwrap();
+    let table = GuardedTable::new(&bare, "id", "payload").unwrap();
+    let error = table.install_guard(&f.fence, false).await.unwrap_err();
+    assert!(error.to_string().contains("last_fence"), "{error}");
+    assert!(GuardedTable::new("t; DROP TABLE x", "id", "payload").is_err());
+}
+
+#[tokio::test]
+async fn p2_p3_racing_writers_on_one_row_of_a_user_table() {
+    let f = Arc::new(Fixture::new("race", false).await);
+    let mut writers = Vec::new();
+    for writer in 0..32u64 {
+        let f = f.clone();
+        writers.push(tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            for n in 0..8u64 {
+                let epoch = 1 + (writer * 7919 + n * 104_729) % 97;
+                if let Outcome::Accepted { .. } = f.update(1, epoch, &format!("e{epoch}")).await {
+                    accepted.push(epoch);
+                }
+            }
+            accepted
+        }));
+    }
+    let mut accepted = Vec::new();
+    for writer in writers {
+        accepted.extend(writer.await.unwrap());
+    }
+    let highest = *accepted.iter().max().unwrap();
+    let mut unique = accepted.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        accepted.len(),
+        "an epoch was accepted twice: {accepted:?}"
+    );
+    assert_eq!(f.row().await, (format!("e{highest}"), highest as i64));
+}
+
+#[tokio::test]
+async fn migrations_are_recorded_once() {
+    let f = Fixture::new("migrations", false).await;
+    let client = f.fence.pool().get().await.unwrap();
+    let rows = client
+        .query(
+            "SELECT version FROM palisade_schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap();
+    let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, vec![1, 2]);
+}

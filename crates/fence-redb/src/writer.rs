@@ -1,0 +1,289 @@
+//! The writer thread: applies queued jobs in order inside one write transaction per batch.
+
+use std::sync::Arc;
+
+use palisade_core::Epoch;
+use palisade_fence::rules::{self, ActivationStep};
+use palisade_fence::{value_digest, Activation, FenceError, FenceMode, Outcome, Rejection};
+use redb::{Database, Durability, ReadableTable, Table, WriteTransaction};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::records::{decode_pair, encode_value, storage, FENCES, KV, LEDGER};
+
+/// Most jobs applied in one transaction.
+pub const MAX_BATCH: usize = 1_024;
+
+/// A verified write or activation, waiting for the writer.
+pub enum Job {
+    Write {
+        lock: String,
+        key: String,
+        epoch: Epoch,
+        seq: Option<u64>,
+        value: Vec<u8>,
+        reply: oneshot::Sender<Result<Outcome, FenceError>>,
+    },
+    Activate {
+        lock: String,
+        epoch: Epoch,
+        reply: oneshot::Sender<Result<Activation, FenceError>>,
+    },
+}
+
+/// An answer held until the batch's commit.
+enum Answer {
+    Write(oneshot::Sender<Result<Outcome, FenceError>>, Outcome),
+    Activate(oneshot::Sender<Result<Activation, FenceError>>, Activation),
+}
+
+impl Answer {
+    fn send(self, failure: Option<&str>) {
+        let error = |message: &str| FenceError::Storage(message.to_owned().into());
+        match self {
+            Answer::Write(reply, outcome) => {
+                let _ = reply.send(failure.map_or(Ok(outcome), |m| Err(error(m))));
+            }
+            Answer::Activate(reply, activation) => {
+                let _ = reply.send(failure.map_or(Ok(activation), |m| Err(error(m))));
+            }
+        }
+    }
+}
+
+pub struct Writer {
+    db: Arc<Database>,
+    mode: FenceMode,
+}
+
+struct Tables<'txn> {
+    kv: Table<'txn, (&'static str, &'static str), &'static [u8]>,
+    fences: Table<'txn, &'static str, u64>,
+    ledger: Table<'txn, (&'static str, &'static str, u64, u64), &'static [u8]>,
+}
+
+impl Writer {
+    pub fn new(db: Arc<Database>, mode: FenceMode) -> Self {
+        Self { db, mode }
+    }
+
+    /// Runs until every sender is gone and the queue is drained.
+    pub fn run(self, mut queue: mpsc::Receiver<Job>) {
+        while let Some(first) = queue.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(batch);
+        }
+    }
+
+    fn commit_batch(&self, batch: Vec<Job>) {
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut pending = Vec::new();
+        let result = self.apply_all(batch, &mut answers, &mut pending);
+        match result {
+            Ok(()) => answers.into_iter().for_each(|a| a.send(None)),
+            Err(error) => {
+                tracing::error!(%error, "fenced store commit failed; the batch is not applied");
+                let message = format!("commit failed: {error}");
+                answers.into_iter().for_each(|a| a.send(Some(&message)));
+                // Jobs not reached before the failure get the same answer.
+                for job in pending {
+                    match job {
+                        Job::Write { reply, .. } => {
+                            let _ = reply.send(Err(FenceError::Storage(message.clone().into())));
+                        }
+                        Job::Activate { reply, .. } => {
+                            let _ = reply.send(Err(FenceError::Storage(message.clone().into())));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply_all(
+        &self,
+        batch: Vec<Job>,
+        answers: &mut Vec<Answer>,
+        pending: &mut Vec<Job>,
+    ) -> Result<(), FenceError> {
+        let mut txn: WriteTransaction = match self.db.begin_write() {
+            Ok(txn) => txn,
+            Err(error) => {
+                pending.extend(batch);
+                return Err(storage(error));
+            }
+        };
+        txn.set_durability(Durability::Immediate).map_err(storage)?;
+        {
+            let mut tables = Tables {
+                kv: txn.open_table(KV).map_err(storage)?,
+                fences: txn.open_table(FENCES).map_err(storage)?,
+                ledger: txn.open_table(LEDGER).map_err(storage)?,
+            };
+            let mut jobs = batch.into_iter();
+            while let Some(job) = jobs.next() {
+                let applied = match job {
+                    Job::Write {
+                        lock,
+                        key,
+                        epoch,
+                        seq,
+                        value,
+                        reply,
+                    } => self
+                        .write(&mut tables, &lock, &key, epoch, seq, &value)
+                        .map(|outcome| Answer::Write(reply, outcome)),
+                    Job::Activate { lock, epoch, reply } => {
+                        activate(&mut tables, &lock, epoch).map(|a| Answer::Activate(reply, a))
+                    }
+                };
+                match applied {
+                    Ok(answer) => answers.push(answer),
+                    Err(error) => {
+                        pending.extend(jobs);
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(storage)
+    }
+
+    fn write(
+        &self,
+        tables: &mut Tables<'_>,
+        lock: &str,
+        key: &str,
+        epoch: Epoch,
+        seq: Option<u64>,
+        value: &[u8],
+    ) -> Result<Outcome, FenceError> {
+        let stored = match tables.kv.get((lock, key)).map_err(storage)? {
+            Some(record) => Some(decode_pair(record.value())?),
+            None => None,
+        };
+        let decision = match self.mode {
+            FenceMode::Strict => rules::strict(stored.map(|(e, _)| e), epoch),
+            FenceMode::Activated => {
+                let fence = Epoch(
+                    tables
+                        .fences
+                        .get(lock)
+                        .map_err(storage)?
+                        .map_or(0, |f| f.value()),
+                );
+                rules::activated_write(fence, epoch)
+            }
+            FenceMode::Sequenced => {
+                let seq = seq.expect("prechecked: sequenced writes carry a seq");
+                if let Some(recorded) = replay(tables, lock, key, epoch, seq, value)? {
+                    return Ok(recorded);
+                }
+                let stored = stored.map(|(e, s)| (e, s.unwrap_or(0)));
+                rules::sequenced(stored, epoch, seq)
+            }
+        };
+        if let Err(rejection) = decision {
+            return Ok(Outcome::Rejected(rejection));
+        }
+        tables
+            .kv
+            .insert((lock, key), encode_value(epoch, seq, value).as_slice())
+            .map_err(storage)?;
+        if self.mode != FenceMode::Activated {
+            let fence = tables
+                .fences
+                .get(lock)
+                .map_err(storage)?
+                .map_or(0, |f| f.value());
+            if epoch.0 > fence {
+                tables.fences.insert(lock, epoch.0).map_err(storage)?;
+            }
+        }
+        if let (FenceMode::Sequenced, Some(seq)) = (self.mode, seq) {
+            record_in_ledger(tables, lock, key, epoch, seq, value)?;
+        }
+        Ok(Outcome::Accepted { epoch, seq })
+    }
+}
+
+/// A recorded outcome for an already-applied `(epoch, seq)`, if there is one.
+fn replay(
+    tables: &mut Tables<'_>,
+    lock: &str,
+    key: &str,
+    epoch: Epoch,
+    seq: u64,
+    value: &[u8],
+) -> Result<Option<Outcome>, FenceError> {
+    let Some(digest) = tables
+        .ledger
+        .get((lock, key, epoch.0, seq))
+        .map_err(storage)?
+    else {
+        return Ok(None);
+    };
+    if digest.value() == value_digest(value).as_slice() {
+        Ok(Some(Outcome::Replayed { epoch, seq }))
+    } else {
+        Ok(Some(Outcome::Rejected(Rejection::ReplayMismatch {
+            epoch,
+            seq,
+        })))
+    }
+}
+
+/// Records an applied pair, and forgets the pairs of older epochs of the key: a replay from an
+/// older epoch is then rejected as stale — it applies nothing either way — and the ledger stays
+/// bounded by one owner's writes.
+fn record_in_ledger(
+    tables: &mut Tables<'_>,
+    lock: &str,
+    key: &str,
+    epoch: Epoch,
+    seq: u64,
+    value: &[u8],
+) -> Result<(), FenceError> {
+    let older: Vec<(u64, u64)> = tables
+        .ledger
+        .range((lock, key, 0, 0)..(lock, key, epoch.0, 0))
+        .map_err(storage)?
+        .map(|entry| entry.map(|(k, _)| (k.value().2, k.value().3)))
+        .collect::<Result<_, _>>()
+        .map_err(storage)?;
+    for (old_epoch, old_seq) in older {
+        tables
+            .ledger
+            .remove((lock, key, old_epoch, old_seq))
+            .map_err(storage)?;
+    }
+    let digest = value_digest(value);
+    tables
+        .ledger
+        .insert((lock, key, epoch.0, seq), digest.as_slice())
+        .map_err(storage)?;
+    Ok(())
+}
+
+fn activate(tables: &mut Tables<'_>, lock: &str, epoch: Epoch) -> Result<Activation, FenceError> {
+    let fence = Epoch(
+        tables
+            .fences
+            .get(lock)
+            .map_err(storage)?
+            .map_or(0, |f| f.value()),
+    );
+    match rules::activate(fence, epoch) {
+        Ok(ActivationStep::Advance) => {
+            tables.fences.insert(lock, epoch.0).map_err(storage)?;
+            Ok(Activation::Activated { fence: epoch })
+        }
+        Ok(ActivationStep::AlreadyActive) => Ok(Activation::Activated { fence }),
+        Err(rejection) => Ok(Activation::Rejected(rejection)),
+    }
+}

@@ -1,0 +1,105 @@
+//! A token verifier whose trusted keys can be replaced while it is in use (key refresh), with a
+//! bounded cache of tokens already verified.
+//!
+//! An owner presents the same token for every write of its epoch, and an Ed25519 verification
+//! costs tens of microseconds: the cache maps the token's exact text to its verified claims, so
+//! a repeated token costs a hash lookup. This is sound because the signature covers exactly
+//! those bytes and the cache is emptied whenever the trusted keys change.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, RwLock};
+
+use palisade_core::{KeyId, LockName, TokenClaims, TokenError, TokenVerifier};
+
+/// Most verified tokens remembered. A full cache is emptied and refilled, which costs one
+/// verification per live owner.
+pub const VERIFIED_TOKEN_CACHE: usize = 4_096;
+
+/// Shared, refreshable set of trusted coordinator keys.
+#[derive(Debug, Default)]
+pub struct Verifier {
+    keys: RwLock<TokenVerifier>,
+    verified: Mutex<HashMap<String, TokenClaims>>,
+}
+
+impl Verifier {
+    /// A verifier trusting exactly the keys of `verifier`.
+    pub fn new(verifier: TokenVerifier) -> Self {
+        Self {
+            keys: RwLock::new(verifier),
+            verified: Mutex::default(),
+        }
+    }
+
+    /// Verifies `token` for `lock` (P4): signature by a trusted key, then the lock.
+    pub fn verify(&self, token: &str, lock: &LockName) -> Result<TokenClaims, TokenError> {
+        let cached = self
+            .verified
+            .lock()
+            .expect("not poisoned")
+            .get(token)
+            .cloned();
+        let claims = match cached {
+            Some(claims) => claims,
+            None => {
+                let claims = self
+                    .keys
+                    .read()
+                    .expect("not poisoned")
+                    .verify(token, None)?;
+                let mut verified = self.verified.lock().expect("not poisoned");
+                if verified.len() >= VERIFIED_TOKEN_CACHE {
+                    verified.clear();
+                }
+                verified.insert(token.to_owned(), claims.clone());
+                claims
+            }
+        };
+        if claims.lock != *lock {
+            return Err(TokenError::WrongLock {
+                expected: lock.clone(),
+                actual: claims.lock,
+            });
+        }
+        Ok(claims)
+    }
+
+    /// True when `key_id` is trusted.
+    pub fn knows(&self, key_id: KeyId) -> bool {
+        self.keys.read().expect("not poisoned").knows(key_id)
+    }
+
+    /// Replaces the trusted keys (and forgets every verified token).
+    pub fn replace(&self, verifier: TokenVerifier) {
+        let mut keys = self.keys.write().expect("not poisoned");
+        *keys = verifier;
+        self.verified.lock().expect("not poisoned").clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use palisade_core::{Epoch, HolderId, LeaseId, TokenSigner};
+
+    use super::*;
+
+    #[test]
+    fn p4_a_cached_token_is_still_checked_for_its_lock_and_forgotten_with_its_key() {
+        let signer = TokenSigner::from_secret_bytes(&[1; 32]);
+        let lock = LockName::new("a").unwrap();
+        let other = LockName::new("b").unwrap();
+        let holder = HolderId::new("h").unwrap();
+        let token = signer.sign(&lock, Epoch(3), LeaseId(3), &holder, 0);
+        let verifier = Verifier::new(TokenVerifier::new([signer.verifying_key()]));
+        assert_eq!(verifier.verify(&token, &lock).unwrap().epoch, Epoch(3));
+        assert!(matches!(
+            verifier.verify(&token, &other),
+            Err(TokenError::WrongLock { .. })
+        ));
+        verifier.replace(TokenVerifier::default());
+        assert!(matches!(
+            verifier.verify(&token, &lock),
+            Err(TokenError::UnknownKey(_))
+        ));
+    }
+}
