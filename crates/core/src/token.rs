@@ -234,6 +234,11 @@ impl TokenVerifier {
         self.keys.insert(KeyId::of(&key), key);
     }
 
+    /// True when no key is trusted.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// True when the verifier knows this key id (a resource refreshes its keys otherwise).
     pub fn knows(&self, key_id: KeyId) -> bool {
         self.keys.contains_key(&key_id)

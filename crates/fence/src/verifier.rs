@@ -64,6 +64,11 @@ impl Verifier {
         Ok(claims)
     }
 
+    /// True when at least one key is trusted.
+    pub fn has_any_key(&self) -> bool {
+        !self.keys.read().expect("not poisoned").is_empty()
+    }
+
     /// True when `key_id` is trusted.
     pub fn knows(&self, key_id: KeyId) -> bool {
         self.keys.read().expect("not poisoned").knows(key_id)

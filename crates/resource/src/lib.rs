@@ -1,1 +1,137 @@
-//! placeholder
+//! The reference fenced store: an HTTP server over the embedded fence adapter
+//! ([`palisade_fence_redb::RedbFence`]), in one mode chosen by its operator, trusting the
+//! coordinator's published keys (refreshed when a token names an unknown key) or a key file.
+//!
+//! Interface (PRODUCT.md): `PUT /v1/kv/{lock}/{key}` with `Palisade-Token` (and `Palisade-Seq`
+//! in sequenced mode), `GET /v1/kv/{lock}/{key}`, `POST /v1/fences/{lock}/activate`,
+//! `GET /v1/fences/{lock}`, plus `GET /v1/info`, `/metrics`, `/healthz`, `/readyz`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod http;
+mod keys;
+mod metrics;
+
+use std::future::IntoFuture as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt as _;
+use palisade_fence::{FenceError, FenceMode, Verifier};
+use palisade_fence_redb::RedbFence;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use keys::{load_key_file, KeySource, MIN_REFRESH_INTERVAL};
+
+/// Default data directory of `palisade resource serve`.
+pub const DEFAULT_DATA_DIR: &str = "./palisade-resource-data";
+/// Default listen address of `palisade resource serve`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7421";
+/// File name of the store inside the data directory.
+pub const STORE_FILE: &str = "fence.redb";
+/// Time open connections get to finish after a shutdown begins.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How to run a reference fenced store.
+#[derive(Debug, Clone)]
+pub struct ResourceConfig {
+    /// Where the store lives.
+    pub data_dir: PathBuf,
+    /// Where to listen for HTTP.
+    pub listen: SocketAddr,
+    /// The fence mode (fixed for the store's lifetime).
+    pub mode: FenceMode,
+    /// Where trusted keys come from.
+    pub keys: KeySource,
+}
+
+/// Why the resource server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResourceError {
+    /// The data directory, key file or socket failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The store could not be opened.
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+    /// The key file could not be read.
+    #[error("trusted keys: {0}")]
+    Keys(String),
+}
+
+/// A running reference store.
+pub struct RunningResource {
+    /// The address it listens on.
+    pub local_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl RunningResource {
+    /// Stops accepting, lets open requests finish (up to [`SHUTDOWN_GRACE`]), and closes the
+    /// store (its writer commits what is queued first).
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Opens the store and starts serving.
+pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceError> {
+    let io = |context: String| move |source| ResourceError::Io { context, source };
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(io(format!("data directory {}", config.data_dir.display())))?;
+    let verifier = Arc::new(Verifier::default());
+    let keys = keys::KeyRing::new(config.keys.clone(), verifier.clone());
+    keys.load_initial().await?;
+    let store = RedbFence::open(&config.data_dir.join(STORE_FILE), config.mode, verifier)?;
+    let state = http::State::new(store, keys);
+    let app = http::router(state);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(io(format!("listen on {}", config.listen)))?;
+    let local_addr = listener.local_addr().map_err(io("local address".into()))?;
+    tracing::info!(%local_addr, mode = %config.mode, "fenced store serving HTTP");
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let (shutdown, mut signal) = watch::channel(false);
+    let mut grace_signal = shutdown.subscribe();
+    let task = tokio::spawn(async move {
+        let serve = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = signal.wait_for(|stop| *stop).await;
+            })
+            .into_future();
+        tokio::pin!(serve);
+        tokio::select! {
+            result = &mut serve => {
+                if let Err(error) = result {
+                    tracing::error!(%error, "HTTP server failed");
+                }
+            }
+            () = async { let _ = grace_signal.wait_for(|stop| *stop).await; } => {
+                if tokio::time::timeout(SHUTDOWN_GRACE, serve).await.is_err() {
+                    tracing::warn!("connections still open after the grace period; closing");
+                }
+            }
+        }
+        tracing::info!("fenced store stopped");
+    });
+    Ok(RunningResource {
+        local_addr,
+        shutdown,
+        task,
+    })
+}

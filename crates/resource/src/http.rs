@@ -1,0 +1,296 @@
+//! The reference store's HTTP routes.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use palisade_core::token::decode_unverified;
+use palisade_core::LockName;
+use palisade_fence::{
+    Activation, FenceError, FencedResource, Outcome, Rejection, Write, MAX_VALUE_BYTES,
+};
+use palisade_fence_redb::RedbFence;
+use serde_json::{json, Value};
+
+use crate::keys::KeyRing;
+use crate::metrics::Metrics;
+
+/// Header carrying the writer's token.
+pub const TOKEN_HEADER: &str = "palisade-token";
+/// Header carrying the sequence number (sequenced mode).
+pub const SEQ_HEADER: &str = "palisade-seq";
+/// Header of a read answer: the epoch that wrote the value.
+pub const EPOCH_HEADER: &str = "palisade-epoch";
+
+#[derive(Clone)]
+pub struct State {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: RedbFence,
+    keys: KeyRing,
+    metrics: Metrics,
+}
+
+impl State {
+    pub fn new(store: RedbFence, keys: KeyRing) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                keys,
+                metrics: Metrics::new(),
+            }),
+        }
+    }
+}
+
+pub fn router(state: State) -> Router {
+    Router::new()
+        .route("/v1/kv/{lock}/{key}", get(read).put(write))
+        .route("/v1/fences/{lock}", get(fence))
+        .route("/v1/fences/{lock}/activate", post(activate))
+        .route("/v1/info", get(info))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(MAX_VALUE_BYTES))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+    let body = json!({"error": code, "message": message.to_string()});
+    (status, Json(body)).into_response()
+}
+
+fn lock_name(name: String) -> Result<LockName, Response> {
+    LockName::new(name).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e))
+}
+
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Response> {
+    headers
+        .get(name)
+        .map(|v| v.to_str())
+        .transpose()
+        .map_err(|_| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("{name} is not text"),
+            )
+        })
+}
+
+fn token(headers: &HeaderMap) -> Result<&str, Response> {
+    header(headers, TOKEN_HEADER)?.ok_or_else(|| {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "missing_token",
+            "a Palisade-Token header is required",
+        )
+    })
+}
+
+fn rejection_response(rejection: &Rejection) -> Response {
+    let (status, mut body) = match rejection {
+        Rejection::StaleEpoch { fence, fence_seq } => {
+            let mut body = json!({"fence": fence.0});
+            if let Some(seq) = fence_seq {
+                body["fence_seq"] = json!(seq);
+            }
+            (StatusCode::CONFLICT, body)
+        }
+        Rejection::NotActivated { fence } => (StatusCode::CONFLICT, json!({"fence": fence.0})),
+        Rejection::ReplayMismatch { epoch, seq } => {
+            (StatusCode::CONFLICT, json!({"epoch": epoch.0, "seq": seq}))
+        }
+        Rejection::InvalidToken(_) => (StatusCode::FORBIDDEN, json!({})),
+        _ => (StatusCode::BAD_REQUEST, json!({})),
+    };
+    body["error"] = json!(rejection.code());
+    body["message"] = json!(rejection.to_string());
+    (status, Json(body)).into_response()
+}
+
+fn storage_failure(state: &State, failure: &FenceError) -> Response {
+    state.inner.metrics.storage_errors.inc();
+    tracing::error!(%failure, "fenced store failure");
+    error(StatusCode::SERVICE_UNAVAILABLE, "storage_error", failure)
+}
+
+impl State {
+    /// Fetches the coordinator's keys first when the token names a key not trusted yet.
+    async fn refresh_for(&self, token: &str) {
+        if let Ok(claims) = decode_unverified(token) {
+            self.inner.keys.ensure_known(claims.key_id).await;
+        }
+    }
+}
+
+async fn write(
+    axum::extract::State(state): axum::extract::State<State>,
+    Path((lock, key)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = std::time::Instant::now();
+    let response = write_inner(&state, lock, key, &headers, body).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    state.inner.metrics.write_duration.observe(elapsed);
+    response.unwrap_or_else(|response| response)
+}
+
+async fn write_inner(
+    state: &State,
+    lock: String,
+    key: String,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Response> {
+    let body = body.map_err(|r| {
+        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "value_too_large"
+        } else {
+            "invalid_request"
+        };
+        error(r.status(), code, r.body_text())
+    })?;
+    let lock = lock_name(lock)?;
+    let token = token(headers)?;
+    let seq = header(headers, SEQ_HEADER)?
+        .map(|s| s.trim().parse::<u64>())
+        .transpose()
+        .map_err(|_| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "Palisade-Seq is not a number",
+            )
+        })?;
+    state.refresh_for(token).await;
+    let write = Write {
+        lock: &lock,
+        key: &key,
+        token,
+        seq,
+        value: &body,
+    };
+    let metrics = &state.inner.metrics;
+    match state.inner.store.write(write).await {
+        Ok(Outcome::Accepted { epoch, seq }) => {
+            metrics.accepted.inc();
+            let mut body = json!({"accepted": true, "epoch": epoch.0});
+            if let Some(seq) = seq {
+                body["seq"] = json!(seq);
+            }
+            Ok(Json(body).into_response())
+        }
+        Ok(Outcome::Replayed { epoch, seq }) => {
+            metrics.reject("replay");
+            let body = json!({"accepted": true, "epoch": epoch.0, "seq": seq, "replay": true});
+            Ok(Json(body).into_response())
+        }
+        Ok(Outcome::Rejected(rejection)) => {
+            metrics.reject(rejection.code());
+            Err(rejection_response(&rejection))
+        }
+        Err(failure) => Err(storage_failure(state, &failure)),
+    }
+}
+
+async fn read(
+    axum::extract::State(state): axum::extract::State<State>,
+    Path((lock, key)): Path<(String, String)>,
+) -> Response {
+    let lock = match lock_name(lock) {
+        Ok(lock) => lock,
+        Err(response) => return response,
+    };
+    match state.inner.store.read(&lock, &key).await {
+        Ok(Some(stored)) => {
+            let mut response = stored.value.into_response();
+            let headers = response.headers_mut();
+            headers.insert(EPOCH_HEADER, HeaderValue::from(stored.epoch.0));
+            if let Some(seq) = stored.seq {
+                headers.insert(SEQ_HEADER, HeaderValue::from(seq));
+            }
+            response
+        }
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no value at this key"),
+        Err(failure) => storage_failure(&state, &failure),
+    }
+}
+
+async fn activate(
+    axum::extract::State(state): axum::extract::State<State>,
+    Path(lock): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let lock = match lock_name(lock) {
+        Ok(lock) => lock,
+        Err(response) => return response,
+    };
+    let token = match token(&headers) {
+        Ok(token) => token,
+        Err(response) => return response,
+    };
+    state.refresh_for(token).await;
+    match state.inner.store.activate(&lock, token).await {
+        Ok(Activation::Activated { fence }) => {
+            state.inner.metrics.activations.inc();
+            Json(json!({"fence": fence.0})).into_response()
+        }
+        Ok(Activation::Rejected(rejection)) => {
+            state.inner.metrics.reject(rejection.code());
+            rejection_response(&rejection)
+        }
+        Err(failure) => storage_failure(&state, &failure),
+    }
+}
+
+async fn fence(
+    axum::extract::State(state): axum::extract::State<State>,
+    Path(lock): Path<String>,
+) -> Response {
+    let lock = match lock_name(lock) {
+        Ok(lock) => lock,
+        Err(response) => return response,
+    };
+    match state.inner.store.fence(&lock).await {
+        Ok(fence) => Json(json!({"lock": lock, "fence": fence.0})).into_response(),
+        Err(failure) => storage_failure(&state, &failure),
+    }
+}
+
+async fn info(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
+    Json(json!({"mode": state.inner.store.mode().as_str()}))
+}
+
+async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.inner.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn readyz(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    if state.inner.keys.ready() {
+        "ready\n".into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "no trusted coordinator key yet",
+        )
+    }
+}

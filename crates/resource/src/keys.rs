@@ -1,0 +1,163 @@
+//! Where the resource's trusted keys come from, and their refresh.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_core::token::decode_public_key;
+use palisade_core::{KeyId, TokenVerifier};
+use palisade_fence::Verifier;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::ResourceError;
+
+/// Refreshes from the coordinator are at least this far apart, so a stream of tokens with an
+/// unknown key cannot turn the resource into a load generator against the coordinator.
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// Time allowed for one key fetch.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Where trusted keys come from.
+#[derive(Debug, Clone)]
+pub enum KeySource {
+    /// `GET {url}/v1/keys` of the coordinator, at start and when a token names an unknown key.
+    Coordinator(String),
+    /// A file: the JSON of `GET /v1/keys`, or one base64url public key per line.
+    File(PathBuf),
+}
+
+/// The trusted keys of a running resource.
+pub struct KeyRing {
+    source: KeySource,
+    verifier: Arc<Verifier>,
+    http: reqwest::Client,
+    /// When the last fetch started; `None` before the first.
+    last_fetch: Mutex<Option<Instant>>,
+}
+
+impl KeyRing {
+    pub fn new(source: KeySource, verifier: Arc<Verifier>) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .build()
+            .expect("a plain HTTP client builds");
+        Self {
+            source,
+            verifier,
+            http,
+            last_fetch: Mutex::new(None),
+        }
+    }
+
+    /// Loads the keys at start: a key file must be valid; an unreachable coordinator is only
+    /// logged (the resource is not ready until keys arrive, and fetches on the first token).
+    pub async fn load_initial(&self) -> Result<(), ResourceError> {
+        match &self.source {
+            KeySource::File(path) => {
+                let keys = load_key_file(path).map_err(ResourceError::Keys)?;
+                self.verifier.replace(keys);
+            }
+            KeySource::Coordinator(url) => {
+                if let Err(error) = self.refresh(true).await {
+                    tracing::warn!(%url, %error, "cannot fetch the coordinator's keys yet");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True once at least one key is trusted.
+    pub fn ready(&self) -> bool {
+        self.verifier.has_any_key()
+    }
+
+    /// Called when a token names `key_id`: fetches the coordinator's keys if the id is unknown
+    /// and the last fetch is old enough. The token is verified afterwards either way.
+    pub async fn ensure_known(&self, key_id: KeyId) {
+        if self.verifier.knows(key_id) {
+            return;
+        }
+        if let Err(error) = self.refresh(false).await {
+            tracing::warn!(%error, "key refresh failed");
+        }
+    }
+
+    async fn refresh(&self, force: bool) -> Result<(), String> {
+        let KeySource::Coordinator(url) = &self.source else {
+            return Ok(());
+        };
+        let mut last = self.last_fetch.lock().await;
+        if !force && last.is_some_and(|at| at.elapsed() < MIN_REFRESH_INTERVAL) {
+            return Ok(());
+        }
+        *last = Some(Instant::now());
+        let url = format!("{}/v1/keys", url.trim_end_matches('/'));
+        let body = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("GET {url}: {e}"))?
+            .text()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let keys = parse_keys(&body)?;
+        self.verifier.replace(keys);
+        tracing::info!(%url, "trusted keys refreshed");
+        Ok(())
+    }
+}
+
+/// Reads a key file: the JSON of `GET /v1/keys`, or one base64url key per line.
+pub fn load_key_file(path: &Path) -> Result<TokenVerifier, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_keys(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn parse_keys(text: &str) -> Result<TokenVerifier, String> {
+    let encoded: Vec<String> = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(json) => json["keys"]
+            .as_array()
+            .ok_or("JSON without a \"keys\" array")?
+            .iter()
+            .map(|k| k["public_key"].as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or("a key without \"public_key\"")?,
+        Err(_) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+    };
+    if encoded.is_empty() {
+        return Err("no keys".into());
+    }
+    let keys = encoded
+        .iter()
+        .map(|k| decode_public_key(k).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(TokenVerifier::new(keys))
+}
+
+#[cfg(test)]
+mod tests {
+    use palisade_core::token::encode_public_key;
+    use palisade_core::TokenSigner;
+
+    use super::*;
+
+    #[test]
+    fn keys_parse_from_json_or_lines() {
+        let key = TokenSigner::from_secret_bytes(&[4; 32]);
+        let encoded = encode_public_key(&key.verifying_key());
+        let json = format!(r#"{{"keys":[{{"key_id":"x","public_key":"{encoded}"}}]}}"#);
+        assert!(parse_keys(&json).unwrap().knows(key.key_id()));
+        let lines = format!("# coordinator\n{encoded}\n");
+        assert!(parse_keys(&lines).unwrap().knows(key.key_id()));
+        assert!(parse_keys("").is_err());
+        assert!(parse_keys("not-a-key").is_err());
+    }
+}

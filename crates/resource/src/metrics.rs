@@ -1,0 +1,80 @@
+//! Metrics of the reference store, served at `GET /metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `stale_epoch`, `not_activated`, `invalid_token`, `replay`, `replay_mismatch`,
+    /// `invalid_request`.
+    pub reason: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub accepted: Counter,
+    pub rejections: Family<ReasonLabels, Counter>,
+    pub activations: Counter,
+    pub storage_errors: Counter,
+    pub write_duration: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("palisade_resource");
+        let metrics = Self {
+            accepted: Counter::default(),
+            rejections: Family::default(),
+            activations: Counter::default(),
+            storage_errors: Counter::default(),
+            write_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "writes_accepted",
+            "Fenced writes accepted",
+            metrics.accepted.clone(),
+        );
+        r.register(
+            "rejections",
+            "Writes and activations refused, by reason (replay: applied before, nothing done)",
+            metrics.rejections.clone(),
+        );
+        r.register(
+            "activations",
+            "Successful activations",
+            metrics.activations.clone(),
+        );
+        r.register(
+            "storage_errors",
+            "Storage failures",
+            metrics.storage_errors.clone(),
+        );
+        r.register(
+            "write_duration_seconds",
+            "Time to answer a fenced write",
+            metrics.write_duration.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    pub fn reject(&self, reason: &'static str) {
+        self.rejections
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
