@@ -1,11 +1,13 @@
 //! `palisade`: the coordinator, its client commands and its benchmark, in one binary.
 //!
 //! Exit codes: 0 success; 1 error; 2 bad usage; 3 the lock is held (acquire with no wait
-//! left); 4 the coordinator is unavailable.
+//! left); 4 the coordinator or resource is unavailable; 5 the resource rejected the write or
+//! activation (stale epoch, invalid token, …).
 
 mod bench;
 mod lock;
 mod output;
+mod resource;
 mod serve;
 
 use std::net::SocketAddr;
@@ -34,6 +36,9 @@ enum Command {
     /// Acquire, renew, release and inspect locks.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// Run or use the reference fenced store.
+    #[command(subcommand)]
+    Resource(resource::ResourceCommand),
     /// Measure the coordinator.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -147,11 +152,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(args.data_dir, args.listen).await,
         Command::Lock(command) => lock::run(command, json).await,
+        Command::Resource(command) => resource::run(command, json).await,
         Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
     }
 }
 
 fn exit_code(error: &anyhow::Error) -> u8 {
+    if let Some(failure) = error.downcast_ref::<resource::ResourceFailure>() {
+        return failure.exit_code();
+    }
     match error.downcast_ref::<ClientError>() {
         Some(ClientError::Held(_)) => 3,
         Some(ClientError::Unavailable(_)) => 4,

@@ -64,16 +64,28 @@ pub fn router(state: State) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
-    let body = json!({"error": code, "message": message.to_string()});
-    (status, Json(body)).into_response()
+/// A JSON error answer `{"error": CODE, "message", …}`, small enough to return by value.
+struct HttpError {
+    status: StatusCode,
+    body: Value,
 }
 
-fn lock_name(name: String) -> Result<LockName, Response> {
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> HttpError {
+    let body = json!({"error": code, "message": message.to_string()});
+    HttpError { status, body }
+}
+
+fn lock_name(name: String) -> Result<LockName, HttpError> {
     LockName::new(name).map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", e))
 }
 
-fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Response> {
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, HttpError> {
     headers
         .get(name)
         .map(|v| v.to_str())
@@ -87,7 +99,7 @@ fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, Res
         })
 }
 
-fn token(headers: &HeaderMap) -> Result<&str, Response> {
+fn token(headers: &HeaderMap) -> Result<&str, HttpError> {
     header(headers, TOKEN_HEADER)?.ok_or_else(|| {
         error(
             StatusCode::UNAUTHORIZED,
@@ -97,7 +109,7 @@ fn token(headers: &HeaderMap) -> Result<&str, Response> {
     })
 }
 
-fn rejection_response(rejection: &Rejection) -> Response {
+fn rejection_response(rejection: &Rejection) -> HttpError {
     let (status, mut body) = match rejection {
         Rejection::StaleEpoch { fence, fence_seq } => {
             let mut body = json!({"fence": fence.0});
@@ -115,10 +127,10 @@ fn rejection_response(rejection: &Rejection) -> Response {
     };
     body["error"] = json!(rejection.code());
     body["message"] = json!(rejection.to_string());
-    (status, Json(body)).into_response()
+    HttpError { status, body }
 }
 
-fn storage_failure(state: &State, failure: &FenceError) -> Response {
+fn storage_failure(state: &State, failure: &FenceError) -> HttpError {
     state.inner.metrics.storage_errors.inc();
     tracing::error!(%failure, "fenced store failure");
     error(StatusCode::SERVICE_UNAVAILABLE, "storage_error", failure)
@@ -143,7 +155,7 @@ async fn write(
     let response = write_inner(&state, lock, key, &headers, body).await;
     let elapsed = started.elapsed().as_secs_f64();
     state.inner.metrics.write_duration.observe(elapsed);
-    response.unwrap_or_else(|response| response)
+    response.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn write_inner(
@@ -152,7 +164,7 @@ async fn write_inner(
     key: String,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Response, Response> {
+) -> Result<Response, HttpError> {
     let body = body.map_err(|r| {
         let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             "value_too_large"
@@ -210,7 +222,7 @@ async fn read(
 ) -> Response {
     let lock = match lock_name(lock) {
         Ok(lock) => lock,
-        Err(response) => return response,
+        Err(response) => return response.into_response(),
     };
     match state.inner.store.read(&lock, &key).await {
         Ok(Some(stored)) => {
@@ -222,8 +234,10 @@ async fn read(
             }
             response
         }
-        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no value at this key"),
-        Err(failure) => storage_failure(&state, &failure),
+        Ok(None) => {
+            error(StatusCode::NOT_FOUND, "not_found", "no value at this key").into_response()
+        }
+        Err(failure) => storage_failure(&state, &failure).into_response(),
     }
 }
 
@@ -234,11 +248,11 @@ async fn activate(
 ) -> Response {
     let lock = match lock_name(lock) {
         Ok(lock) => lock,
-        Err(response) => return response,
+        Err(response) => return response.into_response(),
     };
     let token = match token(&headers) {
         Ok(token) => token,
-        Err(response) => return response,
+        Err(response) => return response.into_response(),
     };
     state.refresh_for(token).await;
     match state.inner.store.activate(&lock, token).await {
@@ -248,9 +262,9 @@ async fn activate(
         }
         Ok(Activation::Rejected(rejection)) => {
             state.inner.metrics.reject(rejection.code());
-            rejection_response(&rejection)
+            rejection_response(&rejection).into_response()
         }
-        Err(failure) => storage_failure(&state, &failure),
+        Err(failure) => storage_failure(&state, &failure).into_response(),
     }
 }
 
@@ -260,11 +274,11 @@ async fn fence(
 ) -> Response {
     let lock = match lock_name(lock) {
         Ok(lock) => lock,
-        Err(response) => return response,
+        Err(response) => return response.into_response(),
     };
     match state.inner.store.fence(&lock).await {
         Ok(fence) => Json(json!({"lock": lock, "fence": fence.0})).into_response(),
-        Err(failure) => storage_failure(&state, &failure),
+        Err(failure) => storage_failure(&state, &failure).into_response(),
     }
 }
 
@@ -292,5 +306,6 @@ async fn readyz(axum::extract::State(state): axum::extract::State<State>) -> Res
             "not_ready",
             "no trusted coordinator key yet",
         )
+        .into_response()
     }
 }

@@ -84,3 +84,67 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
     }
 }
+
+/// A `palisade resource serve` process.
+pub struct ResourceProcess {
+    pub child: Child,
+    pub url: String,
+}
+
+impl ResourceProcess {
+    /// Starts the reference store on an OS-chosen loopback port, trusting `coordinator`.
+    pub fn start(data_dir: &Path, mode: &str, coordinator: &str) -> Self {
+        let mut child = Command::new(BINARY)
+            .args([
+                "resource",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--mode",
+                mode,
+            ])
+            .args(["--coordinator", coordinator, "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start palisade resource serve");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the store printed its address")
+                .unwrap();
+            if let Some((_, address)) = line.split_once(" listening on ") {
+                break format!("http://{address}");
+            }
+        };
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, url }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Runs `palisade resource ARGS --resource URL`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BINARY)
+            .arg("resource")
+            .args(args)
+            .args(["--resource", &self.url])
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run palisade resource")
+    }
+}
+
+impl Drop for ResourceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,295 @@
+//! `palisade resource serve|put|get|activate`: the reference fenced store and its HTTP twins.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use clap::{Args, Subcommand};
+use palisade_fence::FenceMode;
+use palisade_resource::{KeySource, ResourceConfig};
+use serde_json::{json, Value};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::lock::print_json;
+
+/// Default URL of the reference store for the client commands.
+const DEFAULT_RESOURCE: &str = "http://127.0.0.1:7421";
+
+#[derive(Subcommand)]
+pub enum ResourceCommand {
+    /// Run the reference fenced store (embedded, durable).
+    Serve(ServeArgs),
+    /// Write a value under a lock's token: VALUE, or `-` (or nothing) for standard input.
+    Put {
+        /// The lock guarding the key.
+        lock: String,
+        /// The key.
+        key: String,
+        /// The value; `-` or absent reads standard input.
+        value: Option<String>,
+        /// The ownership token (from `palisade lock acquire`).
+        #[arg(long, env = "PALISADE_TOKEN")]
+        token: String,
+        /// Sequence number (sequenced mode).
+        #[arg(long)]
+        seq: Option<u64>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Read a key's value (to stdout) and the epoch that wrote it.
+    Get {
+        /// The lock guarding the key.
+        lock: String,
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Activate a lock's new epoch (activated mode), before the new owner works.
+    Activate {
+        /// The lock.
+        lock: String,
+        /// The ownership token.
+        #[arg(long, env = "PALISADE_TOKEN")]
+        token: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where the store lives.
+    #[arg(long, default_value = palisade_resource::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Address for HTTP.
+    #[arg(long, default_value = palisade_resource::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// strict, activated or sequenced (fixed for the store's lifetime).
+    #[arg(long, default_value = "strict")]
+    mode: String,
+    /// Trust the keys this coordinator publishes (refreshed on unknown key ids).
+    #[arg(long, conflicts_with = "trust_key")]
+    coordinator: Option<String>,
+    /// Trust the keys in this file (the JSON of GET /v1/keys, or one key per line).
+    #[arg(long)]
+    trust_key: Option<PathBuf>,
+}
+
+/// Where the reference store is.
+#[derive(Args)]
+pub struct Target {
+    /// URL of the reference store.
+    #[arg(long, env = "PALISADE_RESOURCE", default_value = DEFAULT_RESOURCE)]
+    resource: String,
+}
+
+/// A refusal or failure reported by the resource.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ResourceFailure {
+    status: u16,
+    code: String,
+    message: String,
+}
+
+impl ResourceFailure {
+    pub fn exit_code(&self) -> u8 {
+        match self.status {
+            409 | 401 | 403 => 5,
+            503 => 4,
+            _ => 1,
+        }
+    }
+}
+
+pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
+    match command {
+        ResourceCommand::Serve(args) => serve(args).await,
+        ResourceCommand::Put {
+            lock,
+            key,
+            value,
+            token,
+            seq,
+            target,
+        } => {
+            let value = match value.as_deref() {
+                None | Some("-") => {
+                    let mut buffer = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut buffer)
+                        .context("read standard input")?;
+                    buffer
+                }
+                Some(text) => text.as_bytes().to_vec(),
+            };
+            let url = format!(
+                "{}/v1/kv/{}/{}",
+                target.resource,
+                encode(&lock),
+                encode(&key)
+            );
+            let mut request = http().put(url).header("Palisade-Token", token).body(value);
+            if let Some(seq) = seq {
+                request = request.header("Palisade-Seq", seq.to_string());
+            }
+            let body = expect_json(request.send().await).await?;
+            if json {
+                print_json(&body);
+            } else {
+                let replay = if body["replay"] == true {
+                    " (replay: nothing applied)"
+                } else {
+                    ""
+                };
+                println!("accepted at epoch {}{replay}", body["epoch"]);
+            }
+            Ok(())
+        }
+        ResourceCommand::Get { lock, key, target } => {
+            let url = format!(
+                "{}/v1/kv/{}/{}",
+                target.resource,
+                encode(&lock),
+                encode(&key)
+            );
+            let response = http().get(url).send().await.map_err(unreachable)?;
+            if !response.status().is_success() {
+                return Err(failure(response).await.into());
+            }
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let (epoch, seq) = (header("Palisade-Epoch"), header("Palisade-Seq"));
+            let value = response.bytes().await.map_err(unreachable)?;
+            if json {
+                let mut body = json!({"lock": lock, "key": key, "epoch": epoch.and_then(|e| e.parse::<u64>().ok())});
+                if let Some(seq) = seq {
+                    body["seq"] = json!(seq.parse::<u64>().ok());
+                }
+                match std::str::from_utf8(&value) {
+                    Ok(text) => body["value"] = json!(text),
+                    Err(_) => body["value_base64"] = json!(STANDARD.encode(&value)),
+                }
+                print_json(&body);
+            } else {
+                use std::io::Write as _;
+                std::io::stdout().write_all(&value)?;
+                eprintln!("(epoch {})", epoch.unwrap_or_default());
+            }
+            Ok(())
+        }
+        ResourceCommand::Activate {
+            lock,
+            token,
+            target,
+        } => {
+            let url = format!("{}/v1/fences/{}/activate", target.resource, encode(&lock));
+            let request = http().post(url).header("Palisade-Token", token);
+            let body = expect_json(request.send().await).await?;
+            if json {
+                print_json(&body);
+            } else {
+                println!("fence of {lock} is at epoch {}", body["fence"]);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mode = FenceMode::parse(&args.mode).with_context(|| {
+        format!(
+            "mode {:?} is unknown; use strict, activated or sequenced",
+            args.mode
+        )
+    })?;
+    let keys = match (args.coordinator, args.trust_key) {
+        (_, Some(file)) => KeySource::File(file),
+        (Some(url), None) => KeySource::Coordinator(url),
+        (None, None) => KeySource::Coordinator(palisade_client::DEFAULT_ENDPOINT.into()),
+    };
+    let config = ResourceConfig {
+        data_dir: args.data_dir,
+        listen: args.listen,
+        mode,
+        keys,
+    };
+    let resource = palisade_resource::start(config)
+        .await
+        .context("cannot start the fenced store")?;
+    eprintln!(
+        "palisade fenced store ({mode}) listening on {}",
+        resource.local_addr
+    );
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+    }
+    resource.shutdown().await;
+    Ok(())
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .expect("a plain HTTP client builds")
+}
+
+/// Percent-encodes a path segment (lock names contain `/`).
+fn encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn unreachable(error: reqwest::Error) -> anyhow::Error {
+    ResourceFailure {
+        status: 503,
+        code: "unavailable".into(),
+        message: format!("cannot reach the resource: {error}"),
+    }
+    .into()
+}
+
+async fn failure(response: reqwest::Response) -> ResourceFailure {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or_default();
+    let mut message = body["message"].as_str().unwrap_or("").to_owned();
+    if let Some(fence) = body["fence"].as_u64() {
+        message = format!("{message} (fence {fence})");
+    }
+    ResourceFailure {
+        status,
+        code: body["error"].as_str().unwrap_or("error").to_owned(),
+        message,
+    }
+}
+
+async fn expect_json(response: reqwest::Result<reqwest::Response>) -> anyhow::Result<Value> {
+    let response = response.map_err(unreachable)?;
+    if !response.status().is_success() {
+        return Err(failure(response).await.into());
+    }
+    response
+        .json()
+        .await
+        .context("the resource answered with invalid JSON")
+}
