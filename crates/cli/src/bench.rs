@@ -260,7 +260,7 @@ fn print_report(report: &Report, json: bool) {
 
 /// Rewrites one 4 KiB block and fdatasyncs it, repeatedly, for [`FSYNC_PROBE`]; returns
 /// fdatasyncs per second. This is the ceiling of a service that syncs once per operation.
-fn measure_fdatasync(dir: &Path) -> std::io::Result<f64> {
+pub fn measure_fdatasync(dir: &Path) -> std::io::Result<f64> {
     let path = dir.join("fsync-probe");
     let file = OpenOptions::new()
         .create(true)

@@ -5,6 +5,7 @@
 //! activation (stale epoch, invalid token, …).
 
 mod bench;
+mod bench_fence;
 mod lock;
 mod output;
 mod resource;
@@ -120,6 +121,10 @@ enum LockCommand {
 enum BenchCommand {
     /// Acquire+release cycles per second, with latency percentiles and the disk's fsync rate.
     Acquire(bench::AcquireBenchArgs),
+    /// Fenced writes through the PostgreSQL adapter vs the raw seed statement, side by side.
+    Postgres(bench_fence::PostgresBenchArgs),
+    /// Fenced PUTs per second on the reference store, with the disk's fsync rate.
+    Resource(bench_fence::ResourceBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -154,6 +159,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Lock(command) => lock::run(command, json).await,
         Command::Resource(command) => resource::run(command, json).await,
         Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
+        Command::Bench(BenchCommand::Postgres(args)) => bench_fence::run_postgres(args, json).await,
+        Command::Bench(BenchCommand::Resource(args)) => bench_fence::run_resource(args, json).await,
     }
 }
 
