@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_fence;
+mod drill;
 mod lock;
 mod output;
 mod resource;
@@ -43,6 +44,14 @@ enum Command {
     /// Measure the coordinator.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Fault drills with real processes: stale-process, delayed-delivery, duplicate-token,
+    /// forged-token, bypass, or all.
+    Drill(drill::DrillArgs),
+    /// Deterministic simulation: seeds of random pauses, delays, drops, reorders and crashes.
+    Simulate(drill::SimulateArgs),
+    /// A drill's worker process (started by `palisade drill`).
+    #[command(hide = true)]
+    DrillWorker(drill::WorkerArgs),
 }
 
 #[derive(Args)]
@@ -158,6 +167,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args.data_dir, args.listen).await,
         Command::Lock(command) => lock::run(command, json).await,
         Command::Resource(command) => resource::run(command, json).await,
+        Command::Drill(args) => drill::run_drill(args, json).await,
+        Command::Simulate(args) => drill::run_simulate(args, json),
+        Command::DrillWorker(args) => drill::run_worker(args).await,
         Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
         Command::Bench(BenchCommand::Postgres(args)) => bench_fence::run_postgres(args, json).await,
         Command::Bench(BenchCommand::Resource(args)) => bench_fence::run_resource(args, json).await,

@@ -356,6 +356,20 @@ fn check_key(
     mode: Mode,
     summary: &mut Summary,
 ) -> Result<(), Violation> {
+    // Strict and sequenced modes give one result per epoch (pair), even to concurrent writers.
+    if mode != Mode::Activated {
+        let mut first_accept: HashMap<(u64, u64), usize> = HashMap::new();
+        for write in steps.iter().filter(|s| s.accepted && !s.activation) {
+            if let Some(&first) = first_accept.get(&write.pair) {
+                return Err(Violation {
+                    property: "P2",
+                    message: format!("{:?} was accepted twice for one key", write.pair),
+                    entries: vec![first, write.index],
+                });
+            }
+            first_accept.insert(write.pair, write.index);
+        }
+    }
     for write in steps {
         // Everything that had completed before this write was invoked, and so bounds it.
         let earlier = steps

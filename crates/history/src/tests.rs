@@ -146,6 +146,15 @@ fn p2_a_final_value_from_a_lower_epoch_is_found() {
 }
 
 #[test]
+fn p2_one_epoch_accepted_twice_concurrently_in_strict_mode_is_found() {
+    let h = history(vec![
+        entry("a", 0, 10, write(7, "A"), accepted()),
+        entry("b", 1, 9, write(7, "B"), accepted()),
+    ]);
+    assert_eq!(check(&h, Mode::Strict).unwrap_err().property, "P2");
+}
+
+#[test]
 fn concurrent_writes_may_take_effect_in_either_order() {
     let h = history(vec![
         entry("a", 0, 10, write(7, "A"), accepted()),

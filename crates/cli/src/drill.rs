@@ -1,0 +1,195 @@
+//! `palisade drill`, `palisade simulate`, and the hidden `palisade drill-worker`.
+
+use anyhow::Context as _;
+use clap::Args;
+use palisade_drill::worker::{PausePoint, WorkerPlan};
+use palisade_drill::{DrillConfig, ResourceSpec, Scenario};
+use palisade_fence::FenceMode;
+use palisade_sim::SimConfig;
+use serde_json::json;
+
+use crate::lock::print_json;
+use crate::output::print_table;
+
+#[derive(Args)]
+pub struct DrillArgs {
+    /// A scenario (stale-process, delayed-delivery, duplicate-token, forged-token, bypass) or all.
+    scenario: String,
+    /// `embedded` (stores started by the drill) or a postgres:// URL (the drill creates and
+    /// drops its own table there).
+    #[arg(long, default_value = "embedded")]
+    resource: String,
+    /// Iterations per scenario.
+    #[arg(long, default_value_t = 10)]
+    iterations: usize,
+    /// Lease TTL of the drill's workers, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    ttl_ms: u64,
+    /// Keys each stale worker writes after it resumes (each one a stale attempt).
+    #[arg(long, default_value_t = 5)]
+    keys: usize,
+}
+
+pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(args.iterations >= 1, "--iterations must be at least 1");
+    anyhow::ensure!((1..=100).contains(&args.keys), "--keys must be 1 to 100");
+    let scenarios = Scenario::parse(&args.scenario)?;
+    let config = DrillConfig {
+        binary: std::env::current_exe().context("find the palisade binary")?,
+        resource: ResourceSpec::parse(&args.resource)?,
+        iterations: args.iterations,
+        ttl_ms: args.ttl_ms.max(palisade_core::limits::MIN_TTL_MS),
+        keys: args.keys,
+        progress: !json,
+    };
+    let reports = palisade_drill::run(config, &scenarios).await?;
+    let passed = reports.iter().all(|r| r.passed);
+    if json {
+        print_json(&json!({"scenarios": reports, "passed": passed}));
+    } else {
+        let rows: Vec<Vec<String>> = reports
+            .iter()
+            .map(|r| {
+                let points = r
+                    .pause_points
+                    .iter()
+                    .map(|(p, n)| format!("{p}×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                vec![
+                    r.scenario.to_string(),
+                    r.resource.to_string(),
+                    r.iterations.to_string(),
+                    r.stale_attempted.to_string(),
+                    r.stale_accepted.to_string(),
+                    r.bypass_attempted.to_string(),
+                    points,
+                    if r.passed {
+                        "PASS".into()
+                    } else {
+                        "FAIL".into()
+                    },
+                ]
+            })
+            .collect();
+        print_table(
+            &[
+                "SCENARIO",
+                "RESOURCE",
+                "ITER",
+                "STALE TRIED",
+                "STALE ACCEPTED",
+                "BYPASS TRIED",
+                "PAUSE POINTS",
+                "VERDICT",
+            ],
+            &rows,
+        );
+        for report in reports.iter().filter(|r| !r.passed) {
+            eprintln!(
+                "\n{} failed:\n{}",
+                report.scenario,
+                report.violation.as_deref().unwrap_or("")
+            );
+        }
+    }
+    anyhow::ensure!(passed, "a drill found a violation");
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    coordinator: String,
+    #[arg(long)]
+    target: String,
+    #[arg(long)]
+    mode: String,
+    #[arg(long)]
+    run: String,
+    #[arg(long)]
+    lock: String,
+    #[arg(long, value_delimiter = ',')]
+    keys: Vec<String>,
+    #[arg(long)]
+    value: String,
+    #[arg(long)]
+    ttl_ms: u64,
+    #[arg(long)]
+    token: Option<String>,
+    #[arg(long)]
+    activate: bool,
+    #[arg(long, default_value = "none")]
+    pause: String,
+    #[arg(long)]
+    hold_before_write: bool,
+}
+
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let plan = WorkerPlan {
+        coordinator: args.coordinator,
+        target: args.target,
+        mode: FenceMode::parse(&args.mode).context("unknown mode")?,
+        run: args.run,
+        lock: args.lock,
+        keys: args.keys,
+        value: args.value,
+        ttl_ms: args.ttl_ms,
+        token: args.token,
+        activate: args.activate,
+        pause: PausePoint::parse(&args.pause).context("unknown pause point")?,
+        hold_before_write: args.hold_before_write,
+    };
+    palisade_drill::worker::run(plan).await
+}
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    /// Seeds to run.
+    #[arg(long, default_value_t = 1_000)]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+}
+
+pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let (mut faults, mut stale, mut events) = (0u64, 0usize, 0u64);
+    for (done, seed) in (args.from..args.from.saturating_add(args.seeds)).enumerate() {
+        let report = palisade_sim::run(seed, SimConfig::default());
+        faults += report.faults.total();
+        events += report.events;
+        match &report.verdict {
+            Ok(summary) => stale += summary.stale_attempted,
+            Err(violation) => {
+                eprintln!(
+                    "seed {seed} failed:\n{}",
+                    violation.excerpt(&report.history)
+                );
+                anyhow::bail!("seed {seed} violates {}", violation.property);
+            }
+        }
+        if !json && done % 1_000 == 999 {
+            eprint!("\r{} seeds…", done + 1);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let per_minute = args.seeds as f64 / seconds * 60.0;
+    if json {
+        print_json(&json!({
+            "seeds": args.seeds, "from": args.from, "passed": true, "faults": faults,
+            "stale_refused": stale, "events": events, "seconds": seconds, "seeds_per_minute": per_minute,
+        }));
+    } else {
+        eprintln!();
+        println!(
+            "{} seeds from {} passed: {faults} faults injected ({:.0}/seed), {stale} stale writes \
+             refused, {per_minute:.0} seeds/minute",
+            args.seeds,
+            args.from,
+            faults as f64 / args.seeds.max(1) as f64
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! `palisade drill` and `palisade simulate` as users run them: real coordinator, store and
+//! worker processes (SIGSTOP/SIGCONT, a buffering proxy), against the embedded store and a real
+//! PostgreSQL; every scenario must pass with stale writes attempted and none accepted.
+
+mod common;
+
+use std::process::Command;
+
+use common::BINARY;
+use serde_json::Value;
+
+fn drill(resource: &str) -> Value {
+    let output = Command::new(BINARY)
+        .args([
+            "drill",
+            "all",
+            "--iterations",
+            "2",
+            "--keys",
+            "3",
+            "--json",
+            "--resource",
+            resource,
+        ])
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run palisade drill");
+    assert!(
+        output.status.success(),
+        "drill failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON document")
+}
+
+fn check_report(report: &Value, resource: &str) {
+    assert_eq!(report["passed"], true);
+    let scenarios = report["scenarios"].as_array().unwrap();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "stale-process",
+            "delayed-delivery",
+            "duplicate-token",
+            "forged-token",
+            "bypass"
+        ]
+    );
+    for scenario in scenarios {
+        let name = scenario["scenario"].as_str().unwrap();
+        assert_eq!(scenario["resource"], resource);
+        assert_eq!(scenario["passed"], true, "{name}");
+        assert_eq!(scenario["stale_accepted"], 0, "{name}");
+        let tried = scenario["stale_attempted"].as_u64().unwrap()
+            + scenario["bypass_attempted"].as_u64().unwrap();
+        assert!(tried > 0, "{name} attempted nothing: {scenario}");
+    }
+    // P2/P4 (stale-process): both pause points were reached, each stale key refused.
+    let stale = &scenarios[0];
+    assert_eq!(stale["pause_points"]["after-acquire"], 1);
+    assert_eq!(stale["pause_points"]["before-write"], 1);
+    assert_eq!(stale["stale_attempted"], 6);
+}
+
+#[test]
+fn p1_p2_p4_p5_every_drill_passes_on_the_embedded_store() {
+    check_report(&drill("embedded"), "embedded");
+}
+
+#[test]
+fn p1_p2_p4_p5_every_drill_passes_on_postgres() {
+    let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
+    check_report(&drill(&url), "postgres");
+}
+
+#[test]
+fn unknown_and_future_scenarios_are_refused_clearly() {
+    for (scenario, expected) in [("nope", "unknown scenario"), ("restore", "not built yet")] {
+        let output = Command::new(BINARY)
+            .args(["drill", scenario])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains(expected),
+            "{scenario}"
+        );
+    }
+}
+
+#[test]
+fn simulate_reports_seeds_and_faults() {
+    let output = Command::new(BINARY)
+        .args(["simulate", "--seeds", "40", "--from", "5000", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        (report["seeds"].as_u64(), report["passed"].as_bool()),
+        (Some(40), Some(true))
+    );
+    assert!(report["faults"].as_u64().unwrap() > 400);
+}

@@ -1,0 +1,199 @@
+//! Where a drill's writes go: the reference store over HTTP, or a PostgreSQL database through
+//! the adapter (a table of the drill's own for strict mode, Palisade's tables for activated).
+
+use std::sync::Arc;
+
+use palisade_core::token::decode_public_key;
+use palisade_core::{LockName, TokenVerifier};
+use palisade_fence::{Activation, FenceMode, FencedResource, Outcome, Verifier};
+use palisade_fence_postgres::{GuardedTable, PostgresFence};
+
+/// A resource as the worker sees it. Outcomes are short codes: `accepted`, `replay`, or the
+/// resource's rejection code (`stale_epoch`, `invalid_token`, …), or `error: …`.
+pub enum Target {
+    /// The reference store at this base URL.
+    Http { base: String, http: reqwest::Client },
+    /// PostgreSQL: strict mode writes row `key` of `table`; activated mode uses Palisade's tables.
+    Postgres {
+        fence: PostgresFence,
+        table: GuardedTable,
+        table_name: String,
+    },
+}
+
+/// The drill's own table in a user's database.
+pub fn drill_table_name(run: &str) -> String {
+    format!("palisade_drill_{run}")
+}
+
+impl Target {
+    /// Connects to `url` (`http://…` or `postgres://…`).
+    pub async fn connect(
+        url: &str,
+        mode: FenceMode,
+        coordinator: &str,
+        run: &str,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::new();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let keys: serde_json::Value = http
+                .get(format!("{coordinator}/v1/keys"))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let keys = keys["keys"]
+                .as_array()
+                .ok_or_else(|| anyhow::anyhow!("no keys at the coordinator"))?
+                .iter()
+                .filter_map(|k| {
+                    k["public_key"]
+                        .as_str()
+                        .and_then(|k| decode_public_key(k).ok())
+                })
+                .collect::<Vec<_>>();
+            let verifier = Arc::new(Verifier::new(TokenVerifier::new(keys)));
+            let fence = PostgresFence::connect(url, 2, mode, verifier).await?;
+            let table_name = drill_table_name(run);
+            let table = GuardedTable::new(&table_name, "id", "payload")?;
+            Ok(Target::Postgres {
+                fence,
+                table,
+                table_name,
+            })
+        } else {
+            Ok(Target::Http {
+                base: url.trim_end_matches('/').to_owned(),
+                http,
+            })
+        }
+    }
+
+    /// Activates `lock` with `token`.
+    pub async fn activate(&self, lock: &LockName, token: &str) -> String {
+        match self {
+            Target::Http { base, http } => {
+                let url = format!("{base}/v1/fences/{}/activate", encode(lock.as_str()));
+                let response = http.post(url).header("Palisade-Token", token).send().await;
+                http_outcome(response).await
+            }
+            Target::Postgres { fence, .. } => match fence.activate(lock, token).await {
+                Ok(Activation::Activated { .. }) => "accepted".into(),
+                Ok(Activation::Rejected(rejection)) => rejection.code().into(),
+                Err(error) => format!("error: {error}"),
+            },
+        }
+    }
+
+    /// Writes `value` at `key` under `lock` with `token`.
+    pub async fn write(&self, lock: &LockName, key: &str, token: &str, value: &str) -> String {
+        match self {
+            Target::Http { base, http } => {
+                let url = format!("{base}/v1/kv/{}/{}", encode(lock.as_str()), encode(key));
+                let request = http.put(url).body(value.to_owned());
+                let request = if token.is_empty() {
+                    request
+                } else {
+                    request.header("Palisade-Token", token)
+                };
+                http_outcome(request.send().await).await
+            }
+            Target::Postgres { fence, table, .. } => {
+                let outcome = if fence.mode() == FenceMode::Activated {
+                    let write = palisade_fence::Write {
+                        lock,
+                        key,
+                        token,
+                        seq: None,
+                        value: value.as_bytes(),
+                    };
+                    fence.write(write).await
+                } else {
+                    let id: i64 = key.trim_start_matches('k').parse().unwrap_or(0);
+                    table.update(fence, lock, &id, token, &value).await
+                };
+                match outcome {
+                    Ok(Outcome::Accepted { .. }) => "accepted".into(),
+                    Ok(Outcome::Replayed { .. }) => "replay".into(),
+                    Ok(Outcome::Rejected(rejection)) => rejection.code().into(),
+                    Err(error) => format!("error: {error}"),
+                }
+            }
+        }
+    }
+
+    /// The stored value of `key` and the epoch that wrote it.
+    pub async fn read(
+        &self,
+        lock: &LockName,
+        key: &str,
+    ) -> anyhow::Result<(Option<String>, Option<u64>)> {
+        match self {
+            Target::Http { base, http } => {
+                let url = format!("{base}/v1/kv/{}/{}", encode(lock.as_str()), encode(key));
+                let response = http.get(url).send().await?;
+                if response.status() == reqwest::StatusCode::NOT_FOUND {
+                    return Ok((None, None));
+                }
+                let epoch = response
+                    .headers()
+                    .get("Palisade-Epoch")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok());
+                Ok((Some(response.text().await?), epoch))
+            }
+            Target::Postgres { fence, .. } if fence.mode() == FenceMode::Activated => {
+                let stored = fence.read(lock, key).await?;
+                Ok(stored.map_or((None, None), |s| {
+                    (
+                        Some(String::from_utf8_lossy(&s.value).into_owned()),
+                        Some(s.epoch.0),
+                    )
+                }))
+            }
+            Target::Postgres {
+                fence, table_name, ..
+            } => {
+                let id: i64 = key.trim_start_matches('k').parse().unwrap_or(0);
+                let client = fence.pool().get().await?;
+                let sql = format!("SELECT payload, last_fence FROM {table_name} WHERE id = $1");
+                let row = client.query_opt(&sql, &[&id]).await?;
+                Ok(row.map_or((None, None), |r| {
+                    let fence: i64 = r.get(1);
+                    (Some(r.get(0)), (fence > 0).then_some(fence as u64))
+                }))
+            }
+        }
+    }
+}
+
+async fn http_outcome(response: reqwest::Result<reqwest::Response>) -> String {
+    match response {
+        Ok(response) if response.status().is_success() => {
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            if body["replay"] == true {
+                "replay".into()
+            } else {
+                "accepted".into()
+            }
+        }
+        Ok(response) => {
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            body["error"].as_str().unwrap_or("rejected").to_owned()
+        }
+        Err(error) => format!("error: {error}"),
+    }
+}
+
+/// Percent-encodes a path segment.
+pub fn encode(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
