@@ -112,3 +112,52 @@ fn simulate_reports_seeds_and_faults() {
     );
     assert!(report["faults"].as_u64().unwrap() > 400);
 }
+
+#[test]
+fn the_postgres_drill_leaves_nothing_behind() {
+    let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
+    let output = Command::new(BINARY)
+        .args([
+            "drill",
+            "stale-process",
+            "--iterations",
+            "1",
+            "--keys",
+            "1",
+            "--json",
+            "--resource",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let tables: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'palisade_drill_%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let rows: i64 = client
+            .query_one(
+                "SELECT count(*) FROM palisade_kv WHERE lock LIKE 'drill/%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!((tables, rows), (0, 0));
+    });
+}

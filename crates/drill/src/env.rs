@@ -152,13 +152,22 @@ impl DrillEnv {
         })
     }
 
-    /// Stops every process and drops the drill's table.
+    /// Stops every process, drops the drill's table and deletes the drill's rows from
+    /// Palisade's own tables.
     pub async fn stop(self) {
         if let Some((fence, _, name)) = &self.table {
             if let Ok(client) = fence.pool().get().await {
                 let _ = client
                     .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
                     .await;
+                // The activated-mode scenarios write to Palisade's own tables.
+                let pattern = format!("drill/%/{}/%", self.run);
+                for table in ["palisade_kv", "palisade_fences", "palisade_ledger"] {
+                    let sql = format!("DELETE FROM {table} WHERE lock LIKE $1");
+                    if let Err(error) = client.execute(&sql, &[&pattern]).await {
+                        tracing::warn!(%error, table, "could not delete the drill's rows");
+                    }
+                }
             }
         }
     }

@@ -245,3 +245,14 @@ async fn migrations_are_recorded_once() {
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(versions, vec![1, 2]);
 }
+
+#[tokio::test]
+async fn an_unreachable_database_is_an_error_never_a_rejection() {
+    let verifier = Arc::new(Verifier::default());
+    let url = "postgres://postgres@127.0.0.1:1/postgres";
+    let result = PostgresFence::connect(url, 1, FenceMode::Strict, verifier).await;
+    assert!(matches!(
+        result,
+        Err(palisade_fence::FenceError::Storage(_))
+    ));
+}
