@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use clap::{Args, Subcommand};
+use palisade_client::encode_path_segment;
 use palisade_fence::FenceMode;
 use palisade_resource::{KeySource, ResourceConfig};
 use serde_json::{json, Value};
@@ -130,8 +131,8 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             let url = format!(
                 "{}/v1/kv/{}/{}",
                 target.resource,
-                encode(&lock),
-                encode(&key)
+                encode_path_segment(&lock),
+                encode_path_segment(&key)
             );
             let mut request = http().put(url).header("Palisade-Token", token).body(value);
             if let Some(seq) = seq {
@@ -154,8 +155,8 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             let url = format!(
                 "{}/v1/kv/{}/{}",
                 target.resource,
-                encode(&lock),
-                encode(&key)
+                encode_path_segment(&lock),
+                encode_path_segment(&key)
             );
             let response = http().get(url).send().await.map_err(unreachable)?;
             if !response.status().is_success() {
@@ -192,7 +193,11 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             token,
             target,
         } => {
-            let url = format!("{}/v1/fences/{}/activate", target.resource, encode(&lock));
+            let url = format!(
+                "{}/v1/fences/{}/activate",
+                target.resource,
+                encode_path_segment(&lock)
+            );
             let request = http().post(url).header("Palisade-Token", token);
             let body = expect_json(request.send().await).await?;
             if json {
@@ -245,19 +250,6 @@ fn http() -> reqwest::Client {
         .timeout(std::time::Duration::from_secs(30))
         .build()
         .expect("a plain HTTP client builds")
-}
-
-/// Percent-encodes a path segment (lock names contain `/`).
-fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn unreachable(error: reqwest::Error) -> anyhow::Error {

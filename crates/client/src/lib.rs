@@ -217,5 +217,20 @@ fn duration_ms(duration: Duration) -> Result<u64, ClientError> {
         .map_err(|_| ClientError::InvalidArgument("duration too large".into()))
 }
 
+/// Percent-encodes one URL path segment (lock names contain `/`, which must travel as `%2F`
+/// in HTTP paths). Unreserved characters stay as they are.
+pub fn encode_path_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
 /// The proto messages, for callers that read `describe`/`list` results.
 pub use palisade_proto::v1 as proto;

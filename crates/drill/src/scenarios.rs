@@ -450,7 +450,10 @@ async fn bypass(env: &DrillEnv, lock: &str, history: &mut History) -> anyhow::Re
     match &env.config.resource {
         ResourceSpec::Embedded => {
             let base = &env.strict_target;
-            let url = format!("{base}/v1/kv/{}/k0", crate::target::encode(lock));
+            let url = format!(
+                "{base}/v1/kv/{}/k0",
+                palisade_client::encode_path_segment(lock)
+            );
             let no_token = env.http.put(&url).body("bypass").send().await?;
             attempt("PUT without a token", no_token.status().is_success());
             let bad_header = env
@@ -464,7 +467,10 @@ async fn bypass(env: &DrillEnv, lock: &str, history: &mut History) -> anyhow::Re
                 "PUT with a non-token header",
                 bad_header.status().is_success(),
             );
-            let activate = format!("{base}/v1/fences/{}/activate", crate::target::encode(lock));
+            let activate = format!(
+                "{base}/v1/fences/{}/activate",
+                palisade_client::encode_path_segment(lock)
+            );
             let activation = env.http.post(&activate).send().await?;
             attempt("activate without a token", activation.status().is_success());
             // The store's file is locked by the running store: no second writer can open it.

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use palisade_client::encode_path_segment;
 use palisade_core::token::decode_public_key;
 use palisade_core::{LockName, TokenVerifier};
 use palisade_fence::{Activation, FenceMode, FencedResource, Outcome, Verifier};
@@ -73,7 +74,10 @@ impl Target {
     pub async fn activate(&self, lock: &LockName, token: &str) -> String {
         match self {
             Target::Http { base, http } => {
-                let url = format!("{base}/v1/fences/{}/activate", encode(lock.as_str()));
+                let url = format!(
+                    "{base}/v1/fences/{}/activate",
+                    encode_path_segment(lock.as_str())
+                );
                 let response = http.post(url).header("Palisade-Token", token).send().await;
                 http_outcome(response).await
             }
@@ -89,7 +93,11 @@ impl Target {
     pub async fn write(&self, lock: &LockName, key: &str, token: &str, value: &str) -> String {
         match self {
             Target::Http { base, http } => {
-                let url = format!("{base}/v1/kv/{}/{}", encode(lock.as_str()), encode(key));
+                let url = format!(
+                    "{base}/v1/kv/{}/{}",
+                    encode_path_segment(lock.as_str()),
+                    encode_path_segment(key)
+                );
                 let request = http.put(url).body(value.to_owned());
                 let request = if token.is_empty() {
                     request
@@ -130,7 +138,11 @@ impl Target {
     ) -> anyhow::Result<(Option<String>, Option<u64>)> {
         match self {
             Target::Http { base, http } => {
-                let url = format!("{base}/v1/kv/{}/{}", encode(lock.as_str()), encode(key));
+                let url = format!(
+                    "{base}/v1/kv/{}/{}",
+                    encode_path_segment(lock.as_str()),
+                    encode_path_segment(key)
+                );
                 let response = http.get(url).send().await?;
                 if response.status() == reqwest::StatusCode::NOT_FOUND {
                     return Ok((None, None));
@@ -183,17 +195,4 @@ async fn http_outcome(response: reqwest::Result<reqwest::Response>) -> String {
         }
         Err(error) => format!("error: {error}"),
     }
-}
-
-/// Percent-encodes a path segment.
-pub fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

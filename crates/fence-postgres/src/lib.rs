@@ -24,8 +24,8 @@ use std::sync::Arc;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use palisade_core::{Epoch, LockName};
 use palisade_fence::{
-    value_digest, Activation, FenceError, FenceMode, FencedResource, Outcome, Rejection, Stored,
-    Verifier, Write, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    precheck_activation, precheck_write, value_digest, Activation, FenceError, FenceMode,
+    FencedResource, Outcome, Rejection, Stored, Verifier, Write,
 };
 use tokio_postgres::NoTls;
 
@@ -119,40 +119,15 @@ impl PostgresFence {
         self.pool.get().await.map_err(storage)
     }
 
-    /// Checks sizes and the sequence number, then the token (P4); returns the epoch and seq as
+    /// The shared prechecks (bounds, sequence number, token — P4), then the epoch and seq as
     /// PostgreSQL integers.
     fn precheck(&self, write: &Write<'_>) -> Result<(i64, Option<i64>), Rejection> {
-        if write.key.is_empty() || write.key.len() > MAX_KEY_BYTES {
-            return Err(Rejection::InvalidRequest(format!(
-                "key must be 1 to {MAX_KEY_BYTES} bytes"
-            )));
-        }
-        if write.value.len() > MAX_VALUE_BYTES {
-            return Err(Rejection::InvalidRequest(format!(
-                "value is {} bytes; the maximum is {MAX_VALUE_BYTES}",
-                write.value.len()
-            )));
-        }
-        let seq = match (self.mode, write.seq) {
-            (FenceMode::Sequenced, Some(seq)) => Some(to_bigint(seq, "sequence number")?),
-            (FenceMode::Sequenced, None) => {
-                return Err(Rejection::InvalidRequest(
-                    "sequenced mode needs a sequence number".into(),
-                ))
-            }
-            (_, Some(_)) => {
-                return Err(Rejection::InvalidRequest(format!(
-                    "{} mode takes no sequence number",
-                    self.mode
-                )))
-            }
-            (_, None) => None,
-        };
-        let claims = self
-            .verifier
-            .verify(write.token, write.lock)
-            .map_err(Rejection::InvalidToken)?;
-        Ok((to_bigint(claims.epoch.0, "epoch")?, seq))
+        let epoch = precheck_write(&self.verifier, self.mode, write)?;
+        let seq = write
+            .seq
+            .map(|seq| to_bigint(seq, "sequence number"))
+            .transpose()?;
+        Ok((to_bigint(epoch.0, "epoch")?, seq))
     }
 
     async fn rejected_write(
@@ -284,17 +259,9 @@ impl FencedResource for PostgresFence {
         lock: &'a LockName,
         token: &'a str,
     ) -> Result<Activation, FenceError> {
-        if self.mode != FenceMode::Activated {
-            return Ok(Activation::Rejected(Rejection::InvalidRequest(format!(
-                "activation is for activated mode; this resource is {}",
-                self.mode
-            ))));
-        }
-        let epoch = match self.verifier.verify(token, lock) {
-            Ok(claims) => claims.epoch,
-            Err(error) => return Ok(Activation::Rejected(Rejection::InvalidToken(error))),
-        };
-        let epoch = match to_bigint(epoch.0, "epoch") {
+        let epoch = precheck_activation(&self.verifier, self.mode, lock, token)
+            .and_then(|epoch| to_bigint(epoch.0, "epoch"));
+        let epoch = match epoch {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Activation::Rejected(rejection)),
         };

@@ -20,6 +20,15 @@ pub fn is_guard_violation(error: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// The token's epoch as a PostgreSQL integer, after verifying the token for `lock` (P4).
+fn verified_epoch(fence: &PostgresFence, lock: &LockName, token: &str) -> Result<i64, Rejection> {
+    let claims = fence
+        .verifier()
+        .verify(token, lock)
+        .map_err(Rejection::InvalidToken)?;
+    to_bigint(claims.epoch.0, "epoch")
+}
+
 /// A user's table fenced per row, in strict mode: it must have a `last_fence bigint NOT NULL`
 /// column (0 for rows never written under a fence).
 #[derive(Debug, Clone)]
@@ -105,11 +114,7 @@ impl GuardedTable {
         token: &str,
         payload: &(dyn ToSql + Sync),
     ) -> Result<Outcome, FenceError> {
-        let epoch = match fence.verifier().verify(token, lock) {
-            Ok(claims) => claims.epoch,
-            Err(error) => return Ok(Outcome::Rejected(Rejection::InvalidToken(error))),
-        };
-        let epoch = match to_bigint(epoch.0, "epoch") {
+        let epoch = match verified_epoch(fence, lock, token) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
         };
@@ -184,11 +189,7 @@ impl GuardedTable {
         id: &(dyn ToSql + Sync),
         token: &str,
     ) -> Result<Outcome, FenceError> {
-        let epoch = match fence.verifier().verify(token, lock) {
-            Ok(claims) => claims.epoch,
-            Err(error) => return Ok(Outcome::Rejected(Rejection::InvalidToken(error))),
-        };
-        let epoch = match to_bigint(epoch.0, "epoch") {
+        let epoch = match verified_epoch(fence, lock, token) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
         };

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use palisade_core::token::decode_unverified;
 use palisade_core::{Epoch, LockName};
 use palisade_fence::{
-    Activation, FenceError, FenceMode, FencedResource, Outcome, Rejection, Stored, Verifier, Write,
-    MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    precheck_activation, precheck_write, Activation, FenceError, FenceMode, FencedResource,
+    Outcome, Stored, Verifier, Write,
 };
 use redb::{Database, ReadableDatabase as _};
 use tokio::sync::{mpsc, oneshot};
@@ -99,50 +99,13 @@ impl Drop for RedbFence {
     }
 }
 
-/// Checks what can be checked without storage: sizes, the sequence number's presence, and the
-/// token (P4). Returns the verified epoch.
-pub fn precheck(
-    verifier: &Verifier,
-    mode: FenceMode,
-    write: &Write<'_>,
-) -> Result<Epoch, Rejection> {
-    if write.key.is_empty() || write.key.len() > MAX_KEY_BYTES {
-        return Err(Rejection::InvalidRequest(format!(
-            "key must be 1 to {MAX_KEY_BYTES} bytes"
-        )));
-    }
-    if write.value.len() > MAX_VALUE_BYTES {
-        return Err(Rejection::InvalidRequest(format!(
-            "value is {} bytes; the maximum is {MAX_VALUE_BYTES}",
-            write.value.len()
-        )));
-    }
-    match (mode, write.seq) {
-        (FenceMode::Sequenced, None) => {
-            return Err(Rejection::InvalidRequest(
-                "sequenced mode needs a sequence number".into(),
-            ))
-        }
-        (FenceMode::Strict | FenceMode::Activated, Some(_)) => {
-            return Err(Rejection::InvalidRequest(format!(
-                "{mode} mode takes no sequence number"
-            )))
-        }
-        _ => {}
-    }
-    let claims = verifier
-        .verify(write.token, write.lock)
-        .map_err(Rejection::InvalidToken)?;
-    Ok(claims.epoch)
-}
-
 impl FencedResource for RedbFence {
     fn mode(&self) -> FenceMode {
         self.mode
     }
 
     async fn write<'a>(&'a self, write: Write<'a>) -> Result<Outcome, FenceError> {
-        let epoch = match precheck(&self.verifier, self.mode, &write) {
+        let epoch = match precheck_write(&self.verifier, self.mode, &write) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
         };
@@ -162,15 +125,9 @@ impl FencedResource for RedbFence {
         lock: &'a LockName,
         token: &'a str,
     ) -> Result<Activation, FenceError> {
-        if self.mode != FenceMode::Activated {
-            return Ok(Activation::Rejected(Rejection::InvalidRequest(format!(
-                "activation is for activated mode; this resource is {}",
-                self.mode
-            ))));
-        }
-        let epoch = match self.verifier.verify(token, lock) {
-            Ok(claims) => claims.epoch,
-            Err(error) => return Ok(Activation::Rejected(Rejection::InvalidToken(error))),
+        let epoch = match precheck_activation(&self.verifier, self.mode, lock, token) {
+            Ok(epoch) => epoch,
+            Err(rejection) => return Ok(Activation::Rejected(rejection)),
         };
         let lock = lock.to_string();
         self.submit(|reply| Job::Activate { lock, epoch, reply })

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+mod precheck;
 pub mod rules;
 mod verifier;
 
@@ -21,6 +22,7 @@ use std::future::Future;
 
 use palisade_core::{Epoch, LockName, TokenError};
 
+pub use precheck::{precheck_activation, precheck_write};
 pub use verifier::Verifier;
 
 /// Largest value a fenced write may carry: 1 MiB. Bigger payloads belong in a blob store,
