@@ -29,8 +29,9 @@ fn options(lock: &str, ttl_ms: u64) -> AcquireOptions {
 #[tokio::test]
 async fn the_keepalive_holds_a_lease_well_past_its_ttl() {
     let (_server, client, _dir) = server().await;
-    let lease = client.acquire(options("k/1", 300)).await.unwrap();
-    sleep(Duration::from_millis(1_000)).await;
+    // Renewals every third of a second-long TTL: generous enough for a loaded CI machine.
+    let lease = client.acquire(options("k/1", 1_000)).await.unwrap();
+    sleep(Duration::from_millis(2_500)).await;
     assert!(lease.is_valid(), "{:?}", lease.state());
     let info = client.describe("k/1").await.unwrap();
     assert!(info.held);
