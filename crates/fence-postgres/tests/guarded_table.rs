@@ -256,3 +256,59 @@ async fn an_unreachable_database_is_an_error_never_a_rejection() {
         Err(palisade_fence::FenceError::Storage(_))
     ));
 }
+
+#[tokio::test]
+async fn p8_a_connection_killed_mid_write_is_an_error_with_no_partial_write() {
+    let f = Fixture::new("killed", false).await;
+    assert!(matches!(
+        f.update(1, 5, "before").await,
+        Outcome::Accepted { .. }
+    ));
+    // Another transaction holds the row, so the fenced UPDATE blocks inside PostgreSQL...
+    let mut blocker = f.fence.pool().get().await.unwrap();
+    let txn = blocker.transaction().await.unwrap();
+    txn.query(
+        &format!("SELECT 1 FROM {} WHERE id = 1 FOR UPDATE", f.name),
+        &[],
+    )
+    .await
+    .unwrap();
+    let writer = {
+        let (fence, table, lock, token) =
+            (f.fence.clone(), f.table.clone(), f.lock.clone(), f.token(9));
+        tokio::spawn(async move { table.update(&fence, &lock, &1i64, &token, &"during").await })
+    };
+    // ...until its backend is terminated, as a database restart or a network cut would do.
+    let admin = f.fence.pool().get().await.unwrap();
+    let blocked = loop {
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = rows.first() {
+            break row.get::<_, i32>(0);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&blocked])
+        .await
+        .unwrap();
+    let result = writer.await.unwrap();
+    assert!(
+        matches!(result, Err(palisade_fence::FenceError::Storage(_))),
+        "{result:?}"
+    );
+    txn.rollback().await.unwrap();
+    drop(blocker);
+    // Nothing of the killed write is visible, and the next write goes through.
+    assert_eq!(f.row().await, ("before".to_string(), 5));
+    assert!(matches!(
+        f.update(1, 9, "after").await,
+        Outcome::Accepted { .. }
+    ));
+    assert_eq!(f.row().await, ("after".to_string(), 9));
+}
