@@ -280,7 +280,8 @@ async fn p8_a_connection_killed_mid_write_is_an_error_with_no_partial_write() {
     };
     // ...until its backend is terminated, as a database restart or a network cut would do.
     let admin = f.fence.pool().get().await.unwrap();
-    let blocked = loop {
+    let mut blocked = None;
+    for _ in 0..2_000 {
         let rows = admin
             .query(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE%'",
@@ -289,10 +290,12 @@ async fn p8_a_connection_killed_mid_write_is_an_error_with_no_partial_write() {
             .await
             .unwrap();
         if let Some(row) = rows.first() {
-            break row.get::<_, i32>(0);
+            blocked = Some(row.get::<_, i32>(0));
+            break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    };
+    }
+    let blocked = blocked.expect("the fenced UPDATE never blocked on the row lock");
     admin
         .execute("SELECT pg_terminate_backend($1)", &[&blocked])
         .await
