@@ -73,7 +73,30 @@ struct Report {
     fsyncs_per_sec: Option<f64>,
     /// ops_per_sec / fsyncs_per_sec.
     ops_per_fsync: Option<f64>,
+    /// Durable commits per second at the coordinator (from its /metrics).
+    commits_per_sec: Option<f64>,
+    /// Requests answered per durable commit: the group-commit factor.
+    requests_per_commit: Option<f64>,
     endpoint: String,
+}
+
+/// `(requests, commits)` counted by the coordinator's commit histogram, from its /metrics.
+async fn commit_counters(endpoint: &str) -> Option<(f64, f64)> {
+    let text = reqwest::get(format!("{}/metrics", endpoint.trim_end_matches('/')))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().parse::<f64>().ok())
+    };
+    Some((
+        value("palisade_commit_batch_size_sum ")?,
+        value("palisade_commit_batch_size_count ")?,
+    ))
 }
 
 pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<()> {
@@ -100,6 +123,7 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
             vec![url]
         }
     };
+    let counters_before = commit_counters(&endpoints[0]).await;
     let started = Instant::now();
     let deadline = started + args.duration;
     let mut tasks = Vec::with_capacity(args.clients);
@@ -117,10 +141,18 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         errors += failed;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let counters_after = commit_counters(&endpoints[0]).await;
     if let Some((server, _dir)) = embedded {
         server.shutdown().await?;
     }
-    let report = summarize(&args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
+    let mut report = summarize(&args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
+    if let (Some((requests0, commits0)), Some((requests1, commits1))) =
+        (counters_before, counters_after)
+    {
+        let commits = commits1 - commits0;
+        report.commits_per_sec = Some(commits / elapsed);
+        report.requests_per_commit = (commits > 0.0).then(|| (requests1 - requests0) / commits);
+    }
     print_report(&report, json);
     Ok(())
 }
@@ -208,6 +240,8 @@ fn summarize(
         handoff_p99_us: percentile(&handoffs, 0.99),
         fsyncs_per_sec,
         ops_per_fsync: fsyncs_per_sec.map(|rate| ops_per_sec / rate),
+        commits_per_sec: None,
+        requests_per_commit: None,
         endpoint: if args.endpoint.is_some() {
             endpoints.join(",")
         } else {
@@ -254,6 +288,18 @@ fn print_report(report: &Report, json: bool) {
             report
                 .ops_per_fsync
                 .map_or("-".into(), |r| format!("{r:.2}")),
+        ),
+        (
+            "commits/s",
+            report
+                .commits_per_sec
+                .map_or("-".into(), |r| format!("{r:.0}")),
+        ),
+        (
+            "requests/commit",
+            report
+                .requests_per_commit
+                .map_or("-".into(), |r| format!("{r:.1}")),
         ),
     ]);
 }
