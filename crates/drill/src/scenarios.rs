@@ -86,6 +86,7 @@ fn record_worker(
             event["invoked"].as_u64().unwrap_or(0),
             event["completed"].as_u64().unwrap_or(0),
         );
+        let reported = || outcome(event["outcome"].as_str().unwrap_or(""));
         match event["event"].as_str() {
             Some("granted") => {
                 epoch = event["epoch"].as_u64().unwrap_or(0);
@@ -100,14 +101,7 @@ fn record_worker(
             }
             Some("activate") => {
                 let op = Op::Activate { epoch, token };
-                history.push(entry(
-                    process,
-                    lock,
-                    op,
-                    invoked,
-                    completed,
-                    outcome(event["outcome"].as_str().unwrap_or("")),
-                ));
+                history.push(entry(process, lock, op, invoked, completed, reported()));
             }
             Some("write") => {
                 let op = Op::Write {
@@ -117,14 +111,7 @@ fn record_worker(
                     value: event["value"].as_str().unwrap_or("").to_owned(),
                     token,
                 };
-                history.push(entry(
-                    process,
-                    lock,
-                    op,
-                    invoked,
-                    completed,
-                    outcome(event["outcome"].as_str().unwrap_or("")),
-                ));
+                history.push(entry(process, lock, op, invoked, completed, reported()));
             }
             _ => {}
         }

@@ -93,11 +93,7 @@ impl Target {
     pub async fn write(&self, lock: &LockName, key: &str, token: &str, value: &str) -> String {
         match self {
             Target::Http { base, http } => {
-                let url = format!(
-                    "{base}/v1/kv/{}/{}",
-                    encode_path_segment(lock.as_str()),
-                    encode_path_segment(key)
-                );
+                let url = kv_url(base, lock, key);
                 let request = http.put(url).body(value.to_owned());
                 let request = if token.is_empty() {
                     request
@@ -138,11 +134,7 @@ impl Target {
     ) -> anyhow::Result<(Option<String>, Option<u64>)> {
         match self {
             Target::Http { base, http } => {
-                let url = format!(
-                    "{base}/v1/kv/{}/{}",
-                    encode_path_segment(lock.as_str()),
-                    encode_path_segment(key)
-                );
+                let url = kv_url(base, lock, key);
                 let response = http.get(url).send().await?;
                 if response.status() == reqwest::StatusCode::NOT_FOUND {
                     return Ok((None, None));
@@ -177,6 +169,12 @@ impl Target {
             }
         }
     }
+}
+
+/// The reference store's URL of `key` under `lock`.
+fn kv_url(base: &str, lock: &LockName, key: &str) -> String {
+    let (lock, key) = (encode_path_segment(lock.as_str()), encode_path_segment(key));
+    format!("{base}/v1/kv/{lock}/{key}")
 }
 
 async fn http_outcome(response: reqwest::Result<reqwest::Response>) -> String {

@@ -170,13 +170,7 @@ impl Writer {
         let decision = match self.mode {
             FenceMode::Strict => rules::strict(stored.map(|(e, _)| e), epoch),
             FenceMode::Activated => {
-                let fence = Epoch(
-                    tables
-                        .fences
-                        .get(lock)
-                        .map_err(storage)?
-                        .map_or(0, |f| f.value()),
-                );
+                let fence = fence_of(tables, lock)?;
                 rules::activated_write(fence, epoch)
             }
             FenceMode::Sequenced => {
@@ -196,11 +190,7 @@ impl Writer {
             .insert((lock, key), encode_value(epoch, seq, value).as_slice())
             .map_err(storage)?;
         if self.mode != FenceMode::Activated {
-            let fence = tables
-                .fences
-                .get(lock)
-                .map_err(storage)?
-                .map_or(0, |f| f.value());
+            let fence = fence_of(tables, lock)?.0;
             if epoch.0 > fence {
                 tables.fences.insert(lock, epoch.0).map_err(storage)?;
             }
@@ -270,14 +260,14 @@ fn record_in_ledger(
     Ok(())
 }
 
+/// The lock's fence (0 when it has none).
+fn fence_of(tables: &Tables<'_>, lock: &str) -> Result<Epoch, FenceError> {
+    let fence = tables.fences.get(lock).map_err(storage)?;
+    Ok(Epoch(fence.map_or(0, |f| f.value())))
+}
+
 fn activate(tables: &mut Tables<'_>, lock: &str, epoch: Epoch) -> Result<Activation, FenceError> {
-    let fence = Epoch(
-        tables
-            .fences
-            .get(lock)
-            .map_err(storage)?
-            .map_or(0, |f| f.value()),
-    );
+    let fence = fence_of(tables, lock)?;
     match rules::activate(fence, epoch) {
         Ok(ActivationStep::Advance) => {
             tables.fences.insert(lock, epoch.0).map_err(storage)?;
