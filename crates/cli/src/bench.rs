@@ -116,6 +116,7 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
             let config = ServerConfig {
                 data_dir: dir.path().join("data"),
                 listen: "127.0.0.1:0".parse().expect("valid address"),
+                cluster: None,
             };
             let server = palisade_server::start(config).await?;
             let url = format!("http://{}", server.local_addr);

@@ -17,6 +17,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             wait,
             holder,
             class,
+            request_id,
             endpoint,
         } => {
             let class = LockClass::parse(&class)?;
@@ -24,6 +25,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             options.ttl = ttl;
             options.wait = wait;
             options.class = class;
+            options.request_id = request_id;
             if let Some(holder) = holder {
                 options.holder = holder;
             }

@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_fence;
+mod cluster;
 mod drill;
 mod lock;
 mod output;
@@ -38,6 +39,9 @@ enum Command {
     /// Acquire, renew, release and inspect locks.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// A cluster's leader, members, roles and lag; add or remove members.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Run or use the reference fenced store.
     #[command(subcommand)]
     Resource(resource::ResourceCommand),
@@ -59,9 +63,19 @@ struct ServeArgs {
     /// Where the lease store and the signing key live.
     #[arg(long, default_value = palisade_server::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
-    /// Address for gRPC and HTTP.
-    #[arg(long, default_value = palisade_server::DEFAULT_LISTEN)]
-    listen: SocketAddr,
+    /// Address for gRPC and HTTP [default: 127.0.0.1:7420, or this node's --cluster entry].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Cluster mode: this node's id in --cluster.
+    #[arg(long, requires = "cluster")]
+    node_id: Option<u64>,
+    /// Cluster mode: every member as ID=HOST:PORT, comma-separated (3 or 5 members; this
+    /// node's entry is its own address).
+    #[arg(long, requires = "node_id")]
+    cluster: Option<String>,
+    /// Cluster mode: do not initialise; wait to be added with `palisade cluster add`.
+    #[arg(long, requires = "cluster")]
+    join: bool,
 }
 
 /// Where the coordinator is.
@@ -95,6 +109,10 @@ enum LockCommand {
         /// critical (writes must be fenced) or efficiency.
         #[arg(long, default_value = "critical")]
         class: String,
+        /// Id of this acquire (1–64 of [A-Za-z0-9._-]); running the same command again with
+        /// the same id and holder returns the same lease while it is live (default: fresh).
+        #[arg(long)]
+        request_id: Option<String>,
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
@@ -165,7 +183,8 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let json = cli.json;
     match cli.command {
-        Command::Serve(args) => serve::run(args.data_dir, args.listen).await,
+        Command::Serve(args) => serve::run(args).await,
+        Command::Cluster(command) => cluster::run(command, json).await,
         Command::Lock(command) => lock::run(command, json).await,
         Command::Resource(command) => resource::run(command, json).await,
         Command::Drill(args) => drill::run_drill(args, json).await,

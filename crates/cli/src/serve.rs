@@ -1,16 +1,37 @@
-//! `palisade serve`: runs the coordinator until SIGINT or SIGTERM.
+//! `palisade serve`: runs the coordinator (a single node, or a cluster member) until SIGINT or
+//! SIGTERM.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use anyhow::Context as _;
+use palisade_server::cluster::ClusterConfig;
 use palisade_server::ServerConfig;
 use tokio::signal::unix::{signal, SignalKind};
 
-pub async fn run(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
-    let server = palisade_server::start(ServerConfig { data_dir, listen })
-        .await
-        .context("cannot start the coordinator")?;
+use crate::ServeArgs;
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let cluster = match (args.node_id, &args.cluster) {
+        (Some(node_id), Some(list)) => Some(
+            ClusterConfig::parse(node_id, list, args.join)
+                .map_err(|e| anyhow::anyhow!("invalid cluster flags: {e}"))?,
+        ),
+        _ => None,
+    };
+    let listen = match (args.listen, &cluster) {
+        (Some(listen), _) => listen,
+        (None, Some(cluster)) => resolve(cluster.own_addr()).await?,
+        (None, None) => palisade_server::DEFAULT_LISTEN
+            .parse()
+            .expect("a valid default address"),
+    };
+    let server = palisade_server::start(ServerConfig {
+        data_dir: args.data_dir,
+        listen,
+        cluster,
+    })
+    .await
+    .context("cannot start the coordinator")?;
     eprintln!("palisade coordinator listening on {}", server.local_addr);
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
@@ -24,4 +45,12 @@ pub async fn run(data_dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
         .shutdown()
         .await
         .context("the coordinator stopped with an error")
+}
+
+async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+    tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("cannot resolve this node's address {addr}"))?
+        .next()
+        .with_context(|| format!("{addr} resolves to no address"))
 }

@@ -16,12 +16,16 @@
 mod error;
 mod lease;
 
-use std::time::Duration;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use palisade_core::LockClass;
 use palisade_proto::v1 as pb;
 use pb::coordinator_client::CoordinatorClient;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
 
 pub use error::ClientError;
 pub use lease::{LeaseHandle, LeaseState};
@@ -46,7 +50,13 @@ pub struct AcquireOptions {
     pub holder: String,
     /// The lock's class.
     pub class: LockClass,
+    /// The acquire's request id; `None`: a fresh one per call. Retries inside one call always
+    /// reuse it; give your own to make retries across calls (or processes) safe too.
+    pub request_id: Option<String>,
 }
+
+/// Metadata key of a follower's `UNAVAILABLE` answer naming the leader's URL.
+pub const LEADER_METADATA: &str = "palisade-leader";
 
 impl AcquireOptions {
     /// Options with a 10 s TTL, no wait, class critical, and a holder of `user@host:pid`.
@@ -57,6 +67,7 @@ impl AcquireOptions {
             wait: Duration::ZERO,
             holder: default_holder(),
             class: LockClass::Critical,
+            request_id: None,
         }
     }
 }
@@ -89,40 +100,130 @@ pub struct Grant {
     pub class: LockClass,
 }
 
-/// A connection to a coordinator.
+/// A connection to a coordinator: one node, or the members of a cluster.
+///
+/// With several endpoints the client sends to the one it believes leads; a follower's
+/// `not leader` answer names the leader, which becomes the target, and an unreachable node
+/// moves the target to the next endpoint. State-changing calls are retried only where a retry
+/// is safe: an acquire carries a request id (a retry finds the lease its first attempt was
+/// granted instead of leaving a second one), a renewal is idempotent, and a release retried
+/// after an ambiguous failure accepts "unknown lease" as done.
 #[derive(Clone, Debug)]
 pub struct Client {
-    inner: CoordinatorClient<Channel>,
+    inner: Arc<Endpoints>,
 }
 
+#[derive(Debug)]
+struct Endpoints {
+    /// `(url, channel)` per endpoint, in the order given.
+    targets: Vec<(String, Channel)>,
+    /// Index of the endpoint requests go to.
+    current: AtomicUsize,
+}
+
+/// How long a call keeps looking for a leader across endpoints (an election takes well under
+/// a second; a cluster without a majority stays unavailable).
+pub const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
+/// Pause after a full round of endpoints without an answer.
+const ROUND_PAUSE: Duration = Duration::from_millis(50);
+
 impl Client {
-    /// Connects to the first reachable of `endpoints` (URLs like `http://127.0.0.1:7420`).
+    /// Connects to `endpoints` (URLs like `http://127.0.0.1:7420`): the first one reachable
+    /// becomes the target. Several endpoints are the members of one cluster.
     pub async fn connect(endpoints: &[impl AsRef<str>]) -> Result<Self, ClientError> {
-        let mut last_error = ClientError::InvalidArgument("no endpoint given".into());
+        let mut targets = Vec::new();
         for url in endpoints {
-            let url = url.as_ref();
-            let endpoint = match Endpoint::from_shared(url.to_owned()) {
-                Ok(endpoint) => endpoint
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(10)),
-                Err(e) => {
-                    last_error = ClientError::InvalidArgument(format!("endpoint {url:?}: {e}"));
-                    continue;
-                }
-            };
+            let url = url.as_ref().trim().trim_end_matches('/');
+            let endpoint = Endpoint::from_shared(url.to_owned())
+                .map_err(|e| ClientError::InvalidArgument(format!("endpoint {url:?}: {e}")))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10));
+            targets.push((url.to_owned(), endpoint));
+        }
+        if targets.is_empty() {
+            return Err(ClientError::InvalidArgument("no endpoint given".into()));
+        }
+        let mut last_error = None;
+        let mut first = None;
+        for (index, (url, endpoint)) in targets.iter().enumerate() {
             match endpoint.connect().await {
-                Ok(channel) => {
-                    return Ok(Self {
-                        inner: CoordinatorClient::new(channel),
-                    })
+                Ok(_) => {
+                    first = Some(index);
+                    break;
                 }
                 Err(e) => {
-                    last_error = ClientError::Unavailable(format!("cannot connect to {url}: {e}"))
+                    last_error = Some(ClientError::Unavailable(format!(
+                        "cannot connect to {url}: {e}"
+                    )))
                 }
             }
         }
-        Err(last_error)
+        let Some(first) = first else {
+            return Err(last_error.expect("at least one endpoint was tried"));
+        };
+        let targets = targets
+            .into_iter()
+            .map(|(url, endpoint)| (url, endpoint.connect_lazy()))
+            .collect();
+        Ok(Self {
+            inner: Arc::new(Endpoints {
+                targets,
+                current: AtomicUsize::new(first),
+            }),
+        })
+    }
+
+    /// The URL requests go to now.
+    pub fn current_endpoint(&self) -> &str {
+        &self.inner.targets[self.inner.current.load(Ordering::Relaxed)].0
+    }
+
+    /// Sends `call` to the current target; on `UNAVAILABLE` (not leader, unreachable,
+    /// stopping) moves to the leader named in the answer or the next endpoint, and tries
+    /// again, for up to [`FAILOVER_BUDGET`]. With one endpoint there is no retry.
+    async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(CoordinatorClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let started = Instant::now();
+        let endpoints = &self.inner;
+        let mut failures_in_round = 0;
+        loop {
+            let index = endpoints.current.load(Ordering::Relaxed);
+            let client = CoordinatorClient::new(endpoints.targets[index].1.clone());
+            let status = match call(client).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => status,
+            };
+            let retryable = matches!(status.code(), Code::Unavailable | Code::Unknown);
+            if !retryable || endpoints.targets.len() == 1 || started.elapsed() >= FAILOVER_BUDGET {
+                return Err(status.into());
+            }
+            let hinted = status
+                .metadata()
+                .get(LEADER_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|url| {
+                    let url = url.trim_end_matches('/');
+                    endpoints.targets.iter().position(|(u, _)| u == url)
+                })
+                .filter(|hinted| *hinted != index);
+            let next = hinted.unwrap_or((index + 1) % endpoints.targets.len());
+            tracing::debug!(from = %endpoints.targets[index].0, to = %endpoints.targets[next].0, %status, "trying another endpoint");
+            let _ = endpoints.current.compare_exchange(
+                index,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            failures_in_round += 1;
+            if hinted.is_none() && failures_in_round >= endpoints.targets.len() {
+                failures_in_round = 0;
+                tokio::time::sleep(ROUND_PAUSE).await;
+            }
+        }
     }
 
     /// Acquires a lock and keeps its lease alive in the background until the handle is
@@ -134,7 +235,7 @@ impl Client {
     }
 
     /// Acquires a lock once, without a keepalive (the lease expires after its TTL unless
-    /// renewed).
+    /// renewed). Retried across endpoints with one request id (see [`AcquireOptions`]).
     pub async fn acquire_once(&self, options: &AcquireOptions) -> Result<Grant, ClientError> {
         let request = pb::AcquireRequest {
             lock: options.lock.clone(),
@@ -145,10 +246,16 @@ impl Client {
                 LockClass::Critical => pb::LockClass::Critical as i32,
                 LockClass::Efficiency => pb::LockClass::Efficiency as i32,
             },
+            request_id: options.request_id.clone().unwrap_or_else(new_request_id),
         };
-        let mut request = tonic::Request::new(request);
-        request.set_timeout(options.wait + REQUEST_TIMEOUT);
-        let reply = self.inner.clone().acquire(request).await?.into_inner();
+        let timeout = options.wait + REQUEST_TIMEOUT;
+        let reply = self
+            .call(|mut client| {
+                let mut request = tonic::Request::new(request.clone());
+                request.set_timeout(timeout);
+                async move { client.acquire(request).await }
+            })
+            .await?;
         Ok(Grant {
             lock: reply.lock,
             epoch: reply.epoch,
@@ -166,44 +273,89 @@ impl Client {
 
     /// Renews a lease by its full TTL.
     pub async fn renew(&self, lease_id: u64) -> Result<pb::RenewResponse, ClientError> {
-        let request = with_timeout(pb::RenewRequest { lease_id });
-        Ok(self.inner.clone().renew(request).await?.into_inner())
+        self.call(|mut client| async move {
+            client
+                .renew(with_timeout(pb::RenewRequest { lease_id }))
+                .await
+        })
+        .await
     }
 
-    /// Releases a lease.
+    /// Releases a lease. After an ambiguous failure (the first attempt may have been applied),
+    /// a retry that finds the lease unknown counts as released.
     pub async fn release(&self, lease_id: u64) -> Result<(), ClientError> {
-        let request = with_timeout(pb::ReleaseRequest { lease_id });
-        self.inner.clone().release(request).await?;
-        Ok(())
+        let mut attempts = 0;
+        let result = self
+            .call(|mut client| {
+                attempts += 1;
+                async move {
+                    client
+                        .release(with_timeout(pb::ReleaseRequest { lease_id }))
+                        .await
+                }
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(ClientError::UnknownLease(_)) if attempts > 1 => Ok(()),
+            Err(error) => Err(error),
+        }
     }
 
     /// The state of one lock.
     pub async fn describe(&self, lock: &str) -> Result<pb::LockInfo, ClientError> {
-        let request = with_timeout(pb::DescribeRequest { lock: lock.into() });
-        Ok(self.inner.clone().describe(request).await?.into_inner())
+        self.call(|mut client| async move {
+            client
+                .describe(with_timeout(pb::DescribeRequest { lock: lock.into() }))
+                .await
+        })
+        .await
     }
 
     /// Every held or awaited lock.
     pub async fn list(&self) -> Result<Vec<pb::LockInfo>, ClientError> {
-        let request = with_timeout(pb::ListRequest {});
-        Ok(self.inner.clone().list(request).await?.into_inner().locks)
+        let reply = self
+            .call(|mut client| async move { client.list(with_timeout(pb::ListRequest {})).await })
+            .await?;
+        Ok(reply.locks)
     }
 
     /// The coordinator's public verification keys.
     pub async fn keys(&self) -> Result<Vec<pb::PublicKey>, ClientError> {
-        let request = with_timeout(pb::KeysRequest {});
-        Ok(self.inner.clone().keys(request).await?.into_inner().keys)
+        let reply = self
+            .call(|mut client| async move { client.keys(with_timeout(pb::KeysRequest {})).await })
+            .await?;
+        Ok(reply.keys)
     }
 
     /// Ownership transitions of `lock`, starting with its current state.
     pub async fn watch(&self, lock: &str) -> Result<tonic::Streaming<pb::LockEvent>, ClientError> {
-        let request = tonic::Request::new(pb::WatchRequest { lock: lock.into() });
-        Ok(self.inner.clone().watch(request).await?.into_inner())
+        self.call(|mut client| async move {
+            client
+                .watch(tonic::Request::new(pb::WatchRequest { lock: lock.into() }))
+                .await
+        })
+        .await
     }
 
     pub(crate) fn grpc(&self) -> CoordinatorClient<Channel> {
-        self.inner.clone()
+        let index = self.inner.current.load(Ordering::Relaxed);
+        CoordinatorClient::new(self.inner.targets[index].1.clone())
     }
+}
+
+/// A fresh request id: unique per process and call (a retry reuses it; the coordinator
+/// matches it together with the holder).
+pub fn new_request_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{nanos:x}-{:x}-{:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn with_timeout<T>(message: T) -> tonic::Request<T> {

@@ -12,6 +12,7 @@ async fn server() -> (RunningServer, Client, tempfile::TempDir) {
     let config = ServerConfig {
         data_dir: dir.path().join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
+        cluster: None,
     };
     let server = palisade_server::start(config).await.unwrap();
     let client = Client::connect(&[format!("http://{}", server.local_addr)])

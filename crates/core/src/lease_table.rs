@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{MAX_TTL_MS, MAX_WAITERS_PER_LOCK, MAX_WAIT_MS, MIN_TTL_MS};
-use crate::types::{Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis};
+use crate::types::{
+    Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, RequestId,
+};
 
 /// The id of a queued acquire, unique within one run of a lease table (waiters are not durable:
 /// a waiting client is a connection, and a restart drops connections).
@@ -39,6 +41,9 @@ pub struct AcquireRequest {
     pub wait_ms: u64,
     /// The lock's class, recorded with the lease.
     pub class: LockClass,
+    /// The client's id of this acquire: a retry with the same id (and holder) while the lease
+    /// it was granted is live returns that lease instead of failing or granting another.
+    pub request_id: Option<RequestId>,
 }
 
 /// A granted lease.
@@ -56,6 +61,9 @@ pub struct Lease {
     pub ttl_ms: u64,
     /// The lock's class.
     pub class: LockClass,
+    /// The id of the acquire it was granted to, if the client gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<RequestId>,
     /// When the coordinator may expire it, on the table's clock. Not durable: after a restart
     /// every lease restarts at its full TTL.
     pub expires_at: Millis,
@@ -175,7 +183,16 @@ struct Waiter {
     holder: HolderId,
     ttl_ms: u64,
     class: LockClass,
+    request_id: Option<RequestId>,
     deadline: Millis,
+}
+
+/// Who a grant goes to.
+struct Grantee {
+    holder: HolderId,
+    ttl_ms: u64,
+    class: LockClass,
+    request_id: Option<RequestId>,
 }
 
 #[derive(Debug, Default)]
@@ -294,9 +311,12 @@ impl LeaseTable {
             debug_assert!(state.waiters.is_empty(), "a free lock has waiters");
             let lease = self.grant(
                 &request.lock,
-                request.holder,
-                request.ttl_ms,
-                request.class,
+                Grantee {
+                    holder: request.holder,
+                    ttl_ms: request.ttl_ms,
+                    class: request.class,
+                    request_id: request.request_id,
+                },
                 now,
             );
             self.events.push(Event::Granted {
@@ -306,6 +326,14 @@ impl LeaseTable {
             self.check_invariants();
             return Ok(AcquireOutcome::Granted(lease));
         };
+        if request.request_id.is_some()
+            && current.request_id == request.request_id
+            && current.holder == request.holder
+        {
+            // A retry of the acquire this lease was granted to (its answer was lost to a
+            // timeout or a leader change): the same lease, nothing changes.
+            return Ok(AcquireOutcome::Granted(current.clone()));
+        }
         if request.wait_ms == 0 {
             return Err(LeaseError::Held {
                 lock: request.lock,
@@ -326,6 +354,7 @@ impl LeaseTable {
             holder: request.holder,
             ttl_ms: request.ttl_ms,
             class: request.class,
+            request_id: request.request_id,
             deadline: now.saturating_add(request.wait_ms),
         };
         let id = waiter.id;
@@ -465,14 +494,13 @@ impl LeaseTable {
     }
 
     /// Takes the next epoch and installs a lease for it on a free lock.
-    fn grant(
-        &mut self,
-        lock: &LockName,
-        holder: HolderId,
-        ttl_ms: u64,
-        class: LockClass,
-        now: Millis,
-    ) -> Lease {
+    fn grant(&mut self, lock: &LockName, grantee: Grantee, now: Millis) -> Lease {
+        let Grantee {
+            holder,
+            ttl_ms,
+            class,
+            request_id,
+        } = grantee;
         let epoch = Epoch(
             self.last_epoch
                 .0
@@ -487,6 +515,7 @@ impl LeaseTable {
             epoch,
             ttl_ms,
             class,
+            request_id,
             expires_at: now.saturating_add(ttl_ms),
         };
         let state = self
@@ -533,7 +562,13 @@ impl LeaseTable {
                 });
                 continue;
             }
-            let granted = self.grant(lock, waiter.holder, waiter.ttl_ms, waiter.class, now);
+            let grantee = Grantee {
+                holder: waiter.holder,
+                ttl_ms: waiter.ttl_ms,
+                class: waiter.class,
+                request_id: waiter.request_id,
+            };
+            let granted = self.grant(lock, grantee, now);
             self.events.push(Event::Granted {
                 lease: granted,
                 waiter: Some(waiter.id),

@@ -19,6 +19,7 @@ fn request(name: &str, holder: &str, ttl_ms: u64, wait_ms: u64) -> AcquireReques
         ttl_ms,
         wait_ms,
         class: LockClass::Critical,
+        request_id: None,
     }
 }
 
@@ -188,6 +189,7 @@ fn restore_refuses_a_lease_above_the_counter() {
         ttl_ms: 100,
         class: LockClass::Critical,
         expires_at: 0,
+        request_id: None,
     };
     LeaseTable::restore(Epoch(3), [lease], 0);
 }

@@ -18,4 +18,4 @@ pub use lease_table::{
     ReleaseOutcome, WaiterId,
 };
 pub use token::{KeyId, TokenClaims, TokenError, TokenSigner, TokenVerifier};
-pub use types::{Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis};
+pub use types::{Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, RequestId};

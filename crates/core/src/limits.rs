@@ -29,3 +29,6 @@ pub const MAX_WAITERS_PER_LOCK: usize = 1_024;
 
 /// Most tokens bytes a verifier will look at. A valid token is under 700 bytes.
 pub const MAX_TOKEN_TEXT_BYTES: usize = 1_024;
+
+/// Longest request id of an acquire (see `RequestId`).
+pub const MAX_REQUEST_ID_BYTES: usize = 64;

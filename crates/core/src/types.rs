@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{MAX_HOLDER_BYTES, MAX_LOCK_NAME_BYTES};
+use crate::limits::{MAX_HOLDER_BYTES, MAX_LOCK_NAME_BYTES, MAX_REQUEST_ID_BYTES};
 
 /// Milliseconds on the coordinator's monotonic clock. Only differences are meaningful; the
 /// origin is wherever the runtime started counting.
@@ -96,6 +96,46 @@ impl HolderId {
 }
 
 impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A client-chosen id of one acquire (1–64 bytes of `[A-Za-z0-9._-]`), so that an acquire
+/// retried after a timeout or a leader change finds the lease its first attempt was granted
+/// instead of leaving a second lease behind. Kept with the lease (durably, and replicated).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// Validates a request id.
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidInput> {
+        let id = id.into();
+        if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES {
+            return Err(InvalidInput(format!(
+                "request id must be 1–{MAX_REQUEST_ID_BYTES} bytes, got {}",
+                id.len()
+            )));
+        }
+        if !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(InvalidInput(
+                "request id may contain only A-Z a-z 0-9 . _ -".into(),
+            ));
+        }
+        Ok(Self(id))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }

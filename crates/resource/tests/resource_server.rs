@@ -36,6 +36,7 @@ async fn start_coordinator(dir: &std::path::Path, listen: SocketAddr) -> Running
     let config = ServerConfig {
         data_dir: dir.join("coordinator"),
         listen,
+        cluster: None,
     };
     palisade_server::start(config).await.unwrap()
 }

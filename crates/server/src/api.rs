@@ -6,7 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use palisade_core::token::encode_public_key;
 use palisade_core::{AcquireRequest, Lease, LeaseId, TokenSigner};
 
-use crate::engine::{CoordinatorError, CoordinatorHandle};
+use crate::cluster::{NodeId, RaftNode};
+use crate::engine::CoordinatorError;
+use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 
 /// A granted lease with its signed token.
@@ -32,12 +34,25 @@ pub struct PublicKeyInfo {
 /// Shared state of the front ends.
 #[derive(Clone)]
 pub struct Api {
-    /// The engine.
-    pub coordinator: CoordinatorHandle,
+    /// Where requests go (the engine, or a refusal when this cluster member does not lead).
+    pub coordinator: Gateway,
     /// Signs tokens for grants.
     pub signer: Arc<TokenSigner>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// In cluster mode: this member.
+    pub cluster: Option<ClusterMember>,
+}
+
+/// A cluster member, for `/v1/cluster` and `/v1/keys`.
+#[derive(Clone)]
+pub struct ClusterMember {
+    /// The Raft node.
+    pub raft: RaftNode,
+    /// Its id.
+    pub node_id: NodeId,
+    /// The applied state (keys of every leader).
+    pub state: Arc<std::sync::Mutex<crate::cluster::storage::SmState>>,
 }
 
 impl Api {
@@ -73,10 +88,25 @@ impl Api {
 
     /// The keys tokens may be verified with.
     pub fn public_keys(&self) -> Vec<PublicKeyInfo> {
-        vec![PublicKeyInfo {
-            key_id: self.signer.key_id().to_string(),
+        let own = self.signer.key_id().to_string();
+        let mut keys = vec![PublicKeyInfo {
+            key_id: own.clone(),
             public_key: encode_public_key(&self.signer.verifying_key()),
             algorithm: "ed25519",
-        }]
+        }];
+        if let Some(cluster) = &self.cluster {
+            // Every member that has led registered its key in the replicated state.
+            let state = cluster.state.lock().expect("not poisoned");
+            for (key_id, public_key) in &state.header.keys {
+                if *key_id != own {
+                    keys.push(PublicKeyInfo {
+                        key_id: key_id.clone(),
+                        public_key: public_key.clone(),
+                        algorithm: "ed25519",
+                    });
+                }
+            }
+        }
+        keys
     }
 }

@@ -54,6 +54,35 @@ pub enum CoordinatorError {
     /// The coordinator is starting, stopping, or stopped by a storage failure.
     #[error("coordinator unavailable: {0}")]
     Unavailable(String),
+    /// This node is a cluster member that does not lead: it never decides. The request was not
+    /// applied; send it to the leader (when one is known).
+    #[error("{}", not_leader_message(.leader))]
+    NotLeader {
+        /// The leader this node knows of.
+        leader: Option<LeaderHint>,
+    },
+}
+
+/// The leader a follower points clients to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderHint {
+    /// Its node id.
+    pub id: u64,
+    /// Its client URL (`http://HOST:PORT`).
+    pub url: String,
+}
+
+fn not_leader_message(leader: &Option<LeaderHint>) -> String {
+    match leader {
+        Some(leader) => format!(
+            "this node is not the leader; the leader is node {} at {}",
+            leader.id, leader.url
+        ),
+        None => {
+            "this node is not the leader and no leader is known (election under way, or no quorum)"
+                .into()
+        }
+    }
 }
 
 /// How a lease ended or began, for watchers and metrics.
@@ -187,6 +216,24 @@ pub fn start<S: LeaseStore>(
     ),
     StoreError,
 > {
+    let (transitions, _) = broadcast::channel(WATCH_BUFFER);
+    start_with(store, metrics, shutdown, transitions)
+}
+
+/// [`start`], publishing transitions on an existing channel (a cluster member starts a new
+/// engine each time it becomes leader; its watchers stay subscribed to the same channel).
+pub fn start_with<S: LeaseStore>(
+    store: S,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+    transitions: broadcast::Sender<Transition>,
+) -> Result<
+    (
+        CoordinatorHandle,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
+    ),
+    StoreError,
+> {
     let durable = store.load()?;
     let start = Instant::now();
     let table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
@@ -196,7 +243,6 @@ pub fn start<S: LeaseStore>(
         "loaded durable state; every lease restarts at its full TTL"
     );
     let (requests, receiver) = mpsc::channel(REQUEST_QUEUE_CAPACITY);
-    let (transitions, _) = broadcast::channel(WATCH_BUFFER);
     let ready = Arc::new(AtomicBool::new(true));
     let handle = CoordinatorHandle {
         requests,
@@ -252,7 +298,7 @@ impl<S: LeaseStore> Engine<S> {
                 }
             }
             if let Err(error) = self.process(std::mem::take(&mut batch)).await {
-                tracing::error!(%error, "storage failed; the coordinator stops serving");
+                tracing::error!(%error, "commit failed; this engine stops deciding");
                 break Err(error);
             }
         };
@@ -309,7 +355,12 @@ impl<S: LeaseStore> Engine<S> {
                 .observe(started.elapsed().as_secs_f64());
             self.metrics.commit_batch_size.observe(batch_size as f64);
             if let Err(error) = result {
-                let failure = CoordinatorError::Unavailable(format!("storage failed: {error}"));
+                let failure = match &error {
+                    StoreError::Replication(why) => CoordinatorError::Unavailable(format!(
+                        "not committed (outcome unknown; retry with the same request id): {why}"
+                    )),
+                    _ => CoordinatorError::Unavailable(format!("storage failed: {error}")),
+                };
                 answers.into_iter().for_each(|a| a.deliver(Some(&failure)));
                 return Err(error);
             }

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use futures::Stream;
 use palisade_core::limits::DEFAULT_TTL_MS;
 use palisade_core::{AcquireRequest, HolderId, LeaseError, LeaseId, LockClass, LockName};
-use palisade_core::{Lease, LockSummary};
+use palisade_core::{Lease, LockSummary, RequestId};
 use palisade_proto::v1 as pb;
 use pb::coordinator_server::{Coordinator, CoordinatorServer};
 use tokio::sync::{broadcast, mpsc};
@@ -27,6 +27,9 @@ pub fn service(api: Api) -> CoordinatorServer<GrpcApi> {
     CoordinatorServer::new(GrpcApi { api })
 }
 
+/// Metadata key of an `UNAVAILABLE` status from a follower: the leader's URL, when known.
+pub const LEADER_METADATA: &str = "palisade-leader";
+
 /// Implements the generated `Coordinator` trait over the shared [`Api`].
 pub struct GrpcApi {
     api: Api,
@@ -46,6 +49,13 @@ fn status(error: CoordinatorError) -> Status {
         CoordinatorError::Lease(LeaseError::UnknownLease(_)) => Status::not_found(message),
         CoordinatorError::Lease(_) => Status::invalid_argument(message),
         CoordinatorError::Unavailable(_) => Status::unavailable(message),
+        CoordinatorError::NotLeader { leader } => {
+            let mut status = Status::unavailable(message);
+            if let Some(url) = leader.and_then(|l| l.url.parse().ok()) {
+                status.metadata_mut().insert(LEADER_METADATA, url);
+            }
+            status
+        }
     }
 }
 
@@ -111,6 +121,14 @@ impl Coordinator for GrpcApi {
             ttl_ms: request.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
             wait_ms: request.wait_ms,
             class: class_from_proto(request.class)?,
+            request_id: if request.request_id.is_empty() {
+                None
+            } else {
+                Some(
+                    RequestId::new(request.request_id)
+                        .map_err(|e| Status::invalid_argument(e.0))?,
+                )
+            },
         };
         let grant = self.api.acquire(acquire).await.map_err(status)?;
         let lease = grant.lease;

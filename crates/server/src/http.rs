@@ -11,6 +11,7 @@ use axum::{Json, Router};
 use palisade_core::limits::DEFAULT_TTL_MS;
 use palisade_core::{
     AcquireRequest, HolderId, InvalidInput, LeaseError, LeaseId, LockClass, LockName, LockSummary,
+    RequestId,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -33,6 +34,12 @@ pub fn router(api: Api) -> Router {
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/leases/{id}/release", post(release))
         .route("/v1/keys", get(keys))
+        .route("/v1/cluster", get(cluster_status))
+        .route("/v1/cluster/members", post(add_member))
+        .route(
+            "/v1/cluster/members/{id}",
+            axum::routing::delete(remove_member),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -47,6 +54,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// With `not_leader`: the leader's URL, when known.
+    leader: Option<String>,
 }
 
 impl ApiError {
@@ -55,6 +64,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            leader: None,
         }
     }
 
@@ -65,7 +75,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": self.code, "message": self.message});
+        let mut body = json!({"error": self.code, "message": self.message});
+        if let Some(leader) = self.leader {
+            body["leader"] = json!(leader);
+        }
         (self.status, Json(body)).into_response()
     }
 }
@@ -93,6 +106,11 @@ impl From<CoordinatorError> for ApiError {
             }
             CoordinatorError::Lease(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             CoordinatorError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            CoordinatorError::NotLeader { leader } => {
+                let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", message);
+                error.leader = leader.map(|l| l.url);
+                return error;
+            }
         };
         Self::new(status, code, message)
     }
@@ -117,6 +135,7 @@ struct AcquireBody {
     wait_ms: Option<u64>,
     holder: Option<String>,
     class: Option<String>,
+    request_id: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -177,6 +196,7 @@ fn parse_acquire(name: String, body: &[u8]) -> Result<AcquireRequest, ApiError> 
             .class
             .as_deref()
             .map_or(Ok(LockClass::Critical), LockClass::parse)?,
+        request_id: body.request_id.map(RequestId::new).transpose()?,
     })
 }
 
@@ -263,6 +283,8 @@ async fn metrics(State(api): State<Api>) -> impl IntoResponse {
 async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
     if api.coordinator.is_ready() {
         Ok("ready\n")
+    } else if let Some(error @ CoordinatorError::NotLeader { .. }) = api.coordinator.not_serving() {
+        Err(error.into())
     } else {
         Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -270,4 +292,150 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
             "not ready",
         ))
     }
+}
+
+/// `GET /v1/cluster`: this node's view (a single node reports itself as a one-member cluster
+/// with `"mode": "single"`).
+async fn cluster_status(State(api): State<Api>) -> Json<serde_json::Value> {
+    match &api.cluster {
+        Some(member) => {
+            let status = crate::cluster::node_status(&member.raft, api.coordinator.is_ready());
+            let mut value = serde_json::to_value(status).expect("status serializes");
+            value["mode"] = json!("cluster");
+            Json(value)
+        }
+        None => Json(json!({
+            "mode": "single",
+            "node_id": 1,
+            "role": "leader",
+            "term": 0,
+            "leader": 1,
+            "serving": api.coordinator.is_ready(),
+            "members": [{"id": 1, "addr": null, "kind": "voter", "matched": null, "lag": 0}],
+        })),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddMemberBody {
+    id: u64,
+    addr: String,
+}
+
+fn cluster_member(api: &Api) -> Result<&crate::api::ClusterMember, ApiError> {
+    api.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "not_a_cluster",
+            "this coordinator runs as a single node; membership changes need cluster mode",
+        )
+    })
+}
+
+/// Refuses on a node that does not lead, naming the leader.
+fn require_leader(api: &Api) -> Result<(), ApiError> {
+    match api.coordinator.not_serving() {
+        None => Ok(()),
+        Some(error) => Err(error.into()),
+    }
+}
+
+fn membership_error(error: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "membership_change_failed",
+        format!("membership change failed: {error}"),
+    )
+}
+
+/// `POST /v1/cluster/members` `{"id","addr"}`: adds a node (started with `--join`) as a
+/// learner, waits until it caught up, then makes it a voter.
+async fn add_member(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let member = cluster_member(&api)?;
+    let body: AddMemberBody = serde_json::from_slice(&body?)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    if body.id == 0 {
+        return Err(ApiError::bad_request("node ids start at 1"));
+    }
+    crate::cluster::validate_addr(&body.addr).map_err(ApiError::bad_request)?;
+    require_leader(&api)?;
+    let metrics = member.raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership().clone();
+    if membership.nodes().count() >= crate::cluster::MAX_MEMBERS {
+        return Err(ApiError::bad_request(format!(
+            "the cluster already has {} members",
+            crate::cluster::MAX_MEMBERS
+        )));
+    }
+    if let Some(node) = membership.get_node(&body.id) {
+        if node.addr != body.addr {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "member_exists",
+                format!("node {} is already a member at {}", body.id, node.addr),
+            ));
+        }
+    }
+    if membership
+        .nodes()
+        .any(|(id, n)| *id != body.id && n.addr == body.addr)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "member_exists",
+            format!("another member already has address {}", body.addr),
+        ));
+    }
+    let node = openraft::BasicNode {
+        addr: body.addr.clone(),
+    };
+    member
+        .raft
+        .add_learner(body.id, node, true)
+        .await
+        .map_err(membership_error)?;
+    let mut voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+    voters.insert(body.id);
+    member
+        .raft
+        .change_membership(voters.clone(), false)
+        .await
+        .map_err(membership_error)?;
+    Ok(Json(json!({"added": body.id, "voters": voters})))
+}
+
+/// `DELETE /v1/cluster/members/{id}`: removes a member (voter or learner).
+async fn remove_member(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let member = cluster_member(&api)?;
+    let id: u64 = id
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("node id {id:?} is not a number")))?;
+    require_leader(&api)?;
+    let metrics = member.raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership().clone();
+    if membership.get_node(&id).is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_member",
+            format!("node {id} is not a member"),
+        ));
+    }
+    let voters: std::collections::BTreeSet<u64> =
+        membership.voter_ids().filter(|v| *v != id).collect();
+    if voters.is_empty() {
+        return Err(ApiError::bad_request("cannot remove the last voter"));
+    }
+    member
+        .raft
+        .change_membership(voters.clone(), false)
+        .await
+        .map_err(membership_error)?;
+    Ok(Json(json!({"removed": id, "voters": voters})))
 }

@@ -9,7 +9,9 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod cluster;
 pub mod engine;
+pub mod gateway;
 pub mod grpc;
 pub mod http;
 pub mod keys;
@@ -28,7 +30,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::Api;
+use crate::api::{Api, ClusterMember};
+use crate::cluster::ClusterConfig;
+use crate::gateway::Gateway;
 use crate::metrics::Metrics;
 use crate::store::{RedbLeaseStore, StoreError};
 
@@ -49,6 +53,8 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Where to listen for gRPC and HTTP.
     pub listen: SocketAddr,
+    /// Cluster mode: this member and its peers. `None`: a single node.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +62,7 @@ impl Default for ServerConfig {
         Self {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             listen: DEFAULT_LISTEN.parse().expect("a valid default address"),
+            cluster: None,
         }
     }
 }
@@ -78,6 +85,9 @@ pub enum ServerError {
     /// The store failed (at start, or later, which stops the server).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Cluster mode could not start (bad membership, unreadable cluster store, Raft failure).
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// A coordinator that is serving.
@@ -116,24 +126,83 @@ impl RunningServer {
 
 /// Opens the data directory and starts serving.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
-    let io = |context: String| move |source| ServerError::Io { context, source };
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
     let signer = Arc::new(keys::load_or_create_signer(dir)?);
-    let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
     let metrics = Arc::new(Metrics::new());
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
-    let (coordinator, engine) = engine::start(store, metrics.clone(), shutdown_signal.clone())?;
-    let api = Api {
-        coordinator,
-        signer,
-        metrics,
+    let (api, raft_service, core) = match &config.cluster {
+        None => {
+            let cluster_store = dir.join(cluster::CLUSTER_STORE_FILE);
+            if cluster_store.exists() {
+                return Err(ServerError::Cluster(format!(
+                    "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
+                    dir.display(),
+                    cluster_store.display()
+                )));
+            }
+            let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
+            let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
+            let (handle, engine) = engine::start_with(
+                store,
+                metrics.clone(),
+                shutdown_signal.clone(),
+                transitions.clone(),
+            )?;
+            let api = Api {
+                coordinator: Gateway::fixed(handle, transitions),
+                signer,
+                metrics,
+                cluster: None,
+            };
+            let core: Core = Box::pin(async move {
+                // The engine ends on shutdown or on a storage failure.
+                engine
+                    .await
+                    .expect("the engine does not panic")
+                    .map_err(ServerError::from)
+            });
+            (api, None, core)
+        }
+        Some(cluster) => {
+            let member = cluster::start_member(
+                cluster,
+                dir,
+                &signer,
+                metrics.clone(),
+                shutdown_signal.clone(),
+            )
+            .await?;
+            let api = Api {
+                coordinator: member.gateway,
+                signer,
+                metrics,
+                cluster: Some(ClusterMember {
+                    raft: member.raft.clone(),
+                    node_id: cluster.node_id,
+                    state: member.state,
+                }),
+            };
+            let raft = member.raft.clone();
+            let supervisor = member.supervisor;
+            let core: Core = Box::pin(async move {
+                let _ = supervisor.await;
+                if let Err(error) = raft.shutdown().await {
+                    tracing::warn!(%error, "raft did not stop cleanly");
+                }
+                Ok(())
+            });
+            (api, Some(cluster::network::service(member.raft)), core)
+        }
     };
-    // The HTTP router (with its JSON 404 fallback) plus the gRPC service's path prefix.
-    let app = tonic::service::Routes::from(http::router(api.clone()))
-        .add_service(grpc::service(api))
-        .into_axum_router();
+    // The HTTP router (with its JSON 404 fallback) plus the gRPC services' path prefixes.
+    let mut routes =
+        tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
+    if let Some(raft_service) = raft_service {
+        routes = routes.add_service(raft_service);
+    }
+    let app = routes.into_axum_router();
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
@@ -153,8 +222,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     );
     let stopper = shutdown.clone();
     let task = tokio::spawn(async move {
-        // The engine ends on shutdown or on a storage failure; either way the front ends stop.
-        let engine_result = engine.await.expect("the engine does not panic");
+        // The core ends on shutdown or on a storage failure; either way the front ends stop.
+        let core_result = core.await;
         let _ = stopper.send(true);
         match tokio::time::timeout(SHUTDOWN_GRACE, http).await {
             Ok(Ok(Ok(()))) => {}
@@ -163,11 +232,18 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             Err(_) => tracing::warn!("connections still open after the grace period; closing"),
         }
         tracing::info!("coordinator stopped");
-        engine_result.map_err(ServerError::from)
+        core_result
     });
     Ok(RunningServer {
         local_addr,
         shutdown,
         task,
     })
+}
+
+/// What a server runs besides its front ends: the engine, or a cluster member's supervisor.
+type Core = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ServerError>> + Send>>;
+
+fn io(context: String) -> impl FnOnce(io::Error) -> ServerError {
+    move |source| ServerError::Io { context, source }
 }

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use palisade_core::{Changes, Epoch, HolderId, Lease, LeaseId, LockClass, LockName};
+use palisade_core::{Changes, Epoch, HolderId, Lease, LeaseId, LockClass, LockName, RequestId};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,10 @@ pub enum StoreError {
     /// The stored data does not decode or contradicts itself.
     #[error("corrupt data directory: {0}")]
     Corrupt(String),
+    /// Cluster mode: the change did not commit on a majority (leadership lost, no quorum,
+    /// timed out). It may still commit later; it was not acknowledged.
+    #[error("replication: {0}")]
+    Replication(String),
 }
 
 macro_rules! storage_error {
@@ -119,6 +123,9 @@ struct LeaseRecord {
     epoch: u64,
     ttl_ms: u64,
     class: LockClass,
+    /// Absent in records written before request ids existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    request_id: Option<String>,
 }
 
 /// [`LeaseStore`] over a redb file with `Durability::Immediate` commits.
@@ -210,6 +217,7 @@ fn encode_lease(lease: &Lease) -> Vec<u8> {
         epoch: lease.epoch.0,
         ttl_ms: lease.ttl_ms,
         class: lease.class,
+        request_id: lease.request_id.as_ref().map(|r| r.as_str().to_owned()),
     };
     serde_json::to_vec(&record).expect("a lease record always serializes")
 }
@@ -224,6 +232,11 @@ fn decode_lease(lock: &str, bytes: &[u8]) -> Result<Lease, StoreError> {
         epoch: Epoch(record.epoch),
         ttl_ms: record.ttl_ms,
         class: record.class,
+        request_id: record
+            .request_id
+            .map(RequestId::new)
+            .transpose()
+            .map_err(|e| corrupt(e.0))?,
         expires_at: 0,
     })
 }
@@ -241,6 +254,7 @@ mod tests {
             ttl_ms: 1_000,
             class: LockClass::Efficiency,
             expires_at: 0,
+            request_id: None,
         }
     }
 

@@ -19,6 +19,7 @@ fn request(lock: &str, holder: &str, ttl_ms: u64, wait_ms: u64) -> AcquireReques
         ttl_ms,
         wait_ms,
         class: LockClass::Critical,
+        request_id: None,
     }
 }
 

@@ -19,6 +19,7 @@ async fn fixture() -> Fixture {
     let config = ServerConfig {
         data_dir: dir.path().join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
+        cluster: None,
     };
     let server = palisade_server::start(config).await.unwrap();
     Fixture {
@@ -271,6 +272,7 @@ async fn p8_graceful_shutdown_keeps_every_acknowledged_lease() {
     let config = ServerConfig {
         data_dir,
         listen: "127.0.0.1:0".parse().unwrap(),
+        cluster: None,
     };
     let server = palisade_server::start(config).await.unwrap();
     let base = format!("http://{}", server.local_addr);
@@ -291,6 +293,7 @@ async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
     let config = ServerConfig {
         data_dir: f._dir.path().join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
+        cluster: None,
     };
     let error = palisade_server::start(config).await.err().expect("refused");
     assert!(error.to_string().contains("storage"), "{error}");

@@ -378,6 +378,7 @@ impl World {
                     ttl_ms,
                     wait_ms: 0,
                     class: LockClass::Critical,
+                    request_id: None,
                 };
                 match self.coordinator.table.acquire(request, now) {
                     Ok(AcquireOutcome::Granted(lease)) => {

@@ -1,0 +1,245 @@
+//! `palisade cluster status|add|remove`: a cluster's members, roles and lag; membership
+//! changes through the leader.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::Subcommand;
+use palisade_client::ClientError;
+use serde_json::{json, Value};
+
+use crate::lock::print_json;
+use crate::output::print_table;
+use crate::EndpointArgs;
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// The leader, every member's role, last applied index and lag.
+    Status {
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// Add a node (started with `palisade serve --node-id ID --cluster ... --join`) as a voter:
+    /// it is caught up as a learner first.
+    Add {
+        /// The new node's id.
+        id: u64,
+        /// Its HOST:PORT.
+        addr: String,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// Remove a member.
+    Remove {
+        /// The member's id.
+        id: u64,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+}
+
+/// Per-node status requests are short: an unreachable member is reported, not waited for.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+/// A membership change waits for the new member to catch up.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<()> {
+    match command {
+        ClusterCommand::Status { endpoint } => status(&endpoint.endpoint, json_output).await,
+        ClusterCommand::Add { id, addr, endpoint } => {
+            let body = json!({"id": id, "addr": addr});
+            let reply = change(
+                &endpoint.endpoint,
+                reqwest::Method::POST,
+                "/v1/cluster/members",
+                Some(body),
+            )
+            .await?;
+            report(&reply, json_output, &format!("node {id} added"))
+        }
+        ClusterCommand::Remove { id, endpoint } => {
+            let path = format!("/v1/cluster/members/{id}");
+            let reply = change(&endpoint.endpoint, reqwest::Method::DELETE, &path, None).await?;
+            report(&reply, json_output, &format!("node {id} removed"))
+        }
+    }
+}
+
+fn report(reply: &Value, json_output: bool, done: &str) -> anyhow::Result<()> {
+    if json_output {
+        print_json(reply);
+    } else {
+        println!("{done}; voters now {}", reply["voters"]);
+    }
+    Ok(())
+}
+
+fn http(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .expect("a default HTTP client builds")
+}
+
+async fn get_status(client: &reqwest::Client, base: &str) -> Result<Value, String> {
+    let url = format!("{}/v1/cluster", base.trim_end_matches('/'));
+    let reply = client.get(&url).send().await.map_err(|e| e.to_string())?;
+    reply.json::<Value>().await.map_err(|e| e.to_string())
+}
+
+async fn status(endpoints: &[String], json_output: bool) -> anyhow::Result<()> {
+    let client = http(STATUS_TIMEOUT);
+    // Every node's own view: role, term, last applied. Members found in any view are asked too.
+    let mut views: BTreeMap<u64, Value> = BTreeMap::new();
+    let mut addrs: BTreeMap<u64, String> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut to_ask: Vec<String> = endpoints.to_vec();
+    let mut asked = std::collections::BTreeSet::new();
+    while let Some(base) = to_ask.pop() {
+        let base = base.trim_end_matches('/').to_owned();
+        if !asked.insert(base.clone()) {
+            continue;
+        }
+        match get_status(&client, &base).await {
+            Ok(view) => {
+                if let Some(members) = view["members"].as_array() {
+                    for member in members {
+                        if let (Some(id), Some(addr)) =
+                            (member["id"].as_u64(), member["addr"].as_str())
+                        {
+                            addrs.insert(id, addr.to_owned());
+                            to_ask.push(format!("http://{addr}"));
+                        }
+                    }
+                }
+                if let Some(id) = view["node_id"].as_u64() {
+                    views.insert(id, view);
+                }
+            }
+            Err(error) => errors.push(format!("{base}: {error}")),
+        }
+    }
+    if views.is_empty() {
+        return Err(anyhow::Error::new(ClientError::Unavailable(
+            errors.join("; "),
+        )))
+        .context("no member answered");
+    }
+    let leader_view = views
+        .values()
+        .find(|v| v["role"] == "leader" && v["serving"] == true);
+    let leader = leader_view.and_then(|v| v["node_id"].as_u64());
+    let term = views.values().filter_map(|v| v["term"].as_u64()).max();
+    let reference = leader_view
+        .or_else(|| views.values().next())
+        .expect("one view at least");
+    let mut members = Vec::new();
+    for member in reference["members"].as_array().into_iter().flatten() {
+        let Some(id) = member["id"].as_u64() else {
+            continue;
+        };
+        let view = views.get(&id);
+        members.push(json!({
+            "id": id,
+            "addr": member["addr"],
+            "kind": member["kind"],
+            "role": view.map_or(json!("unreachable"), |v| v["role"].clone()),
+            "term": view.map_or(Value::Null, |v| v["term"].clone()),
+            "last_applied": view.map_or(Value::Null, |v| v["last_applied"].clone()),
+            "lag": member["lag"],
+        }));
+    }
+    let mode = reference["mode"].clone();
+    let document = json!({"mode": mode, "leader": leader, "term": term, "members": members});
+    if json_output {
+        print_json(&document);
+        return Ok(());
+    }
+    match leader {
+        Some(id) => println!("leader: node {id} (term {})", term.unwrap_or(0)),
+        None => println!("leader: none (election under way, or no majority)"),
+    }
+    let rows: Vec<Vec<String>> = members
+        .iter()
+        .map(|m| {
+            let text = |v: &Value| match v {
+                Value::Null => "-".to_owned(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            vec![
+                text(&m["id"]),
+                text(&m["addr"]),
+                text(&m["kind"]),
+                text(&m["role"]),
+                text(&m["last_applied"]),
+                text(&m["lag"]),
+            ]
+        })
+        .collect();
+    print_table(
+        &["ID", "ADDRESS", "KIND", "ROLE", "LAST APPLIED", "LAG"],
+        &rows,
+    );
+    Ok(())
+}
+
+/// Sends a membership change to the leader: finds it through any endpoint's status.
+async fn change(
+    endpoints: &[String],
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let probe = http(STATUS_TIMEOUT);
+    let mut leader_url = None;
+    let mut errors = Vec::new();
+    for base in endpoints {
+        match get_status(&probe, base).await {
+            Ok(view) => {
+                if view["mode"] == "single" {
+                    bail!("{base} runs a single node: membership changes need cluster mode");
+                }
+                let leader = view["leader"].as_u64();
+                let addr = view["members"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["id"].as_u64() == leader && leader.is_some())
+                    .and_then(|m| m["addr"].as_str());
+                if let Some(addr) = addr {
+                    leader_url = Some(format!("http://{addr}"));
+                    break;
+                }
+            }
+            Err(error) => errors.push(format!("{base}: {error}")),
+        }
+    }
+    let Some(leader_url) = leader_url else {
+        return Err(anyhow::Error::new(ClientError::Unavailable(format!(
+            "no leader found ({})",
+            errors.join("; ")
+        ))));
+    };
+    let client = http(CHANGE_TIMEOUT);
+    let mut request = client.request(method, format!("{leader_url}{path}"));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let reply = request
+        .send()
+        .await
+        .map_err(|e| anyhow::Error::new(ClientError::Unavailable(e.to_string())))?;
+    let status = reply.status();
+    let value: Value = reply.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        let message = value["message"].as_str().unwrap_or("no message").to_owned();
+        if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            return Err(anyhow::Error::new(ClientError::Unavailable(message)));
+        }
+        bail!("{status}: {message}");
+    }
+    Ok(value)
+}

@@ -1,0 +1,455 @@
+//! Cluster mode: the coordinator replicated over an openraft group of 3 or 5 members.
+//!
+//! The division of labour stays the one of a single node: the **engine** decides (lease table,
+//! group commit) and a [`LeaseStore`] makes its decisions durable. In a cluster the store is
+//! [`RaftLeaseStore`]: a commit is one Raft entry (`Command::Apply`), acknowledged only after a
+//! majority has it on disk and it is applied. Only the leader runs an engine ([`supervisor`]);
+//! followers refuse with `not leader` and the leader's URL.
+//!
+//! Why no epoch is issued twice or goes back across a leader change (P1):
+//! 1. an epoch is issued (signed into a token) only after the entry granting it committed;
+//! 2. a new leader starts its engine only after its own first entry (`LeaderStart`) is applied,
+//!    and Raft applies entries in log order, so every entry committed by an earlier leader —
+//!    in particular every issued epoch — is in the state the engine loads;
+//! 3. entries an old leader appended but never committed are either committed before that
+//!    `LeaderStart` (and so loaded too) or discarded (and were never acknowledged);
+//! 4. a deposed leader cannot commit anything more (its term is superseded by a majority), so
+//!    its engine's answers all fail; and the state machine never lowers the counter.
+//!
+//! Every lease restarts at its full TTL when a new engine loads it (a TTL is a lower bound).
+
+pub mod network;
+pub mod storage;
+pub mod supervisor;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Cursor;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::{BasicNode, ServerState};
+use palisade_core::{Changes, Epoch, Lease, LockName};
+use serde::{Deserialize, Serialize};
+
+use crate::store::{DurableState, LeaseStore, StoreError};
+use storage::SmState;
+
+/// A member's id (`--node-id`), 1 or more.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// openraft's type configuration for the coordinator.
+    pub TypeConfig:
+        D = Command,
+        R = Applied,
+);
+
+/// A running Raft member.
+pub type RaftNode = openraft::Raft<TypeConfig>;
+
+/// Heartbeats from the leader, ms.
+pub const HEARTBEAT_MS: u64 = 50;
+/// A follower that hears no leader for a random time in this range starts an election, ms.
+/// Trade-off: shorter means faster failover but more needless elections when a leader is
+/// merely slow (a long GC or fsync stall, a loaded machine).
+pub const ELECTION_TIMEOUT_MS: (u64, u64) = (250, 500);
+/// Longest wait for one replicated commit; past it the engine stops and the node answers
+/// 503 until it has a quorum again (the entry may still commit later: clients retry with
+/// their request id).
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A leader that has heard from no majority for this long stops deciding (503), ms.
+pub const QUORUM_LOSS_MS: u64 = 1_000;
+/// Entries per append message: a batch entry can hold thousands of lock changes.
+pub const MAX_ENTRIES_PER_APPEND: u64 = 16;
+/// Raft entries between two snapshots (after which older log entries are purged).
+pub const SNAPSHOT_EVERY: u64 = 5_000;
+/// File of the cluster store (log and state machine) inside the data directory.
+pub const CLUSTER_STORE_FILE: &str = "cluster.redb";
+/// Largest cluster: 5 voters keep commits fast and tolerate two failures.
+pub const MAX_MEMBERS: usize = 7;
+
+/// An entry of the replicated log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Command {
+    /// A node became leader: its first entry. Registers its token key, so that every member
+    /// serves it at `/v1/keys`; once applied, every earlier entry is applied too.
+    LeaderStart {
+        /// The new leader.
+        node: NodeId,
+        /// Its token key id.
+        key_id: String,
+        /// Its public key (base64url).
+        public_key: String,
+    },
+    /// One group commit of the leader's engine.
+    Apply {
+        /// The epoch counter after the batch.
+        last_epoch: Epoch,
+        /// The locks the batch changed, with their lease now (`None`: free).
+        locks: Vec<(LockName, Option<Lease>)>,
+    },
+}
+
+/// What applying an entry answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Applied {
+    /// The epoch counter after the entry.
+    pub last_epoch: Epoch,
+}
+
+/// How this node takes part in a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This node's id.
+    pub node_id: NodeId,
+    /// Every member: id → `HOST:PORT` (its client and Raft address).
+    pub members: BTreeMap<NodeId, String>,
+    /// Start without initialising: wait to be added by `palisade cluster add` on the leader.
+    pub join: bool,
+}
+
+impl ClusterConfig {
+    /// Parses `--node-id N --cluster 1=HOST:PORT,2=HOST:PORT,...`.
+    pub fn parse(node_id: NodeId, cluster: &str, join: bool) -> Result<Self, String> {
+        let mut members = BTreeMap::new();
+        for part in cluster.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (id, addr) = part
+                .split_once('=')
+                .ok_or_else(|| format!("cluster entry {part:?} is not ID=HOST:PORT"))?;
+            let id: NodeId = id
+                .trim()
+                .parse()
+                .ok()
+                .filter(|id| *id >= 1)
+                .ok_or_else(|| format!("cluster entry {part:?}: the id must be a number ≥ 1"))?;
+            let addr = addr.trim();
+            validate_addr(addr).map_err(|e| format!("cluster entry {part:?}: {e}"))?;
+            if members.insert(id, addr.to_owned()).is_some() {
+                return Err(format!("node id {id} appears twice in --cluster"));
+            }
+        }
+        if members.is_empty() {
+            return Err("--cluster lists no member".into());
+        }
+        if members.len() > MAX_MEMBERS {
+            return Err(format!(
+                "--cluster lists {} members; the maximum is {MAX_MEMBERS}",
+                members.len()
+            ));
+        }
+        let addrs: BTreeSet<&String> = members.values().collect();
+        if addrs.len() != members.len() {
+            return Err("two members of --cluster share an address".into());
+        }
+        if !members.contains_key(&node_id) {
+            return Err(format!(
+                "--node-id {node_id} is not in --cluster (its entry is its own address)"
+            ));
+        }
+        Ok(Self {
+            node_id,
+            members,
+            join,
+        })
+    }
+
+    /// This node's own address in the list.
+    pub fn own_addr(&self) -> &str {
+        &self.members[&self.node_id]
+    }
+}
+
+/// Checks a `HOST:PORT`.
+pub fn validate_addr(addr: &str) -> Result<(), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("address {addr:?} has no port"))?;
+    if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
+        return Err(format!("address {addr:?} has no valid host"));
+    }
+    port.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("address {addr:?} has no valid port"))?;
+    Ok(())
+}
+
+/// The members of a stored membership: id → address (voters and learners).
+pub fn stored_members(state: &SmState) -> BTreeMap<NodeId, String> {
+    state
+        .header
+        .membership
+        .nodes()
+        .map(|(id, node)| (*id, node.addr.clone()))
+        .collect()
+}
+
+/// The openraft configuration Palisade runs with.
+pub fn raft_config() -> openraft::Config {
+    openraft::Config {
+        cluster_name: "palisade".into(),
+        heartbeat_interval: HEARTBEAT_MS,
+        election_timeout_min: ELECTION_TIMEOUT_MS.0,
+        election_timeout_max: ELECTION_TIMEOUT_MS.1,
+        max_payload_entries: MAX_ENTRIES_PER_APPEND,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+        snapshot_max_chunk_size: 1024 * 1024,
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Default::default()
+    }
+}
+
+/// The engine's store in cluster mode: a commit is a replicated Raft entry.
+pub struct RaftLeaseStore {
+    raft: RaftNode,
+    state: Arc<Mutex<SmState>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl RaftLeaseStore {
+    /// A store over `raft`, loading from the applied state `state`.
+    pub fn new(raft: RaftNode, state: Arc<Mutex<SmState>>) -> Self {
+        Self {
+            raft,
+            state,
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+impl LeaseStore for RaftLeaseStore {
+    fn load(&self) -> Result<DurableState, StoreError> {
+        let state = self.state.lock().expect("not poisoned");
+        Ok(DurableState {
+            last_epoch: state.header.last_epoch,
+            leases: state.leases.values().cloned().collect(),
+        })
+    }
+
+    /// Returns once a majority has the entry on disk and this node applied it.
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let command = Command::Apply {
+            last_epoch: changes.last_epoch,
+            locks: changes.locks.clone(),
+        };
+        let raft = self.raft.clone();
+        self.runtime.block_on(async move {
+            match tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(command)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(StoreError::Replication(error.to_string())),
+                Err(_) => Err(StoreError::Replication(format!(
+                    "no majority committed the change within {COMMIT_TIMEOUT:?}"
+                ))),
+            }
+        })
+    }
+}
+
+/// One member as `cluster status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// Node id.
+    pub id: NodeId,
+    /// `HOST:PORT`.
+    pub addr: String,
+    /// `voter` or `learner`.
+    pub kind: String,
+    /// Index of the last entry the leader knows it has (leader's view only).
+    pub matched: Option<u64>,
+    /// Entries it is behind the leader's log (leader's view only).
+    pub lag: Option<u64>,
+}
+
+/// One node's view of the cluster (`GET /v1/cluster`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// The node answering.
+    pub node_id: NodeId,
+    /// Its role: `leader`, `follower`, `candidate`, `learner`, `shutdown`.
+    pub role: String,
+    /// The current term.
+    pub term: u64,
+    /// The leader it knows of.
+    pub leader: Option<NodeId>,
+    /// Index of its last log entry.
+    pub last_log_index: Option<u64>,
+    /// Index of the last entry it applied.
+    pub last_applied: Option<u64>,
+    /// True while it decides (leader with an engine running).
+    pub serving: bool,
+    /// The members of the current membership.
+    pub members: Vec<MemberStatus>,
+}
+
+/// This node's view of the cluster.
+pub fn node_status(raft: &RaftNode, serving: bool) -> NodeStatus {
+    let metrics = raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let last_log = metrics.last_log_index;
+    let members = membership
+        .nodes()
+        .map(|(id, node)| {
+            let matched = metrics
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned())
+                .map(|m| m.map_or(0, |log_id| log_id.index));
+            let matched = if *id == metrics.id && metrics.state == ServerState::Leader {
+                last_log
+            } else {
+                matched
+            };
+            MemberStatus {
+                id: *id,
+                addr: node.addr.clone(),
+                kind: if voters.contains(id) {
+                    "voter"
+                } else {
+                    "learner"
+                }
+                .into(),
+                matched,
+                lag: matched.map(|m| last_log.unwrap_or(0).saturating_sub(m)),
+            }
+        })
+        .collect();
+    NodeStatus {
+        node_id: metrics.id,
+        role: match metrics.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        }
+        .into(),
+        term: metrics.current_term,
+        leader: metrics.current_leader,
+        last_log_index: last_log,
+        last_applied: metrics.last_applied.map(|l| l.index),
+        serving,
+        members,
+    }
+}
+
+/// The membership as openraft wants it.
+pub fn basic_nodes(members: &BTreeMap<NodeId, String>) -> BTreeMap<NodeId, BasicNode> {
+    members
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect()
+}
+
+/// A started cluster member.
+pub struct Member {
+    /// The Raft node.
+    pub raft: RaftNode,
+    /// Where the front ends send requests.
+    pub gateway: crate::gateway::Gateway,
+    /// The applied state.
+    pub state: Arc<Mutex<SmState>>,
+    /// The supervisor; ends on shutdown.
+    pub supervisor: tokio::task::JoinHandle<()>,
+}
+
+/// Opens the cluster store in `dir`, checks the membership, starts Raft (initialising a new
+/// cluster when every member starts empty) and the supervisor.
+pub async fn start_member(
+    config: &ClusterConfig,
+    dir: &std::path::Path,
+    signer: &palisade_core::TokenSigner,
+    metrics: Arc<crate::metrics::Metrics>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<Member, crate::ServerError> {
+    use crate::ServerError;
+    let single = dir.join(crate::STORE_FILE);
+    let path = dir.join(CLUSTER_STORE_FILE);
+    if single.exists() && !path.exists() {
+        return Err(ServerError::Cluster(format!(
+            "{} holds a single-node coordinator ({}); a cluster member needs a data directory \
+             of its own (starting a cluster over it would forget its epochs)",
+            dir.display(),
+            single.display()
+        )));
+    }
+    let (log, sm) = storage::open(&path).map_err(ServerError::Cluster)?;
+    let state = sm.shared();
+    let raft = openraft::Raft::new(
+        config.node_id,
+        Arc::new(
+            raft_config()
+                .validate()
+                .map_err(|e| ServerError::Cluster(e.to_string()))?,
+        ),
+        network::Network::default(),
+        log,
+        sm,
+    )
+    .await
+    .map_err(|e| ServerError::Cluster(format!("raft did not start: {e}")))?;
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| ServerError::Cluster(e.to_string()))?;
+    if initialized {
+        let membership = raft.metrics().borrow().membership_config.clone();
+        let stored: BTreeMap<NodeId, String> = membership
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect();
+        if stored != config.members {
+            let _ = raft.shutdown().await;
+            return Err(ServerError::Cluster(format!(
+                "--cluster {} disagrees with the membership stored in {}: {}. Start with the \
+                 stored list; change membership with `palisade cluster add|remove`",
+                format_members(&config.members),
+                path.display(),
+                format_members(&stored)
+            )));
+        }
+    } else if !config.join {
+        // Every member of a new cluster initialises with the same membership: the same first
+        // log entry everywhere, so no manual step and no race between members.
+        match raft.initialize(basic_nodes(&config.members)).await {
+            Ok(()) => {
+                tracing::info!(members = %format_members(&config.members), "initialised a new cluster")
+            }
+            Err(error) => tracing::info!(%error, "not initialising (already initialised)"),
+        }
+    } else {
+        tracing::info!("waiting to be added to a cluster (`palisade cluster add` on its leader)");
+    }
+    let (serving, serving_signal) = tokio::sync::watch::channel(
+        crate::gateway::Serving::Unavailable("starting: no leader known yet".into()),
+    );
+    let (gateway, transitions) = crate::gateway::Gateway::switching(serving_signal);
+    let supervisor = supervisor::Supervisor {
+        raft: raft.clone(),
+        node_id: config.node_id,
+        state: state.clone(),
+        key: (
+            signer.key_id().to_string(),
+            palisade_core::token::encode_public_key(&signer.verifying_key()),
+        ),
+        metrics,
+        serving,
+        transitions,
+    };
+    let supervisor = tokio::spawn(supervisor.run(shutdown));
+    Ok(Member {
+        raft,
+        gateway,
+        state,
+        supervisor,
+    })
+}
+
+/// `1=HOST:PORT,2=HOST:PORT`.
+pub fn format_members(members: &BTreeMap<NodeId, String>) -> String {
+    members
+        .iter()
+        .map(|(id, addr)| format!("{id}={addr}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
