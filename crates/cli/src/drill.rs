@@ -13,7 +13,8 @@ use crate::output::print_table;
 
 #[derive(Args)]
 pub struct DrillArgs {
-    /// A scenario (stale-process, delayed-delivery, duplicate-token, forged-token, bypass) or all.
+    /// A scenario (stale-process, delayed-delivery, duplicate-token, forged-token, bypass,
+    /// coordinator-failover) or all. For coordinator-failover, iterations = leader kills.
     scenario: String,
     /// `embedded` (stores started by the drill) or a postgres:// URL (the drill creates and
     /// drops its own table there).
@@ -85,6 +86,19 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
             ],
             &rows,
         );
+        for report in &reports {
+            if let Some(f) = &report.failover {
+                println!(
+                    "\n{}: {} leader kills survived, {} grants, unavailability after a kill \
+                     p50 {} ms, max {} ms",
+                    report.scenario,
+                    f.leader_kills,
+                    f.grants,
+                    f.unavailable_p50_ms,
+                    f.unavailable_max_ms
+                );
+            }
+        }
         for report in reports.iter().filter(|r| !r.passed) {
             eprintln!(
                 "\n{} failed:\n{}",

@@ -126,6 +126,9 @@ struct Endpoints {
 pub const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 /// Pause after a full round of endpoints without an answer.
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
+/// Pause before every retry: during an election followers still name the dead leader, and
+/// without a pause clients would spin between it and them, starving the election of CPU.
+const HOP_PAUSE: Duration = Duration::from_millis(10);
 
 impl Client {
     /// Connects to `endpoints` (URLs like `http://127.0.0.1:7420`): the first one reachable
@@ -219,9 +222,11 @@ impl Client {
                 Ordering::Relaxed,
             );
             failures_in_round += 1;
-            if hinted.is_none() && failures_in_round >= endpoints.targets.len() {
+            if failures_in_round >= endpoints.targets.len() {
                 failures_in_round = 0;
                 tokio::time::sleep(ROUND_PAUSE).await;
+            } else {
+                tokio::time::sleep(HOP_PAUSE).await;
             }
         }
     }

@@ -14,6 +14,7 @@
 
 pub mod clock;
 mod env;
+pub mod failover;
 pub mod proxy;
 pub mod scenarios;
 pub mod target;
@@ -71,16 +72,19 @@ pub enum Scenario {
     ForgedToken,
     /// Writes that skip the guarded path.
     Bypass,
+    /// The leader of a 3-node coordinator is killed (-9) during acquire churn, repeatedly.
+    CoordinatorFailover,
 }
 
 impl Scenario {
     /// Every scenario built so far, in `drill all` order.
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::StaleProcess,
         Scenario::DelayedDelivery,
         Scenario::DuplicateToken,
         Scenario::ForgedToken,
         Scenario::Bypass,
+        Scenario::CoordinatorFailover,
     ];
 
     /// The scenario's name on the command line.
@@ -91,6 +95,7 @@ impl Scenario {
             Scenario::DuplicateToken => "duplicate-token",
             Scenario::ForgedToken => "forged-token",
             Scenario::Bypass => "bypass",
+            Scenario::CoordinatorFailover => "coordinator-failover",
         }
     }
 
@@ -103,9 +108,8 @@ impl Scenario {
             return Ok(vec![found]);
         }
         match text {
-            "coordinator-failover" | "restore" | "resource-restore" => anyhow::bail!(
-                "scenario {text} needs the replicated coordinator or backups, which are not \
-                 built yet"
+            "restore" | "resource-restore" => anyhow::bail!(
+                "scenario {text} needs coordinator/resource backups, which are not built yet"
             ),
             _ => anyhow::bail!(
                 "unknown scenario {text:?}; use one of: all, {}",
@@ -163,6 +167,9 @@ pub struct ScenarioReport {
     pub passed: bool,
     /// The first violation, with the offending history entries.
     pub violation: Option<String>,
+    /// coordinator-failover: leader kills, grants, unavailability after each kill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<failover::FailoverFigures>,
 }
 
 impl ScenarioReport {
@@ -178,6 +185,7 @@ impl ScenarioReport {
             pause_points: BTreeMap::new(),
             passed: true,
             violation: None,
+            failover: None,
         }
     }
 
@@ -211,6 +219,19 @@ pub async fn run(
     let mut reports = Vec::new();
     for &scenario in scenarios {
         let mut report = ScenarioReport::new(scenario, &config.resource);
+        if scenario == Scenario::CoordinatorFailover {
+            // Its own processes: three coordinator members; iterations = leader kills.
+            let figures = failover::run(
+                &config.binary,
+                config.iterations,
+                config.progress,
+                &mut report,
+            )
+            .await?;
+            report.failover = Some(figures);
+            reports.push(report);
+            continue;
+        }
         for iteration in 0..config.iterations {
             if config.progress {
                 eprint!(

@@ -32,6 +32,9 @@ pub async fn run_iteration(
         Scenario::DuplicateToken => duplicate_token(env, &lock, &mut history).await?,
         Scenario::ForgedToken => forged_token(env, &lock, &mut history).await?,
         Scenario::Bypass => bypass(env, &lock, &mut history).await?,
+        Scenario::CoordinatorFailover => {
+            anyhow::bail!("coordinator-failover runs its own cluster (see `failover::run`)")
+        }
     }
     Ok(report.absorb(&history, scenario.mode()))
 }

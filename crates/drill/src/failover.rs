@@ -1,0 +1,311 @@
+//! `coordinator-failover`: a 3-node coordinator (three `palisade serve` processes) under
+//! acquire churn; the leader is killed with SIGKILL, again and again (each killed node is
+//! restarted and rejoins before the next kill). Every acquire is recorded in a history that
+//! the checker reads for P1 (no epoch granted twice; a grant invoked after another completed
+//! has a greater epoch — so an acknowledged grant was not lost either, P8). The time from
+//! each kill to the next successful acquire is the unavailability.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use palisade_client::{AcquireOptions, Client, ClientError};
+use palisade_history::{Entry, History, Mode, Op, Outcome};
+use serde_json::Value;
+
+use crate::ScenarioReport;
+
+/// Members of the drill's cluster.
+const MEMBERS: u64 = 3;
+/// Concurrent churn workers.
+const WORKERS: usize = 4;
+/// Locks the churn spreads over.
+const LOCKS: usize = 4;
+/// Lease TTL of the churn (short: a lease whose release was lost expires soon).
+const CHURN_TTL: Duration = Duration::from_secs(2);
+/// Longest wait for a leader, a restart, or the first acquire after a kill.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Node {
+    id: u64,
+    addr: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn start(&mut self, binary: &Path, cluster: &str) -> anyhow::Result<()> {
+        let mut child = Command::new(binary)
+            .args([
+                "serve",
+                "--node-id",
+                &self.id.to_string(),
+                "--cluster",
+                cluster,
+            ])
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("start a cluster member")?;
+        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+        loop {
+            let line = lines
+                .next()
+                .context("the member exited before listening")??;
+            if line.contains(" listening on ") {
+                break;
+            }
+        }
+        std::thread::spawn(move || lines.for_each(drop));
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Figures of one failover drill.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FailoverFigures {
+    /// Leaders killed (and survived).
+    pub leader_kills: usize,
+    /// Grants acknowledged during the drill.
+    pub grants: usize,
+    /// Kill → next successful acquire, ms, one per kill.
+    pub unavailable_ms: Vec<u64>,
+    /// Median of `unavailable_ms`.
+    pub unavailable_p50_ms: u64,
+    /// Maximum of `unavailable_ms`.
+    pub unavailable_max_ms: u64,
+}
+
+async fn leader(client: &reqwest::Client, nodes: &[Node]) -> Option<u64> {
+    for node in nodes.iter().filter(|n| n.child.is_some()) {
+        let Ok(reply) = client
+            .get(format!("{}/v1/cluster", node.url()))
+            .send()
+            .await
+        else {
+            continue;
+        };
+        let Ok(view) = reply.json::<Value>().await else {
+            continue;
+        };
+        if view["role"] == "leader" && view["serving"] == true {
+            return view["node_id"].as_u64();
+        }
+    }
+    None
+}
+
+async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return Ok(value);
+        }
+        anyhow::ensure!(
+            started.elapsed() < STEP_TIMEOUT,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `kills` leader kills under churn and checks the history.
+pub async fn run(
+    binary: &Path,
+    kills: usize,
+    progress: bool,
+    report: &mut ScenarioReport,
+) -> anyhow::Result<FailoverFigures> {
+    let dir = tempfile::tempdir()?;
+    let mut nodes = Vec::new();
+    for id in 1..=MEMBERS {
+        nodes.push(Node {
+            id,
+            addr: format!("127.0.0.1:{}", free_port()?),
+            dir: dir.path().join(format!("node{id}")),
+            child: None,
+        });
+    }
+    let cluster = nodes
+        .iter()
+        .map(|n| format!("{}={}", n.id, n.addr))
+        .collect::<Vec<_>>()
+        .join(",");
+    for node in &mut nodes {
+        node.start(binary, &cluster)?;
+    }
+    let urls: Vec<String> = nodes.iter().map(Node::url).collect();
+    let client = Client::connect(&urls).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()?;
+    wait_for("a first leader", || leader(&http, &nodes)).await?;
+
+    let origin = Instant::now();
+    let now_us = move || origin.elapsed().as_micros() as u64;
+    let history = Arc::new(Mutex::new(History::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut churn = Vec::new();
+    for worker in 0..WORKERS {
+        let client = client.clone();
+        let history = history.clone();
+        let stop = stop.clone();
+        churn.push(tokio::spawn(async move {
+            let mut round = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                let lock = format!("failover/{}", (worker + round) % LOCKS);
+                let mut options = AcquireOptions::new(lock.clone());
+                options.ttl = CHURN_TTL;
+                options.holder = format!("w{worker}");
+                let invoked = now_us();
+                let result = client.acquire_once(&options).await;
+                let outcome = match &result {
+                    Ok(grant) => Outcome::Granted { epoch: grant.epoch },
+                    Err(ClientError::Held(_)) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    Err(_) => Outcome::Unknown,
+                };
+                history.lock().expect("not poisoned").push(Entry {
+                    process: format!("w{worker}"),
+                    lock,
+                    op: Op::Acquire,
+                    invoked,
+                    completed: now_us(),
+                    outcome,
+                });
+                if let Ok(grant) = result {
+                    let _ = client.release(grant.lease_id).await;
+                }
+            }
+        }));
+    }
+
+    let mut figures = FailoverFigures::default();
+    let mut outcome = Ok(());
+    for kill in 0..kills {
+        if progress {
+            eprint!("\rcoordinator-failover: kill {}/{kills}   ", kill + 1);
+        }
+        let step = async {
+            let leader_id = wait_for("a leader", || leader(&http, &nodes)).await?;
+            tokio::time::sleep(Duration::from_millis(150)).await; // churn under this leader
+            let node = nodes
+                .iter_mut()
+                .find(|n| n.id == leader_id)
+                .expect("the leader is a member");
+            node.kill9();
+            let killed_at = Instant::now();
+            // The first acquire that succeeds after the kill, on a lock nobody holds.
+            let mut options = AcquireOptions::new(format!("failover/probe-{kill}"));
+            options.ttl = CHURN_TTL;
+            options.holder = "probe".into();
+            let invoked = now_us();
+            let grant = wait_for("an acquire after the kill", || {
+                let client = client.clone();
+                let options = options.clone();
+                async move { client.acquire_once(&options).await.ok() }
+            })
+            .await?;
+            let unavailable = killed_at.elapsed();
+            history.lock().expect("not poisoned").push(Entry {
+                process: "probe".into(),
+                lock: options.lock.clone(),
+                op: Op::Acquire,
+                invoked,
+                completed: now_us(),
+                outcome: Outcome::Granted { epoch: grant.epoch },
+            });
+            let _ = client.release(grant.lease_id).await;
+            figures.unavailable_ms.push(unavailable.as_millis() as u64);
+            // Restart the killed member; it must rejoin before the next kill.
+            let node = nodes
+                .iter_mut()
+                .find(|n| n.id == leader_id)
+                .expect("the leader is a member");
+            node.start(binary, &cluster)?;
+            let url = node.url();
+            wait_for("the restarted member to follow", || {
+                let http = http.clone();
+                let url = url.clone();
+                async move {
+                    let view: Value = http
+                        .get(format!("{url}/v1/cluster"))
+                        .send()
+                        .await
+                        .ok()?
+                        .json()
+                        .await
+                        .ok()?;
+                    (view["leader"].is_u64() && view["last_applied"].is_u64()).then_some(())
+                }
+            })
+            .await?;
+            figures.leader_kills += 1;
+            anyhow::Ok(())
+        };
+        if let Err(error) = step.await {
+            outcome = Err(error);
+            break;
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in churn {
+        let _ = task.await;
+    }
+    outcome?;
+    let history = history.lock().expect("not poisoned").clone();
+    report.absorb(&history, Mode::Strict);
+    report.iterations = figures.leader_kills;
+    figures.grants = history
+        .entries
+        .iter()
+        .filter(|e| matches!(e.outcome, Outcome::Granted { .. }))
+        .count();
+    let mut sorted = figures.unavailable_ms.clone();
+    sorted.sort_unstable();
+    figures.unavailable_p50_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+    figures.unavailable_max_ms = sorted.last().copied().unwrap_or(0);
+    Ok(figures)
+}
