@@ -42,6 +42,10 @@ pub struct AcquireBenchArgs {
     /// How long to run.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
+    /// Also start an embedded cluster of this many members (3 or 5, in-process, loopback) and
+    /// measure it right after the single node, in the same run.
+    #[arg(long, conflicts_with = "endpoint")]
+    cluster: Option<usize>,
 }
 
 /// One acquire+release cycle as one client saw it.
@@ -80,8 +84,21 @@ struct Report {
     endpoint: String,
 }
 
-/// `(requests, commits)` counted by the coordinator's commit histogram, from its /metrics.
-async fn commit_counters(endpoint: &str) -> Option<(f64, f64)> {
+/// `(requests, commits)` counted by the coordinators' commit histograms (summed over the
+/// endpoints: in a cluster only leaders commit).
+async fn commit_counters(endpoints: &[String]) -> Option<(f64, f64)> {
+    let mut total = (0.0, 0.0);
+    for endpoint in endpoints {
+        if let Some((requests, commits)) = node_commit_counters(endpoint).await {
+            total.0 += requests;
+            total.1 += commits;
+        }
+    }
+    Some(total)
+}
+
+/// `(requests, commits)` counted by one coordinator's commit histogram, from its /metrics.
+async fn node_commit_counters(endpoint: &str) -> Option<(f64, f64)> {
     let text = reqwest::get(format!("{}/metrics", endpoint.trim_end_matches('/')))
         .await
         .ok()?
@@ -102,11 +119,93 @@ async fn commit_counters(endpoint: &str) -> Option<(f64, f64)> {
 pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<()> {
     anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.locks >= 1, "--locks must be at least 1");
+    let Some(members) = args.cluster else {
+        let report = measure(&args, None).await?;
+        print_report(&report, json);
+        return Ok(());
+    };
+    anyhow::ensure!(
+        (1..=palisade_server::cluster::MAX_MEMBERS).contains(&members),
+        "--cluster takes 1 to {} members",
+        palisade_server::cluster::MAX_MEMBERS
+    );
+    let single = measure(&args, None).await?;
+    let cluster = measure(&args, Some(members)).await?;
+    let ratio = cluster.ops_per_sec / single.ops_per_sec.max(f64::MIN_POSITIVE);
+    if json {
+        print_json(&serde_json::json!({
+            "single": single,
+            "cluster": cluster,
+            "members": members,
+            "cluster_vs_single": ratio,
+        }));
+    } else {
+        println!("single node:");
+        print_report(&single, false);
+        println!("\n{members}-member cluster (same run):");
+        print_report(&cluster, false);
+        println!("\ncluster / single: {ratio:.2}× the cycles per second");
+    }
+    Ok(())
+}
+
+/// Starts an in-process cluster of `members` on loopback, each in its own directory.
+async fn start_cluster(
+    dir: &Path,
+    members: usize,
+) -> anyhow::Result<(Vec<palisade_server::RunningServer>, Vec<String>)> {
+    let mut addrs = std::collections::BTreeMap::new();
+    for id in 1..=members as u64 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        addrs.insert(id, format!("127.0.0.1:{port}"));
+    }
+    let list = palisade_server::cluster::format_members(&addrs);
+    let mut servers = Vec::new();
+    for (id, addr) in &addrs {
+        let cluster = palisade_server::cluster::ClusterConfig::parse(*id, &list, false)
+            .map_err(anyhow::Error::msg)?;
+        servers.push(
+            palisade_server::start(ServerConfig {
+                data_dir: dir.join(format!("node{id}")),
+                listen: addr.parse()?,
+                cluster: Some(cluster),
+            })
+            .await?,
+        );
+    }
+    let urls = addrs.values().map(|a| format!("http://{a}")).collect();
+    Ok((servers, urls))
+}
+
+/// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`) or an
+/// embedded cluster.
+async fn measure(args: &AcquireBenchArgs, cluster: Option<usize>) -> anyhow::Result<Report> {
     let mut embedded = None;
+    let mut members = Vec::new();
     let mut fsyncs_per_sec = None;
-    let endpoints = match args.endpoint.clone() {
-        Some(endpoints) => endpoints,
-        None => {
+    let endpoints = match (args.endpoint.clone(), cluster) {
+        (Some(endpoints), _) => endpoints,
+        (None, Some(count)) => {
+            let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+            let probe_path = dir.path().to_path_buf();
+            let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
+                .await?
+                .context("cannot measure the fdatasync rate")?;
+            fsyncs_per_sec = Some(rate);
+            let (servers, urls) = start_cluster(dir.path(), count).await?;
+            members = servers;
+            // Wait (bounded by the client's failover budget) until a leader serves.
+            let client = Client::connect(&urls).await?;
+            client
+                .list()
+                .await
+                .context("the cluster elected no leader")?;
+            embedded = Some((None, dir));
+            urls
+        }
+        (None, None) => {
             let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
             let probe_path = dir.path().to_path_buf();
             let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
@@ -120,11 +219,11 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
             };
             let server = palisade_server::start(config).await?;
             let url = format!("http://{}", server.local_addr);
-            embedded = Some((server, dir));
+            embedded = Some((Some(server), dir));
             vec![url]
         }
     };
-    let counters_before = commit_counters(&endpoints[0]).await;
+    let counters_before = commit_counters(&endpoints).await;
     let started = Instant::now();
     let deadline = started + args.duration;
     let mut tasks = Vec::with_capacity(args.clients);
@@ -142,11 +241,16 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         errors += failed;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let counters_after = commit_counters(&endpoints[0]).await;
+    let counters_after = commit_counters(&endpoints).await;
     if let Some((server, _dir)) = embedded {
-        server.shutdown().await?;
+        if let Some(server) = server {
+            server.shutdown().await?;
+        }
+        for member in members {
+            member.shutdown().await?;
+        }
     }
-    let mut report = summarize(&args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
+    let mut report = summarize(args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
     if let (Some((requests0, commits0)), Some((requests1, commits1))) =
         (counters_before, counters_after)
     {
@@ -154,8 +258,7 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         report.commits_per_sec = Some(commits / elapsed);
         report.requests_per_commit = (commits > 0.0).then(|| (requests1 - requests0) / commits);
     }
-    print_report(&report, json);
-    Ok(())
+    Ok(report)
 }
 
 async fn client_loop(
@@ -245,6 +348,8 @@ fn summarize(
         requests_per_commit: None,
         endpoint: if args.endpoint.is_some() {
             endpoints.join(",")
+        } else if endpoints.len() > 1 {
+            format!("embedded cluster of {}", endpoints.len())
         } else {
             "embedded".into()
         },
