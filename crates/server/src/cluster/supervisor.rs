@@ -44,6 +44,7 @@ pub struct Supervisor {
 
 struct Running {
     term: u64,
+    started: tokio::time::Instant,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), StoreError>>,
 }
@@ -84,7 +85,11 @@ impl Supervisor {
                     Some("no longer the leader")
                 } else if engine.term != m.current_term {
                     Some("the term changed")
-                } else if !quorum {
+                } else if !quorum
+                    && engine.started.elapsed().as_millis() > u128::from(QUORUM_LOSS_MS)
+                {
+                    // openraft publishes this figure with its metrics, which can be older than
+                    // the engine: judge it only once the engine has run for that long.
                     Some("no majority heard from")
                 } else if engine.task.is_finished() {
                     Some("the engine stopped (a commit failed)")
@@ -105,7 +110,8 @@ impl Supervisor {
             if running.is_some() {
                 continue;
             }
-            if leader && quorum {
+            // Starting needs no quorum check: the barrier commits only with a majority.
+            if leader {
                 let _ = self.serving.send(Serving::Unavailable(format!(
                     "node {} was elected and is loading the replicated state",
                     self.node_id
@@ -114,13 +120,12 @@ impl Supervisor {
                     Ok(engine) => running = Some(engine),
                     Err(error) => {
                         tracing::warn!(%error, "could not start deciding as leader; will retry");
+                        let _ = self.serving.send(Serving::Unavailable(format!(
+                            "node {} leads but could not commit with a majority: {error}",
+                            self.node_id
+                        )));
                     }
                 }
-            } else if leader {
-                let _ = self.serving.send(Serving::Unavailable(format!(
-                    "node {} leads but has heard from no majority for {QUORUM_LOSS_MS} ms",
-                    self.node_id
-                )));
             } else {
                 let hint = m.current_leader.and_then(|id| {
                     m.membership_config
@@ -175,6 +180,11 @@ impl Supervisor {
             "leading: deciding grants, renewals and expiries (every lease at its full TTL)"
         );
         let _ = self.serving.send(Serving::Engine(handle));
-        Ok(Running { term, stop, task })
+        Ok(Running {
+            term,
+            started: tokio::time::Instant::now(),
+            stop,
+            task,
+        })
     }
 }
