@@ -169,3 +169,78 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
         node.wait().unwrap();
     }
 }
+
+/// Membership changes through the CLI: a node started with `--join` is added (caught up as a
+/// learner, then a voter), shows in `cluster status`, and is removed again.
+#[test]
+fn cluster_add_and_remove_a_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let list = |n: usize| {
+        (1..=n)
+            .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let endpoints = ports[..3]
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes: Vec<Child> = (1..=3u64)
+        .map(|id| start(id, &list(3), &dir.path().join(format!("n{id}"))))
+        .collect();
+    leader(&endpoints);
+    let granted = json(&cli(
+        &["lock", "acquire", "members/a", "--json"],
+        &endpoints,
+    ));
+
+    // Node 4 joins: it waits, uninitialised, until the leader adds it.
+    let mut joiner = Command::new(BINARY)
+        .args(["serve", "--node-id", "4", "--cluster", &list(4), "--join"])
+        .arg("--data-dir")
+        .arg(dir.path().join("n4"))
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr4 = format!("127.0.0.1:{}", ports[3]);
+    let added = cli(&["cluster", "add", "4", &addr4, "--json"], &endpoints);
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let (_, status) = leader(&endpoints);
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 4, "{status}");
+    let four = members.iter().find(|m| m["id"] == 4).unwrap();
+    assert_eq!(four["kind"], "voter");
+    // The new member applied the replicated state (it is caught up).
+    assert!(four["last_applied"].as_u64().unwrap() > 0, "{status}");
+
+    let removed = cli(&["cluster", "remove", "4", "--json"], &endpoints);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    let (_, status) = leader(&endpoints);
+    assert_eq!(status["members"].as_array().unwrap().len(), 3, "{status}");
+    // Removing an unknown member is refused with a clear error.
+    let unknown = cli(&["cluster", "remove", "9"], &endpoints);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("not a member"));
+    // The lease granted before the changes is still there (P8).
+    let show = json(&cli(&["lock", "show", "members/a", "--json"], &endpoints));
+    assert_eq!(show["epoch"], granted["epoch"]);
+
+    joiner.kill().unwrap();
+    joiner.wait().unwrap();
+    for node in &mut nodes {
+        node.kill().unwrap();
+        node.wait().unwrap();
+    }
+}
