@@ -43,6 +43,8 @@ pub enum ClusterCommand {
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 /// A membership change waits for the new member to catch up.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a membership change keeps looking for a leader that accepts it.
+const CHANGE_RETRY_BUDGET: Duration = Duration::from_secs(10);
 
 pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<()> {
     match command {
@@ -186,8 +188,35 @@ async fn status(endpoints: &[String], json_output: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends a membership change to the leader: finds it through any endpoint's status.
+/// Sends a membership change to the leader; while there is none (or it changes under the
+/// request) tries again, for up to `CHANGE_RETRY_BUDGET`. Adding or removing an existing
+/// member again is harmless, so the retry is safe.
 async fn change(
+    endpoints: &[String],
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let started = std::time::Instant::now();
+    loop {
+        match change_once(endpoints, method.clone(), path, body.clone()).await {
+            Err(error)
+                if started.elapsed() < CHANGE_RETRY_BUDGET
+                    && matches!(
+                        error.downcast_ref::<ClientError>(),
+                        Some(ClientError::Unavailable(_))
+                    ) =>
+            {
+                tracing::debug!(%error, "membership change: retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// One attempt: finds the leader through any endpoint's status and sends it the change.
+async fn change_once(
     endpoints: &[String],
     method: reqwest::Method,
     path: &str,
