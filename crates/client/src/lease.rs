@@ -213,8 +213,23 @@ impl Keepalive {
         let _ = self.state.send(LeaseState::Lost { reason });
     }
 
-    /// One renewal over the keepalive stream, opening the stream first when needed.
+    /// One renewal over the keepalive stream; when the stream fails (its node died or no
+    /// longer leads), one unary renewal, which finds the leader among the client's endpoints,
+    /// and the next renewal opens a stream to wherever that one went.
     async fn renew(&mut self) -> Result<(), ClientError> {
+        match self.renew_on_stream().await {
+            Ok(()) => Ok(()),
+            Err(ClientError::UnknownLease(reason)) => Err(ClientError::UnknownLease(reason)),
+            Err(error) => {
+                tracing::debug!(lease_id = self.lease_id, %error, "keepalive stream failed");
+                self.stream = None;
+                self.client.renew(self.lease_id).await.map(|_| ())
+            }
+        }
+    }
+
+    /// One renewal over the keepalive stream, opening the stream first when needed.
+    async fn renew_on_stream(&mut self) -> Result<(), ClientError> {
         if self.stream.is_none() {
             let (sender, receiver) = mpsc::channel(1);
             let responses = self
