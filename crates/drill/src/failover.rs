@@ -27,6 +27,10 @@ const WORKERS: usize = 4;
 const LOCKS: usize = 4;
 /// Lease TTL of the churn (short: a lease whose release was lost expires soon).
 const CHURN_TTL: Duration = Duration::from_secs(2);
+/// After a killed member rejoined, the cluster runs this long under churn before the next
+/// kill: each kill then hits a healthy cluster (a member restarted a moment ago does not vote
+/// yet — openraft's leader lease — which would make the next election wait for it).
+const SETTLE: Duration = Duration::from_secs(1);
 /// Longest wait for a leader, a restart, or the first acquire after a kill.
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -279,6 +283,7 @@ pub async fn run(
                 }
             })
             .await?;
+            tokio::time::sleep(SETTLE).await;
             figures.leader_kills += 1;
             anyhow::Ok(())
         };
