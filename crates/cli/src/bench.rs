@@ -182,45 +182,45 @@ async fn start_cluster(
 /// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`) or an
 /// embedded cluster.
 async fn measure(args: &AcquireBenchArgs, cluster: Option<usize>) -> anyhow::Result<Report> {
-    let mut embedded = None;
-    let mut members = Vec::new();
+    let mut servers = Vec::new();
     let mut fsyncs_per_sec = None;
-    let endpoints = match (args.endpoint.clone(), cluster) {
-        (Some(endpoints), _) => endpoints,
-        (None, Some(count)) => {
+    // Lives until the servers have stopped.
+    let mut _data = None;
+    let endpoints = match &args.endpoint {
+        Some(endpoints) => endpoints.clone(),
+        None => {
             let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
             let probe_path = dir.path().to_path_buf();
             let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
                 .await?
                 .context("cannot measure the fdatasync rate")?;
             fsyncs_per_sec = Some(rate);
-            let (servers, urls) = start_cluster(dir.path(), count).await?;
-            members = servers;
-            // Wait (bounded by the client's failover budget) until a leader serves.
-            let client = Client::connect(&urls).await?;
-            client
-                .list()
-                .await
-                .context("the cluster elected no leader")?;
-            embedded = Some((None, dir));
-            urls
-        }
-        (None, None) => {
-            let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-            let probe_path = dir.path().to_path_buf();
-            let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
-                .await?
-                .context("cannot measure the fdatasync rate")?;
-            fsyncs_per_sec = Some(rate);
-            let config = ServerConfig {
-                data_dir: dir.path().join("data"),
-                listen: "127.0.0.1:0".parse().expect("valid address"),
-                cluster: None,
+            let urls = match cluster {
+                Some(count) => {
+                    let (members, urls) = start_cluster(dir.path(), count).await?;
+                    servers = members;
+                    // Wait (bounded by the client's failover budget) until a leader serves.
+                    let client = Client::connect(&urls).await?;
+                    client
+                        .list()
+                        .await
+                        .context("the cluster elected no leader")?;
+                    urls
+                }
+                None => {
+                    let config = ServerConfig {
+                        data_dir: dir.path().join("data"),
+                        listen: "127.0.0.1:0".parse().expect("valid address"),
+                        cluster: None,
+                    };
+                    let server = palisade_server::start(config).await?;
+                    let url = format!("http://{}", server.local_addr);
+                    servers.push(server);
+                    vec![url]
+                }
             };
-            let server = palisade_server::start(config).await?;
-            let url = format!("http://{}", server.local_addr);
-            embedded = Some((Some(server), dir));
-            vec![url]
+            _data = Some(dir);
+            urls
         }
     };
     let counters_before = commit_counters(&endpoints).await;
@@ -242,13 +242,8 @@ async fn measure(args: &AcquireBenchArgs, cluster: Option<usize>) -> anyhow::Res
     }
     let elapsed = started.elapsed().as_secs_f64();
     let counters_after = commit_counters(&endpoints).await;
-    if let Some((server, _dir)) = embedded {
-        if let Some(server) = server {
-            server.shutdown().await?;
-        }
-        for member in members {
-            member.shutdown().await?;
-        }
+    for server in servers {
+        server.shutdown().await?;
     }
     let mut report = summarize(args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
     if let (Some((requests0, commits0)), Some((requests1, commits1))) =

@@ -3,11 +3,10 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
-use common::BINARY;
+use common::{ServerProcess, BINARY};
 use serde_json::Value;
 
 fn free_port() -> u16 {
@@ -18,25 +17,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start(id: u64, cluster: &str, dir: &Path) -> Child {
-    let mut child = Command::new(BINARY)
-        .args(["serve", "--node-id", &id.to_string(), "--cluster", cluster])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("listening line").unwrap();
-        if line.contains(" listening on ") {
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    child
+fn start(id: u64, cluster: &str, dir: &Path) -> ServerProcess {
+    let id = id.to_string();
+    ServerProcess::start_with(&["serve", "--node-id", &id, "--cluster", cluster], dir)
 }
 
 fn cli(args: &[&str], endpoints: &str) -> Output {
@@ -88,7 +71,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
-    let mut nodes: Vec<Option<Child>> = (1..=3u64)
+    let mut nodes: Vec<Option<ServerProcess>> = (1..=3u64)
         .map(|id| Some(start(id, &cluster, &dir.path().join(format!("n{id}")))))
         .collect();
 
@@ -118,9 +101,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     assert_eq!(a["lease_id"], again["lease_id"]);
     assert_eq!(a["epoch"], again["epoch"]);
 
-    let mut child = nodes[first_leader as usize - 1].take().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    nodes[first_leader as usize - 1].take().unwrap().kill9();
 
     // The acknowledged lease survived the kill (P8): the lock is still held...
     let held = cli(
@@ -164,10 +145,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     nodes[first_leader as usize - 1] = Some(start(first_leader, &cluster, &killed_dir));
     let c = acquire("cluster/c", "req-c");
     assert!(c["epoch"].as_u64() > b["epoch"].as_u64());
-    for mut node in nodes.into_iter().flatten() {
-        node.kill().unwrap();
-        node.wait().unwrap();
-    }
+    drop(nodes); // kills the members
 }
 
 /// Membership changes through the CLI: a node started with `--join` is added (caught up as a
@@ -187,7 +165,7 @@ fn cluster_add_and_remove_a_member() {
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
-    let mut nodes: Vec<Child> = (1..=3u64)
+    let nodes: Vec<ServerProcess> = (1..=3u64)
         .map(|id| start(id, &list(3), &dir.path().join(format!("n{id}"))))
         .collect();
     leader(&endpoints);
@@ -239,8 +217,5 @@ fn cluster_add_and_remove_a_member() {
 
     joiner.kill().unwrap();
     joiner.wait().unwrap();
-    for node in &mut nodes {
-        node.kill().unwrap();
-        node.wait().unwrap();
-    }
+    drop(nodes); // kills the members
 }

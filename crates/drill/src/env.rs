@@ -22,14 +22,15 @@ use crate::{DrillConfig, ResourceSpec};
 /// How long a drill waits for one worker event before it calls the worker hung.
 pub const WORKER_EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A service process whose address is read from its first "listening on" line.
-struct Service {
+/// A service process whose address is read from its first "listening on" line; dropping it
+/// kills it (SIGKILL) and reaps it.
+pub(crate) struct Service {
     child: Child,
-    address: String,
+    pub(crate) address: String,
 }
 
 impl Service {
-    fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Self> {
+    pub(crate) fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Self> {
         let mut child = Command::new(binary)
             .args(args)
             .env("RUST_LOG", "warn")

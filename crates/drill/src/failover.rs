@@ -5,18 +5,16 @@
 //! has a greater epoch — so an acknowledged grant was not lost either, P8). The time from
 //! each kill to the next successful acquire is the unavailability.
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use palisade_client::{AcquireOptions, Client, ClientError};
 use palisade_history::{Entry, History, Mode, Op, Outcome};
 use serde_json::Value;
 
+use crate::env::Service;
 use crate::ScenarioReport;
 
 /// Members of the drill's cluster.
@@ -38,7 +36,8 @@ struct Node {
     id: u64,
     addr: String,
     dir: PathBuf,
-    child: Option<Child>,
+    /// The running `palisade serve`; `None` while killed.
+    process: Option<Service>,
 }
 
 impl Node {
@@ -47,47 +46,24 @@ impl Node {
     }
 
     fn start(&mut self, binary: &Path, cluster: &str) -> anyhow::Result<()> {
-        let mut child = Command::new(binary)
-            .args([
-                "serve",
-                "--node-id",
-                &self.id.to_string(),
-                "--cluster",
-                cluster,
-            ])
-            .arg("--data-dir")
-            .arg(&self.dir)
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("start a cluster member")?;
-        let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-        loop {
-            let line = lines
-                .next()
-                .context("the member exited before listening")??;
-            if line.contains(" listening on ") {
-                break;
-            }
-        }
-        std::thread::spawn(move || lines.for_each(drop));
-        self.child = Some(child);
+        let dir = self.dir.to_string_lossy();
+        let id = self.id.to_string();
+        let args = [
+            "serve",
+            "--node-id",
+            &id,
+            "--cluster",
+            cluster,
+            "--data-dir",
+            &dir,
+        ];
+        self.process = Some(Service::start(binary, &args)?);
         Ok(())
     }
 
+    /// kill -9 (dropping the service kills and reaps it).
     fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
+        self.process = None;
     }
 }
 
@@ -113,7 +89,7 @@ pub struct FailoverFigures {
 }
 
 async fn leader(client: &reqwest::Client, nodes: &[Node]) -> Option<u64> {
-    for node in nodes.iter().filter(|n| n.child.is_some()) {
+    for node in nodes.iter().filter(|n| n.process.is_some()) {
         let Ok(reply) = client
             .get(format!("{}/v1/cluster", node.url()))
             .send()
@@ -163,7 +139,7 @@ pub async fn run(
             id,
             addr: format!("127.0.0.1:{}", free_port()?),
             dir: dir.path().join(format!("node{id}")),
-            child: None,
+            process: None,
         });
     }
     let cluster = nodes

@@ -20,8 +20,14 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `palisade serve` on 127.0.0.1 with an OS-chosen port and waits until it listens.
     pub fn start(data_dir: &Path) -> Self {
+        Self::start_with(&["serve", "--listen", "127.0.0.1:0"], data_dir)
+    }
+
+    /// Starts `palisade ARGS --data-dir DATA_DIR` and waits until it listens.
+    pub fn start_with(args: &[&str], data_dir: &Path) -> Self {
         let mut child = Command::new(BINARY)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(args)
+            .arg("--data-dir")
             .arg(data_dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

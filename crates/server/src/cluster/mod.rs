@@ -174,16 +174,6 @@ pub fn validate_addr(addr: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The members of a stored membership: id → address (voters and learners).
-pub fn stored_members(state: &SmState) -> BTreeMap<NodeId, String> {
-    state
-        .header
-        .membership
-        .nodes()
-        .map(|(id, node)| (*id, node.addr.clone()))
-        .collect()
-}
-
 /// The openraft configuration Palisade runs with.
 pub fn raft_config() -> openraft::Config {
     openraft::Config {
