@@ -338,7 +338,9 @@ impl<S: LeaseStore> Engine<S> {
                 .take()
                 .expect("the store is home between commits");
             let started = std::time::Instant::now();
-            let (store, result) = if store.commit_blocks() {
+            let (store, result) = if let Some(pending) = store.commit_async(&changes) {
+                (store, pending.await)
+            } else if store.commit_blocks() {
                 tokio::task::spawn_blocking(move || {
                     let result = store.commit(&changes);
                     (store, result)

@@ -82,7 +82,18 @@ pub trait LeaseStore: Send + 'static {
     fn commit_blocks(&self) -> bool {
         true
     }
+
+    /// For a store whose commit waits on other machines rather than on a local disk (a
+    /// replicated store): the commit as a future the engine awaits on its own task, with no
+    /// blocking thread. Same contract as [`commit`](Self::commit). `None`: use `commit`.
+    fn commit_async(&mut self, _changes: &Changes) -> Option<PendingCommit> {
+        None
+    }
 }
+
+/// A commit under way (see [`LeaseStore::commit_async`]).
+pub type PendingCommit =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>>;
 
 /// A [`LeaseStore`] in memory, shared by clones: "durable" for as long as any clone lives.
 ///

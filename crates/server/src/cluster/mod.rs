@@ -19,6 +19,7 @@
 //! Every lease restarts at its full TTL when a new engine loads it (a TTL is a lower bound).
 
 pub mod network;
+pub mod runtime;
 pub mod storage;
 pub mod supervisor;
 
@@ -31,7 +32,7 @@ use openraft::{BasicNode, ServerState};
 use palisade_core::{Changes, Epoch, Lease, LockName};
 use serde::{Deserialize, Serialize};
 
-use crate::store::{DurableState, LeaseStore, StoreError};
+use crate::store::{DurableState, LeaseStore, PendingCommit, StoreError};
 use storage::SmState;
 
 /// A member's id (`--node-id`), 1 or more.
@@ -42,6 +43,7 @@ openraft::declare_raft_types!(
     pub TypeConfig:
         D = Command,
         R = Applied,
+        AsyncRuntime = runtime::Runtime,
 );
 
 /// A running Raft member.
@@ -216,14 +218,29 @@ impl LeaseStore for RaftLeaseStore {
         })
     }
 
-    /// Returns once a majority has the entry on disk and this node applied it.
+    /// Returns once a majority has the entry on disk and this node applied it. Blocks: call
+    /// it off the runtime (the engine uses [`commit_async`](LeaseStore::commit_async)).
     fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let pending = self.replicate(changes);
+        self.runtime.block_on(pending)
+    }
+
+    fn commit_async(&mut self, changes: &Changes) -> Option<PendingCommit> {
+        Some(Box::pin(self.replicate(changes)))
+    }
+}
+
+impl RaftLeaseStore {
+    fn replicate(
+        &self,
+        changes: &Changes,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
         let command = Command::Apply {
             last_epoch: changes.last_epoch,
             locks: changes.locks.clone(),
         };
         let raft = self.raft.clone();
-        self.runtime.block_on(async move {
+        async move {
             match tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(command)).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(error)) => Err(StoreError::Replication(error.to_string())),
@@ -231,7 +248,7 @@ impl LeaseStore for RaftLeaseStore {
                     "no majority committed the change within {COMMIT_TIMEOUT:?}"
                 ))),
             }
-        })
+        }
     }
 }
 
@@ -363,76 +380,119 @@ pub async fn start_member(
             single.display()
         )));
     }
-    let (log, sm) = storage::open(&path).map_err(ServerError::Cluster)?;
-    let state = sm.shared();
-    let raft = openraft::Raft::new(
-        config.node_id,
-        Arc::new(
-            raft_config()
-                .validate()
-                .map_err(|e| ServerError::Cluster(e.to_string()))?,
-        ),
-        network::Network::default(),
-        log,
-        sm,
-    )
-    .await
-    .map_err(|e| ServerError::Cluster(format!("raft did not start: {e}")))?;
-    let initialized = raft
-        .is_initialized()
-        .await
-        .map_err(|e| ServerError::Cluster(e.to_string()))?;
-    if initialized {
-        let membership = raft.metrics().borrow().membership_config.clone();
-        let stored: BTreeMap<NodeId, String> = membership
-            .nodes()
-            .map(|(id, node)| (*id, node.addr.clone()))
-            .collect();
-        if stored != config.members {
-            let _ = raft.shutdown().await;
-            return Err(ServerError::Cluster(format!(
-                "--cluster {} disagrees with the membership stored in {}: {}. Start with the \
-                 stored list; change membership with `palisade cluster add|remove`",
-                format_members(&config.members),
-                path.display(),
-                format_members(&stored)
-            )));
-        }
-    } else if !config.join {
-        // Every member of a new cluster initialises with the same membership: the same first
-        // log entry everywhere, so no manual step and no race between members.
-        match raft.initialize(basic_nodes(&config.members)).await {
-            Ok(()) => {
-                tracing::info!(members = %format_members(&config.members), "initialised a new cluster")
-            }
-            Err(error) => tracing::info!(%error, "not initialising (already initialised)"),
-        }
-    } else {
-        tracing::info!("waiting to be added to a cluster (`palisade cluster add` on its leader)");
-    }
-    let (serving, serving_signal) = tokio::sync::watch::channel(
-        crate::gateway::Serving::Unavailable("starting: no leader known yet".into()),
-    );
-    let (gateway, transitions) = crate::gateway::Gateway::switching(serving_signal);
-    let supervisor = supervisor::Supervisor {
-        raft: raft.clone(),
-        node_id: config.node_id,
-        state: state.clone(),
-        key: (
-            signer.key_id().to_string(),
-            palisade_core::token::encode_public_key(&signer.verifying_key()),
-        ),
+    let stores = storage::open(&path).map_err(ServerError::Cluster)?;
+    let start = MemberStart {
+        config,
+        raft_config: raft_config(),
+        stores,
+        store_name: path.display().to_string(),
+        signer,
         metrics,
-        serving,
-        transitions,
+        shutdown,
     };
-    let supervisor = tokio::spawn(supervisor.run(shutdown));
-    Ok(Member {
-        raft,
-        gateway,
-        state,
-        supervisor,
-    })
+    start.run(network::Network::default()).await
+}
+
+/// What starting a member takes, whatever its storage backend and network.
+pub struct MemberStart<'a> {
+    /// Its id and the membership it expects.
+    pub config: &'a ClusterConfig,
+    /// openraft's settings ([`raft_config`]; a simulation snapshots more often).
+    pub raft_config: openraft::Config,
+    /// Its opened store ([`storage::open`], [`storage::open_backend`]).
+    pub stores: (storage::LogStore, storage::StateMachine),
+    /// The store's name in messages (its path).
+    pub store_name: String,
+    /// Its token signer.
+    pub signer: &'a palisade_core::TokenSigner,
+    /// Its metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Stops its supervisor (and the engine) when set.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl MemberStart<'_> {
+    /// Checks the membership, starts Raft over `network` (initialising a new cluster when every
+    /// member starts empty) and the supervisor.
+    pub async fn run<N>(self, network: N) -> Result<Member, crate::ServerError>
+    where
+        N: openraft::RaftNetworkFactory<TypeConfig>,
+    {
+        use crate::ServerError;
+        let config = self.config;
+        let (log, sm) = self.stores;
+        let state = sm.shared();
+        let raft = openraft::Raft::new(
+            config.node_id,
+            Arc::new(
+                self.raft_config
+                    .validate()
+                    .map_err(|e| ServerError::Cluster(e.to_string()))?,
+            ),
+            network,
+            log,
+            sm,
+        )
+        .await
+        .map_err(|e| ServerError::Cluster(format!("raft did not start: {e}")))?;
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| ServerError::Cluster(e.to_string()))?;
+        if initialized {
+            let membership = raft.metrics().borrow().membership_config.clone();
+            let stored: BTreeMap<NodeId, String> = membership
+                .nodes()
+                .map(|(id, node)| (*id, node.addr.clone()))
+                .collect();
+            if stored != config.members {
+                let _ = raft.shutdown().await;
+                return Err(ServerError::Cluster(format!(
+                    "--cluster {} disagrees with the membership stored in {}: {}. Start with \
+                     the stored list; change membership with `palisade cluster add|remove`",
+                    format_members(&config.members),
+                    self.store_name,
+                    format_members(&stored)
+                )));
+            }
+        } else if !config.join {
+            // Every member of a new cluster initialises with the same membership: the same
+            // first log entry everywhere, so no manual step and no race between members.
+            match raft.initialize(basic_nodes(&config.members)).await {
+                Ok(()) => {
+                    tracing::info!(members = %format_members(&config.members), "initialised a new cluster")
+                }
+                Err(error) => tracing::info!(%error, "not initialising (already initialised)"),
+            }
+        } else {
+            tracing::info!(
+                "waiting to be added to a cluster (`palisade cluster add` on its leader)"
+            );
+        }
+        let (serving, serving_signal) = tokio::sync::watch::channel(
+            crate::gateway::Serving::Unavailable("starting: no leader known yet".into()),
+        );
+        let (gateway, transitions) = crate::gateway::Gateway::switching(serving_signal);
+        let supervisor = supervisor::Supervisor {
+            raft: raft.clone(),
+            node_id: config.node_id,
+            state: state.clone(),
+            key: (
+                self.signer.key_id().to_string(),
+                palisade_core::token::encode_public_key(&self.signer.verifying_key()),
+            ),
+            metrics: self.metrics,
+            serving,
+            transitions,
+        };
+        let supervisor = tokio::spawn(supervisor.run(self.shutdown));
+        Ok(Member {
+            raft,
+            gateway,
+            state,
+            supervisor,
+        })
+    }
 }
 
 /// `1=HOST:PORT,2=HOST:PORT`.

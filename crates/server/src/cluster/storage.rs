@@ -100,6 +100,20 @@ fn from_json<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T> {
 /// Fails loudly on a file that is locked, unreadable or corrupt.
 pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), String> {
     let db = Database::create(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    open_database(db)
+}
+
+/// [`open`] over another redb backend (a simulation's crashable memory).
+pub fn open_backend(
+    backend: impl redb::StorageBackend,
+) -> std::result::Result<(LogStore, StateMachine), String> {
+    let db = Database::builder()
+        .create_with_backend(backend)
+        .map_err(|e| format!("open the store: {e}"))?;
+    open_database(db)
+}
+
+fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), String> {
     let db = Arc::new(db);
     let txn = db.begin_write().map_err(|e| e.to_string())?;
     for table in [RAFT_META, SM_META, SNAPSHOT, SM_LEASES] {

@@ -1,0 +1,213 @@
+//! A simulated disk for redb: bytes in memory that a crash rolls back to the last `sync_data`.
+//!
+//! This is the harshest crash a real disk allows short of corruption: every write after the
+//! last fsync is lost (a power cut with a volatile cache), so the cluster store's durability
+//! contract — `append`, `save_vote` and `apply` return only after an immediate commit — is what
+//! keeps P8 true across crashes here. A crash also bumps the disk's generation: the crashed
+//! incarnation's handles fail every later call (a dead process writes nothing).
+
+use std::sync::{Arc, Mutex};
+
+use redb::StorageBackend;
+
+/// What redb's backend methods fail with.
+type BackendIoError = std::io::Error;
+
+#[derive(Debug, Default)]
+struct State {
+    /// The bytes as the running process sees them.
+    data: Vec<u8>,
+    /// How to undo every write since the last sync, oldest first.
+    undo: Vec<Undo>,
+    generation: u64,
+    syncs: u64,
+}
+
+#[derive(Debug)]
+enum Undo {
+    /// Bytes at `offset` before a write.
+    Bytes { offset: usize, old: Vec<u8> },
+    /// The length before a `set_len`, and the bytes a shrink cut off.
+    Len { len: usize, cut: Vec<u8> },
+}
+
+/// One member's disk; clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct Disk {
+    state: Arc<Mutex<State>>,
+}
+
+impl Disk {
+    /// A backend for the next incarnation of the member: the only live one.
+    pub fn open(&self) -> DiskHandle {
+        let generation = self.state.lock().expect("not poisoned").generation;
+        DiskHandle {
+            disk: self.clone(),
+            generation,
+        }
+    }
+
+    /// Power cut: writes since the last sync are lost; open handles go dead.
+    pub fn crash(&self) {
+        let mut state = self.state.lock().expect("not poisoned");
+        while let Some(undo) = state.undo.pop() {
+            match undo {
+                Undo::Bytes { offset, old } => {
+                    state.data[offset..offset + old.len()].copy_from_slice(&old);
+                }
+                Undo::Len { len, cut } => {
+                    state.data.truncate(len);
+                    state.data.extend_from_slice(&cut);
+                }
+            }
+        }
+        state.generation += 1;
+    }
+
+    /// fsyncs so far.
+    pub fn syncs(&self) -> u64 {
+        self.state.lock().expect("not poisoned").syncs
+    }
+}
+
+/// A redb backend on a [`Disk`], valid until the disk's next crash.
+#[derive(Debug)]
+pub struct DiskHandle {
+    disk: Disk,
+    generation: u64,
+}
+
+impl DiskHandle {
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, State>, BackendIoError> {
+        let state = self.disk.state.lock().expect("not poisoned");
+        if state.generation != self.generation {
+            return Err(std::io::Error::other(
+                "the process crashed: this disk handle is dead",
+            ));
+        }
+        Ok(state)
+    }
+}
+
+fn offset(offset: u64) -> Result<usize, BackendIoError> {
+    usize::try_from(offset).map_err(|_| std::io::Error::other("offset out of range"))
+}
+
+impl StorageBackend for DiskHandle {
+    fn len(&self) -> Result<u64, BackendIoError> {
+        Ok(self.state()?.data.len() as u64)
+    }
+
+    fn read(&self, at: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
+        let state = self.state()?;
+        let at = offset(at)?;
+        let bytes = state.data.get(at..at + out.len()).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "read past the end")
+        })?;
+        out.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
+        let mut state = self.state()?;
+        let len = offset(len)?;
+        let before = state.data.len();
+        let cut = state
+            .data
+            .get(len..)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        state.undo.push(Undo::Len { len: before, cut });
+        state.data.resize(len, 0);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), BackendIoError> {
+        let mut state = self.state()?;
+        state.undo.clear();
+        state.syncs += 1;
+        Ok(())
+    }
+
+    fn write(&self, at: u64, data: &[u8]) -> Result<(), BackendIoError> {
+        let mut state = self.state()?;
+        let at = offset(at)?;
+        let end = at + data.len();
+        if end > state.data.len() {
+            return Err(std::io::Error::other("write past the end (set_len first)"));
+        }
+        let old = state.data[at..end].to_vec();
+        state.undo.push(Undo::Bytes { offset: at, old });
+        state.data[at..end].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_loses_exactly_the_writes_after_the_last_sync() {
+        let disk = Disk::default();
+        let handle = disk.open();
+        handle.set_len(8).unwrap();
+        handle.write(0, b"abcd").unwrap();
+        handle.sync_data().unwrap();
+        handle.write(2, b"XY").unwrap();
+        handle.set_len(16).unwrap();
+        handle.write(12, b"zz").unwrap();
+        disk.crash();
+        assert!(handle.len().is_err(), "the crashed incarnation is dead");
+        let next = disk.open();
+        assert_eq!(next.len().unwrap(), 8);
+        let mut out = [0; 4];
+        next.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"abcd");
+    }
+
+    #[test]
+    fn a_shrink_after_the_last_sync_is_undone() {
+        let disk = Disk::default();
+        let handle = disk.open();
+        handle.set_len(6).unwrap();
+        handle.write(0, b"abcdef").unwrap();
+        handle.sync_data().unwrap();
+        handle.set_len(2).unwrap();
+        disk.crash();
+        let next = disk.open();
+        let mut out = [0; 6];
+        next.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"abcdef");
+    }
+
+    #[test]
+    fn redb_reopens_after_a_crash_with_every_synced_commit() {
+        use redb::{Database, Durability, ReadableDatabase, TableDefinition};
+        const T: TableDefinition<u64, u64> = TableDefinition::new("t");
+        let disk = Disk::default();
+        {
+            let db = Database::builder()
+                .create_with_backend(disk.open())
+                .unwrap();
+            for i in 0..20 {
+                let mut txn = db.begin_write().unwrap();
+                if i == 19 {
+                    txn.set_durability(Durability::None).unwrap();
+                }
+                txn.open_table(T).unwrap().insert(i, i * 10).unwrap();
+                txn.commit().unwrap();
+            }
+            disk.crash();
+        }
+        let db = Database::builder()
+            .create_with_backend(disk.open())
+            .unwrap();
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(T).unwrap();
+        for i in 0..19 {
+            assert_eq!(table.get(i).unwrap().unwrap().value(), i * 10);
+        }
+        assert!(table.get(19).unwrap().is_none(), "not synced, so lost");
+    }
+}

@@ -1,0 +1,233 @@
+//! The simulated network between members: every Raft message goes through a [`Router`] that
+//! knows which members are up, which links are cut (partitions, one-way or both), and delays
+//! or drops messages with the run's seeded generator.
+
+// openraft's `RPCError` is large and its traits return it: nothing to box here.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use palisade_server::cluster::{NodeId, RaftNode, TypeConfig};
+use palisade_sim::SplitMix64;
+
+/// Longest delay of one message, ms (each way).
+const MAX_DELAY_MS: u64 = 8;
+/// Chance that a message is lost, percent.
+const DROP_PERCENT: u64 = 1;
+
+#[derive(Default)]
+struct Links {
+    up: BTreeMap<NodeId, RaftNode>,
+    /// Directed links that carry nothing.
+    cut: BTreeSet<(NodeId, NodeId)>,
+}
+
+/// Counts of what the network did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NetStats {
+    /// Messages delivered.
+    pub delivered: u64,
+    /// Messages lost to a cut link, a down member or a random drop.
+    pub lost: u64,
+    /// Snapshot chunks delivered (a member caught up from a snapshot, not the log).
+    pub snapshot_chunks: u64,
+}
+
+/// The network of one run; clones share it.
+#[derive(Clone)]
+pub struct Router {
+    links: Arc<Mutex<Links>>,
+    rng: Arc<Mutex<SplitMix64>>,
+    stats: Arc<Mutex<NetStats>>,
+}
+
+impl Router {
+    /// A network drawing delays and drops from `rng`.
+    pub fn new(rng: Arc<Mutex<SplitMix64>>) -> Self {
+        Self {
+            links: Arc::default(),
+            rng,
+            stats: Arc::default(),
+        }
+    }
+
+    /// `id` is up and reachable at `raft`.
+    pub fn up(&self, id: NodeId, raft: RaftNode) {
+        self.links().up.insert(id, raft);
+    }
+
+    /// `id` is down: messages to it are lost.
+    pub fn down(&self, id: NodeId) {
+        self.links().up.remove(&id);
+    }
+
+    /// Cuts the link `from → to`.
+    pub fn cut(&self, from: NodeId, to: NodeId) {
+        self.links().cut.insert((from, to));
+    }
+
+    /// Cuts every link between `group` and the rest (both ways).
+    pub fn isolate(&self, group: &[NodeId], all: &[NodeId]) {
+        for a in group {
+            for b in all.iter().filter(|b| !group.contains(b)) {
+                self.cut(*a, *b);
+                self.cut(*b, *a);
+            }
+        }
+    }
+
+    /// Restores every link.
+    pub fn heal(&self) {
+        self.links().cut.clear();
+    }
+
+    /// What the network did so far.
+    pub fn stats(&self) -> NetStats {
+        *self.stats.lock().expect("not poisoned")
+    }
+
+    /// A member's side of the network.
+    pub fn endpoint(&self, from: NodeId) -> Endpoint {
+        Endpoint {
+            from,
+            router: self.clone(),
+        }
+    }
+
+    fn links(&self) -> std::sync::MutexGuard<'_, Links> {
+        self.links.lock().expect("not poisoned")
+    }
+
+    /// The target if `from → to` carries a message now.
+    fn route(&self, from: NodeId, to: NodeId) -> Option<RaftNode> {
+        let links = self.links();
+        if links.cut.contains(&(from, to)) {
+            return None;
+        }
+        links.up.get(&to).cloned()
+    }
+
+    /// One message `from → to`: a delay, then delivery if the link is still up and the
+    /// message not dropped.
+    async fn carry(&self, from: NodeId, to: NodeId) -> Option<RaftNode> {
+        let (delay, dropped) = {
+            let mut rng = self.rng.lock().expect("not poisoned");
+            (rng.range(0, MAX_DELAY_MS + 1), rng.chance(DROP_PERCENT))
+        };
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let target = if dropped { None } else { self.route(from, to) };
+        let mut stats = self.stats.lock().expect("not poisoned");
+        match target {
+            Some(_) => stats.delivered += 1,
+            None => stats.lost += 1,
+        }
+        target
+    }
+
+    /// A request `from → to` and its answer back, or `Unreachable` if either way fails.
+    async fn call<T, E, F, Fut>(
+        &self,
+        from: NodeId,
+        to: NodeId,
+        deliver: F,
+    ) -> Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        E: std::error::Error,
+        F: FnOnce(RaftNode) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RaftError<NodeId, E>>>,
+    {
+        let unreachable = || {
+            RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+                "no route {from} -> {to} (down, cut or dropped)"
+            ))))
+        };
+        let target = self.carry(from, to).await.ok_or_else(unreachable)?;
+        let answer = deliver(target).await;
+        // The answer travels back over the reverse link.
+        self.carry(to, from).await.ok_or_else(unreachable)?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(to, e)))
+    }
+}
+
+/// One member's network: the factory openraft asks for clients to its peers.
+pub struct Endpoint {
+    from: NodeId,
+    router: Router,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Endpoint {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Peer {
+        Peer {
+            from: self.from,
+            to: target,
+            router: self.router.clone(),
+        }
+    }
+}
+
+/// Messages from one member to one peer.
+pub struct Peer {
+    from: NodeId,
+    to: NodeId,
+    router: Router,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.router
+            .call(self.from, self.to, |raft: RaftNode| async move {
+                raft.append_entries(rpc).await
+            })
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        let answer = self
+            .router
+            .call(self.from, self.to, |raft: RaftNode| async move {
+                raft.install_snapshot(rpc).await
+            })
+            .await;
+        if answer.is_ok() {
+            self.router
+                .stats
+                .lock()
+                .expect("not poisoned")
+                .snapshot_chunks += 1;
+        }
+        answer
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.router
+            .call(self.from, self.to, |raft: RaftNode| async move {
+                raft.vote(rpc).await
+            })
+            .await
+    }
+}

@@ -1,0 +1,686 @@
+//! One simulated run: the members, the clients, the fault schedule, and the checks.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use palisade_core::{AcquireRequest, HolderId, Lease, LockClass, LockName, RequestId};
+use palisade_history::{Entry, History, Op, Outcome};
+use palisade_server::cluster::storage::{self, SmState};
+use palisade_server::cluster::{ClusterConfig, MemberStart, NodeId};
+use palisade_server::engine::CoordinatorError;
+use palisade_server::gateway::Gateway;
+use palisade_server::metrics::Metrics;
+use palisade_sim::SplitMix64;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::disk::Disk;
+use crate::network::Router;
+use crate::{ClusterFaults, ClusterSimConfig, Hold};
+
+/// Lease TTL of the simulated clients, ms.
+const TTL_MS: u64 = 400;
+/// A client gives up on one answer after this long, ms.
+const ANSWER_TIMEOUT_MS: u64 = 1_500;
+/// Attempts of one acquire (the same request id) before the client gives up.
+const ACQUIRE_ATTEMPTS: usize = 8;
+/// How long after the last heal the cluster must serve again and converge, ms.
+const RECOVERY_MS: u64 = 10_000;
+/// Raft entries between snapshots in the simulation (5,000 in a server): crashed members
+/// then catch up from snapshots too, not only from the log.
+const SIM_SNAPSHOT_EVERY: u64 = 30;
+
+/// Everything the tasks of a run share.
+pub(crate) struct Shared {
+    pub(crate) rng: Arc<Mutex<SplitMix64>>,
+    origin: Instant,
+    /// Gateways of the members that are up, with their incarnation.
+    gateways: Mutex<BTreeMap<NodeId, (u64, Gateway)>>,
+    ids: Vec<NodeId>,
+    trace: Mutex<(u64, u64)>,
+    pub(crate) history: Mutex<History>,
+    pub(crate) holds: Mutex<Vec<Hold>>,
+    stop_clients: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    fn range(&self, low: u64, high: u64) -> u64 {
+        self.rng.lock().expect("not poisoned").range(low, high)
+    }
+
+    fn chance(&self, percent: u64) -> bool {
+        self.rng.lock().expect("not poisoned").chance(percent)
+    }
+
+    /// Adds an event to the trace hash (FNV-1a over its text and time).
+    pub(crate) fn trace(&self, event: &str) {
+        let line = format!("{} {event}", self.now_us());
+        let mut trace = self.trace.lock().expect("not poisoned");
+        for byte in line.bytes() {
+            trace.0 ^= u64::from(byte);
+            trace.0 = trace.0.wrapping_mul(0x0100_0000_01b3);
+        }
+        trace.1 += 1;
+    }
+
+    pub(crate) fn trace_hash(&self) -> (u64, u64) {
+        *self.trace.lock().expect("not poisoned")
+    }
+
+    fn random_node(&self) -> NodeId {
+        let i = self.range(0, self.ids.len() as u64) as usize;
+        self.ids[i]
+    }
+}
+
+/// How one request to a member ended, as a client sees it.
+enum Answer<T> {
+    Ok(T),
+    /// Not applied: another node leads (maybe named).
+    NotLeader(Option<NodeId>),
+    /// Refused by the lease table (held, unknown lease): not applied.
+    Refused,
+    /// No answer, or "outcome unknown": it may or may not have been applied.
+    Unknown,
+}
+
+/// Sends one request to `node`'s gateway. The answer is lost if the member is down, crashes
+/// (a new incarnation) before answering, or does not answer within [`ANSWER_TIMEOUT_MS`].
+async fn call<T, F, Fut>(shared: &Shared, node: NodeId, request: F) -> Answer<T>
+where
+    F: FnOnce(Gateway) -> Fut,
+    Fut: std::future::Future<Output = Result<T, CoordinatorError>>,
+{
+    let Some((incarnation, gateway)) = shared
+        .gateways
+        .lock()
+        .expect("not poisoned")
+        .get(&node)
+        .cloned()
+    else {
+        tokio::time::sleep(Duration::from_millis(shared.range(1, 20))).await;
+        return Answer::Unknown;
+    };
+    tokio::time::sleep(Duration::from_millis(shared.range(0, 3))).await;
+    let answer =
+        tokio::time::timeout(Duration::from_millis(ANSWER_TIMEOUT_MS), request(gateway)).await;
+    tokio::time::sleep(Duration::from_millis(shared.range(0, 3))).await;
+    let alive = shared
+        .gateways
+        .lock()
+        .expect("not poisoned")
+        .get(&node)
+        .is_some_and(|(current, _)| *current == incarnation);
+    match answer {
+        _ if !alive => Answer::Unknown,
+        Err(_) => Answer::Unknown,
+        Ok(Ok(value)) => Answer::Ok(value),
+        Ok(Err(CoordinatorError::NotLeader { leader })) => {
+            Answer::NotLeader(leader.map(|hint| hint.id))
+        }
+        Ok(Err(CoordinatorError::Lease(_))) => Answer::Refused,
+        Ok(Err(_)) => Answer::Unknown,
+    }
+}
+
+/// One simulated client: acquire (retrying with its request id), hold with renewals — or pause
+/// past its TTL — and release.
+pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
+    let holder = HolderId::new(format!("c{index}")).expect("valid holder");
+    let mut believed_leader: Option<NodeId> = None;
+    let mut round = 0u64;
+    while !shared.stop_clients.load(Ordering::Relaxed) {
+        round += 1;
+        let lock_index = shared.range(0, locks as u64);
+        let lock = LockName::new(format!("sim/{lock_index}")).expect("valid lock");
+        let request = AcquireRequest {
+            lock: lock.clone(),
+            holder: holder.clone(),
+            ttl_ms: TTL_MS,
+            wait_ms: 0,
+            class: LockClass::Critical,
+            request_id: Some(RequestId::new(format!("c{index}-{round}")).expect("valid id")),
+        };
+        let invoked = shared.now_us();
+        let invoked_ms = shared.now_ms();
+        let mut ambiguous = false;
+        let mut granted = None;
+        for _ in 0..ACQUIRE_ATTEMPTS {
+            let node = believed_leader.unwrap_or_else(|| shared.random_node());
+            let request = request.clone();
+            match call(&shared, node, |g| async move { g.acquire(request).await }).await {
+                Answer::Ok(lease) => {
+                    believed_leader = Some(node);
+                    granted = Some(lease);
+                    break;
+                }
+                Answer::Refused => break,
+                Answer::NotLeader(hint) => {
+                    believed_leader = hint;
+                    if hint.is_none() {
+                        tokio::time::sleep(Duration::from_millis(shared.range(20, 120))).await;
+                    }
+                }
+                Answer::Unknown => {
+                    ambiguous = true;
+                    believed_leader = None;
+                    tokio::time::sleep(Duration::from_millis(shared.range(20, 120))).await;
+                }
+            }
+        }
+        let completed = shared.now_us();
+        let outcome = match &granted {
+            Some(lease) => Outcome::Granted {
+                epoch: lease.epoch.0,
+            },
+            None if ambiguous => Outcome::Unknown,
+            None => {
+                tokio::time::sleep(Duration::from_millis(shared.range(10, 80))).await;
+                continue;
+            }
+        };
+        shared.trace(&format!("c{index} acquire {lock} -> {outcome:?}"));
+        shared.history.lock().expect("not poisoned").push(Entry {
+            process: holder.to_string(),
+            lock: lock.to_string(),
+            op: Op::Acquire,
+            invoked,
+            completed,
+            outcome,
+        });
+        let Some(lease) = granted else { continue };
+        // The lease is valid, as the client counts, TTL after the first attempt was sent.
+        let held_from = shared.now_ms();
+        let valid_until = invoked_ms + TTL_MS;
+        let end = hold(&shared, &mut believed_leader, &lease, valid_until).await;
+        shared.holds.lock().expect("not poisoned").push(Hold {
+            lock: lock.to_string(),
+            epoch: lease.epoch.0,
+            holder: holder.to_string(),
+            from_ms: held_from,
+            until_ms: end.until_ms,
+        });
+        shared.trace(&format!(
+            "c{index} held {lock}@{} until {} ({})",
+            lease.epoch, end.until_ms, end.why
+        ));
+        if end.release {
+            let id = lease.id;
+            for _ in 0..3 {
+                let node = believed_leader.unwrap_or_else(|| shared.random_node());
+                match call(&shared, node, |g| async move { g.release(id).await }).await {
+                    Answer::Ok(_) | Answer::Refused => break,
+                    Answer::NotLeader(hint) => believed_leader = hint,
+                    Answer::Unknown => believed_leader = None,
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(shared.range(0, 60))).await;
+    }
+}
+
+struct HoldEnd {
+    until_ms: u64,
+    why: &'static str,
+    release: bool,
+}
+
+/// Holds `lease` for a random time, renewing every third of its TTL, until the time is up,
+/// the client pauses past its TTL, or a renewal cannot be confirmed before the lease lapses.
+async fn hold(
+    shared: &Shared,
+    believed_leader: &mut Option<NodeId>,
+    lease: &Lease,
+    mut valid_until: u64,
+) -> HoldEnd {
+    let hold_for = shared.range(0, 1_000);
+    let pause = shared.chance(12).then(|| shared.range(0, hold_for.max(1)));
+    let start = shared.now_ms();
+    let mut paused = false;
+    loop {
+        let now = shared.now_ms();
+        if now >= valid_until {
+            return HoldEnd {
+                until_ms: valid_until,
+                why: if paused {
+                    "paused past its TTL"
+                } else {
+                    "renewal not confirmed in time"
+                },
+                release: false,
+            };
+        }
+        if now >= start + hold_for {
+            return HoldEnd {
+                until_ms: now,
+                why: "done",
+                release: true,
+            };
+        }
+        if let Some(at) = pause {
+            if !paused && now >= start + at {
+                paused = true;
+                let long = shared.range(TTL_MS, TTL_MS * 3);
+                tokio::time::sleep(Duration::from_millis(long)).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(TTL_MS / 3)).await;
+        let sent = shared.now_ms();
+        if sent >= valid_until {
+            continue;
+        }
+        let node = believed_leader.unwrap_or_else(|| shared.random_node());
+        let id = lease.id;
+        match call(shared, node, |g| async move { g.renew(id).await }).await {
+            Answer::Ok(renewed) => {
+                debug_assert_eq!(renewed.epoch, lease.epoch);
+                valid_until = sent + TTL_MS;
+                *believed_leader = Some(node);
+            }
+            Answer::Refused => {
+                return HoldEnd {
+                    until_ms: shared.now_ms().min(valid_until),
+                    why: "renewal refused",
+                    release: false,
+                }
+            }
+            Answer::NotLeader(hint) => *believed_leader = hint,
+            Answer::Unknown => *believed_leader = None,
+        }
+    }
+}
+
+/// A member as the fault driver manages it.
+struct Member {
+    id: NodeId,
+    disk: Disk,
+    signer: palisade_core::TokenSigner,
+    running: Option<Running>,
+}
+
+struct Running {
+    member: palisade_server::cluster::Member,
+    shutdown: watch::Sender<bool>,
+}
+
+/// The fault driver and the members: starts them, partitions, crashes and restarts them.
+pub(crate) struct Cluster {
+    pub(crate) shared: Arc<Shared>,
+    router: Router,
+    config: ClusterConfig,
+    members: Vec<Member>,
+    incarnations: u64,
+    pub(crate) faults: ClusterFaults,
+}
+
+impl Cluster {
+    pub(crate) fn new(seed: u64, sim: &ClusterSimConfig) -> Self {
+        let rng = Arc::new(Mutex::new(SplitMix64::new(seed)));
+        let ids: Vec<NodeId> = (1..=sim.members as NodeId).collect();
+        let config = ClusterConfig {
+            node_id: 1,
+            members: ids
+                .iter()
+                .map(|id| (*id, format!("127.0.0.1:{}", 7000 + id)))
+                .collect(),
+            join: false,
+        };
+        let shared = Arc::new(Shared {
+            rng: rng.clone(),
+            origin: Instant::now(),
+            gateways: Mutex::default(),
+            ids: ids.clone(),
+            trace: Mutex::new((0xcbf2_9ce4_8422_2325, 0)),
+            history: Mutex::default(),
+            holds: Mutex::default(),
+            stop_clients: AtomicBool::new(false),
+        });
+        let members = ids
+            .iter()
+            .map(|id| Member {
+                id: *id,
+                disk: Disk::default(),
+                signer: palisade_core::TokenSigner::from_secret_bytes(&[*id as u8; 32]),
+                running: None,
+            })
+            .collect();
+        Self {
+            shared,
+            router: Router::new(rng),
+            config,
+            members,
+            incarnations: 0,
+            faults: ClusterFaults::default(),
+        }
+    }
+
+    pub(crate) fn stop_clients(&self) {
+        self.shared.stop_clients.store(true, Ordering::Relaxed);
+    }
+
+    fn ids(&self) -> Vec<NodeId> {
+        self.members.iter().map(|m| m.id).collect()
+    }
+
+    pub(crate) async fn start(&mut self, id: NodeId) -> Result<(), String> {
+        let index = self.index(id);
+        if self.members[index].running.is_some() {
+            return Ok(());
+        }
+        let mut config = self.config.clone();
+        config.node_id = id;
+        let mut raft_config = palisade_server::cluster::raft_config();
+        raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(SIM_SNAPSHOT_EVERY);
+        raft_config.max_in_snapshot_log_to_keep = 5;
+        let (shutdown, shutdown_signal) = watch::channel(false);
+        let member = &self.members[index];
+        let stores = storage::open_backend(member.disk.open())?;
+        let started = MemberStart {
+            config: &config,
+            raft_config,
+            stores,
+            store_name: format!("the disk of node {id}"),
+            signer: &member.signer,
+            metrics: Arc::new(Metrics::new()),
+            shutdown: shutdown_signal,
+        }
+        .run(self.router.endpoint(id))
+        .await
+        .map_err(|e| format!("node {id} did not start: {e}"))?;
+        self.router.up(id, started.raft.clone());
+        self.incarnations += 1;
+        self.shared
+            .gateways
+            .lock()
+            .expect("not poisoned")
+            .insert(id, (self.incarnations, started.gateway.clone()));
+        self.members[index].running = Some(Running {
+            member: started,
+            shutdown,
+        });
+        self.shared.trace(&format!("start {id}"));
+        Ok(())
+    }
+
+    /// kill -9 and a power cut: unsynced writes are lost, nothing more is sent or answered.
+    pub(crate) async fn crash(&mut self, id: NodeId) {
+        let index = self.index(id);
+        let Some(running) = self.members[index].running.take() else {
+            return;
+        };
+        self.shared
+            .gateways
+            .lock()
+            .expect("not poisoned")
+            .remove(&id);
+        self.router.down(id);
+        self.members[index].disk.crash();
+        let _ = running.shutdown.send(true);
+        let _ = running.member.raft.shutdown().await;
+        let _ = running.member.supervisor.await;
+        self.faults.crashes += 1;
+        self.shared.trace(&format!("crash {id}"));
+    }
+
+    fn index(&self, id: NodeId) -> usize {
+        self.members
+            .iter()
+            .position(|m| m.id == id)
+            .expect("a member")
+    }
+
+    /// The member that leads and serves now, if one does.
+    fn serving_leader(&self) -> Option<NodeId> {
+        self.members.iter().find_map(|m| {
+            let running = m.running.as_ref()?;
+            let metrics = running.member.raft.metrics().borrow().clone();
+            (metrics.current_leader == Some(m.id) && running.member.gateway.not_serving().is_none())
+                .then_some(m.id)
+        })
+    }
+
+    /// Injects faults until `until_ms`, each healed before the next.
+    pub(crate) async fn drive_faults(&mut self, until_ms: u64) -> Result<(), String> {
+        let ids = self.ids();
+        // Crash every member in turn (a seeded order), so each one crashes and restarts.
+        let mut crash_order = ids.clone();
+        for i in (1..crash_order.len()).rev() {
+            let j = self.shared.range(0, i as u64 + 1) as usize;
+            crash_order.swap(i, j);
+        }
+        let mut next_victim = 0;
+        for fault in 0.. {
+            let gap = self.shared.range(100, 800);
+            tokio::time::sleep(Duration::from_millis(gap)).await;
+            let lasts = self.shared.range(200, 2_000);
+            if self.shared.now_ms() + lasts >= until_ms {
+                break;
+            }
+            let minority = (ids.len() - 1) / 2;
+            // Every other fault is a crash, so every member crashes in a run of a few seconds.
+            let kind = if fault % 2 == 0 {
+                0
+            } else {
+                self.shared.range(30, 100)
+            };
+            match kind {
+                0..30 => {
+                    let victim = crash_order[next_victim % crash_order.len()];
+                    next_victim += 1;
+                    self.crash(victim).await;
+                    tokio::time::sleep(Duration::from_millis(lasts)).await;
+                    self.start(victim).await?;
+                }
+                30..55 => {
+                    // Leader isolation: the serving leader (or anyone) alone, both ways.
+                    let victim = self
+                        .serving_leader()
+                        .unwrap_or_else(|| self.shared.random_node());
+                    self.shared.trace(&format!("isolate leader {victim}"));
+                    self.router.isolate(&[victim], &ids);
+                    self.faults.leader_isolations += 1;
+                    tokio::time::sleep(Duration::from_millis(lasts)).await;
+                    self.heal();
+                }
+                55..75 => {
+                    // A minority partition that may or may not hold the leader.
+                    let mut group = ids.clone();
+                    while group.len() > minority {
+                        let i = self.shared.range(0, group.len() as u64) as usize;
+                        group.remove(i);
+                    }
+                    self.shared.trace(&format!("partition {group:?}"));
+                    self.router.isolate(&group, &ids);
+                    self.faults.minority_partitions += 1;
+                    tokio::time::sleep(Duration::from_millis(lasts)).await;
+                    self.heal();
+                }
+                75..90 => {
+                    // One-way cut: the leader's messages to one member are lost, not back.
+                    let leader = self
+                        .serving_leader()
+                        .unwrap_or_else(|| self.shared.random_node());
+                    let others: Vec<NodeId> =
+                        ids.iter().copied().filter(|i| *i != leader).collect();
+                    let to = others[self.shared.range(0, others.len() as u64) as usize];
+                    self.shared.trace(&format!("cut {leader} -> {to}"));
+                    self.router.cut(leader, to);
+                    self.faults.one_way_cuts += 1;
+                    tokio::time::sleep(Duration::from_millis(lasts)).await;
+                    self.heal();
+                }
+                _ => {
+                    // A majority lost: every member alone; nobody may decide until it heals.
+                    self.shared.trace("every member alone");
+                    for id in &ids {
+                        self.router.isolate(&[*id], &ids);
+                    }
+                    self.faults.majority_losses += 1;
+                    tokio::time::sleep(Duration::from_millis(lasts)).await;
+                    self.heal();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn heal(&self) {
+        self.router.heal();
+        self.shared.trace("heal");
+    }
+
+    /// After the faults: every member up, the network whole; waits until a leader serves an
+    /// acquire and every member applied the same state. Returns the time it took, ms.
+    pub(crate) async fn recover(&mut self) -> Result<u64, String> {
+        self.router.heal();
+        for id in self.ids() {
+            self.start(id).await?;
+        }
+        let healed = self.shared.now_ms();
+        let probe = AcquireRequest {
+            lock: LockName::new("sim/probe").expect("valid"),
+            holder: HolderId::new("probe").expect("valid"),
+            ttl_ms: TTL_MS,
+            wait_ms: 0,
+            class: LockClass::Critical,
+            request_id: Some(RequestId::new("probe").expect("valid")),
+        };
+        let mut served = false;
+        while self.shared.now_ms() < healed + RECOVERY_MS {
+            let node = self
+                .serving_leader()
+                .unwrap_or_else(|| self.shared.random_node());
+            let request = probe.clone();
+            if let Answer::Ok(lease) =
+                call(
+                    &self.shared,
+                    node,
+                    |g| async move { g.acquire(request).await },
+                )
+                .await
+            {
+                self.shared.trace(&format!("probe granted {}", lease.epoch));
+                served = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !served {
+            return Err(format!(
+                "no member served an acquire within {RECOVERY_MS} ms of healing"
+            ));
+        }
+        while self.shared.now_ms() < healed + RECOVERY_MS {
+            if self.converged().is_ok() {
+                return Ok(self.shared.now_ms() - healed);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.converged().map(|_| self.shared.now_ms() - healed)
+    }
+
+    /// Every member applied the same entries and holds the same state.
+    fn converged(&self) -> Result<(), String> {
+        let mut views = Vec::new();
+        for m in &self.members {
+            let running = m.running.as_ref().ok_or("a member is down")?;
+            let applied = running.member.raft.metrics().borrow().last_applied;
+            let state = running.member.state.lock().expect("not poisoned").clone();
+            views.push((m.id, applied, state));
+        }
+        let (first_id, first_applied, first) = &views[0];
+        for (id, applied, state) in &views[1..] {
+            if applied != first_applied || !same_state(state, first) {
+                return Err(format!(
+                    "node {id} applied {applied:?} and node {first_id} applied {first_applied:?}: \
+                     their states differ"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The greatest epoch in the applied state of every member (they agree once converged).
+    pub(crate) fn last_epoch(&self) -> u64 {
+        self.members
+            .iter()
+            .filter_map(|m| m.running.as_ref())
+            .map(|r| {
+                r.member
+                    .state
+                    .lock()
+                    .expect("not poisoned")
+                    .header
+                    .last_epoch
+                    .0
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Leader terms started (`LeaderStart` entries applied), as member 1 saw them.
+    pub(crate) fn leader_starts(&self) -> u64 {
+        self.members
+            .iter()
+            .filter_map(|m| m.running.as_ref())
+            .map(|r| {
+                r.member
+                    .state
+                    .lock()
+                    .expect("not poisoned")
+                    .header
+                    .leader_starts
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// fsyncs of every disk.
+    pub(crate) fn syncs(&self) -> u64 {
+        self.members.iter().map(|m| m.disk.syncs()).sum()
+    }
+
+    pub(crate) fn messages(&self) -> crate::network::NetStats {
+        self.router.stats()
+    }
+
+    /// Stops every member.
+    pub(crate) async fn shutdown(&mut self) {
+        for m in &mut self.members {
+            if let Some(running) = m.running.take() {
+                let _ = running.shutdown.send(true);
+                let _ = running.member.raft.shutdown().await;
+                let _ = running.member.supervisor.await;
+            }
+        }
+    }
+}
+
+fn same_state(a: &SmState, b: &SmState) -> bool {
+    a.header.last_epoch == b.header.last_epoch
+        && a.header.keys == b.header.keys
+        && a.leases == b.leases
+}
+
+/// Describes a hold for a violation message.
+pub(crate) fn describe(hold: &Hold) -> String {
+    let mut text = String::new();
+    let _ = write!(
+        text,
+        "{} held {} at epoch {} from {} ms to {} ms",
+        hold.holder, hold.lock, hold.epoch, hold.from_ms, hold.until_ms
+    );
+    text
+}
