@@ -124,6 +124,43 @@ fn simulate_reports_seeds_and_faults() {
 }
 
 #[test]
+fn simulate_cluster_runs_the_replicated_coordinator_and_refuses_other_sizes() {
+    // P1, P8: the cluster simulation's seeds pass from the command line users rerun them with.
+    let output = Command::new(BINARY)
+        .args([
+            "simulate",
+            "--cluster",
+            "3",
+            "--seeds",
+            "3",
+            "--from",
+            "900",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        (report["members"].as_u64(), report["passed"].as_bool()),
+        (Some(3), Some(true))
+    );
+    assert!(report["grants"].as_u64().unwrap() > 0);
+    assert!(report["faults"].as_u64().unwrap() >= 9, "{report}");
+
+    let refused = Command::new(BINARY)
+        .args(["simulate", "--cluster", "4", "--seeds", "1"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--cluster takes 3 or 5"));
+}
+
+#[test]
 fn the_postgres_drill_leaves_nothing_behind() {
     let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");

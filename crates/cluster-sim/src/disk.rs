@@ -21,6 +21,8 @@ struct State {
     undo: Vec<Undo>,
     generation: u64,
     syncs: u64,
+    /// A planted bug: `sync_data` returns without making anything durable.
+    lies: bool,
 }
 
 #[derive(Debug)]
@@ -38,6 +40,14 @@ pub struct Disk {
 }
 
 impl Disk {
+    /// A disk whose fsync is a no-op (a planted bug: a crash loses everything the crashed
+    /// incarnation wrote, acknowledged or not).
+    pub fn lying() -> Self {
+        let disk = Self::default();
+        disk.state.lock().expect("not poisoned").lies = true;
+        disk
+    }
+
     /// A backend for the next incarnation of the member: the only live one.
     pub fn open(&self) -> DiskHandle {
         let generation = self.state.lock().expect("not poisoned").generation;
@@ -124,7 +134,9 @@ impl StorageBackend for DiskHandle {
 
     fn sync_data(&self) -> Result<(), BackendIoError> {
         let mut state = self.state()?;
-        state.undo.clear();
+        if !state.lies {
+            state.undo.clear();
+        }
         state.syncs += 1;
         Ok(())
     }
@@ -209,5 +221,16 @@ mod tests {
             assert_eq!(table.get(i).unwrap().unwrap().value(), i * 10);
         }
         assert!(table.get(19).unwrap().is_none(), "not synced, so lost");
+    }
+
+    #[test]
+    fn a_lying_disk_loses_synced_writes_too() {
+        let disk = Disk::lying();
+        let handle = disk.open();
+        handle.set_len(4).unwrap();
+        handle.write(0, b"abcd").unwrap();
+        handle.sync_data().unwrap();
+        disk.crash();
+        assert_eq!(disk.open().len().unwrap(), 0);
     }
 }

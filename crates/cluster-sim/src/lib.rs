@@ -18,8 +18,8 @@
 //!   lost or cut short across a leader change);
 //! - **P8, nothing acknowledged is lost**: every granted epoch is at most the epoch counter
 //!   every member holds after recovery;
-//! - **recovery**: after healing, a leader serves an acquire and every member applies the same
-//!   state, within 10 s.
+//! - **recovery**: after healing, a leader serves an acquire within 10 s, and once the clients
+//!   stop every member applies the same state.
 //!
 //! Determinism: election timeouts come from the seed (`cluster::runtime`), every task runs on
 //! one thread under tokio's paused clock, and every delay, drop and fault is drawn from the
@@ -53,6 +53,8 @@ pub struct ClusterSimConfig {
     pub locks: usize,
     /// Simulated time with faults and clients, ms (recovery comes after it).
     pub duration_ms: u64,
+    /// Plant a bug: every disk's fsync is a no-op, so a crash loses acknowledged entries.
+    pub plant_lying_fsync: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -60,8 +62,21 @@ impl Default for ClusterSimConfig {
         Self {
             members: 3,
             clients: 4,
-            locks: 2,
+            locks: 3,
             duration_ms: 15_000,
+            plant_lying_fsync: false,
+        }
+    }
+}
+
+impl ClusterSimConfig {
+    /// The default run for `members` (3 or 5): 5 members run longer, so that every one of
+    /// them crashes and restarts.
+    pub fn for_members(members: usize) -> Self {
+        Self {
+            members,
+            duration_ms: if members >= 5 { 20_000 } else { 15_000 },
+            ..Self::default()
         }
     }
 }
@@ -79,6 +94,8 @@ pub struct ClusterFaults {
     pub one_way_cuts: u64,
     /// Every member cut off from every other.
     pub majority_losses: u64,
+    /// Distinct members that crashed (and restarted) at least once.
+    pub members_crashed: u64,
 }
 
 impl ClusterFaults {
@@ -119,6 +136,8 @@ pub struct ClusterSimReport {
     pub trace_hash: u64,
     /// Events traced.
     pub events: u64,
+    /// The traced events, `TIME_US EVENT`, in order (faults, starts, crashes, client outcomes).
+    pub trace: Vec<String>,
     /// Faults injected.
     pub faults: ClusterFaults,
     /// Raft messages delivered and lost.
@@ -133,7 +152,7 @@ pub struct ClusterSimReport {
     pub holds: Vec<Hold>,
     /// The epoch counter every member agreed on after recovery.
     pub final_epoch: u64,
-    /// Time from the last heal to a converged cluster that serves, ms.
+    /// Time from the last heal to the first acquire served, ms.
     pub recovery_ms: Option<u64>,
     /// The P1 checker's verdict.
     pub verdict: Result<Summary, Violation>,
@@ -166,6 +185,24 @@ impl ClusterSimReport {
     }
 }
 
+thread_local! {
+    /// Panics on this thread since the run began (a panicking task is otherwise silent).
+    static PANICS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Records every panic of a simulation thread, then lets the previous hook print it.
+fn watch_panics() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let _ = PANICS.try_with(|panics| panics.borrow_mut().push(info.to_string()));
+            previous(info);
+        }));
+    });
+    PANICS.with(|panics| panics.borrow_mut().clear());
+}
+
 /// Runs one seed on a fresh single-threaded runtime with a paused clock.
 pub fn run(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
     assert!(
@@ -177,9 +214,15 @@ pub fn run(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
+    watch_panics();
     palisade_server::cluster::runtime::seed_election_timers(seed);
-    let report = runtime.block_on(simulate(seed, config));
+    let mut report = runtime.block_on(simulate(seed, config));
+    drop(runtime);
     palisade_server::cluster::runtime::unseed_election_timers();
+    let panics = PANICS.with(|panics| std::mem::take(&mut *panics.borrow_mut()));
+    report
+        .violations
+        .extend(panics.into_iter().map(|p| format!("a task panicked: {p}")));
     report
 }
 
@@ -209,6 +252,9 @@ async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
             None
         }
     };
+    if let Err(error) = cluster.settle().await {
+        violations.push(format!("recovery: the members did not converge: {error}"));
+    }
     let shared = cluster.shared.clone();
     let history = shared.history.lock().expect("not poisoned").clone();
     let holds = shared.holds.lock().expect("not poisoned").clone();
@@ -222,6 +268,7 @@ async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
         members: config.members,
         trace_hash,
         events,
+        trace: shared.log.lock().expect("not poisoned").clone(),
         faults: cluster.faults,
         messages: cluster.messages(),
         syncs: cluster.syncs(),

@@ -41,6 +41,7 @@ pub(crate) struct Shared {
     gateways: Mutex<BTreeMap<NodeId, (u64, Gateway)>>,
     ids: Vec<NodeId>,
     trace: Mutex<(u64, u64)>,
+    pub(crate) log: Mutex<Vec<String>>,
     pub(crate) history: Mutex<History>,
     pub(crate) holds: Mutex<Vec<Hold>>,
     stop_clients: AtomicBool,
@@ -72,6 +73,7 @@ impl Shared {
             trace.0 = trace.0.wrapping_mul(0x0100_0000_01b3);
         }
         trace.1 += 1;
+        self.log.lock().expect("not poisoned").push(line);
     }
 
     pub(crate) fn trace_hash(&self) -> (u64, u64) {
@@ -343,6 +345,7 @@ impl Cluster {
             gateways: Mutex::default(),
             ids: ids.clone(),
             trace: Mutex::new((0xcbf2_9ce4_8422_2325, 0)),
+            log: Mutex::default(),
             history: Mutex::default(),
             holds: Mutex::default(),
             stop_clients: AtomicBool::new(false),
@@ -351,7 +354,11 @@ impl Cluster {
             .iter()
             .map(|id| Member {
                 id: *id,
-                disk: Disk::default(),
+                disk: if sim.plant_lying_fsync {
+                    Disk::lying()
+                } else {
+                    Disk::default()
+                },
                 signer: palisade_core::TokenSigner::from_secret_bytes(&[*id as u8; 32]),
                 running: None,
             })
@@ -479,6 +486,7 @@ impl Cluster {
                 0..30 => {
                     let victim = crash_order[next_victim % crash_order.len()];
                     next_victim += 1;
+                    self.faults.members_crashed = (next_victim as u64).min(ids.len() as u64);
                     self.crash(victim).await;
                     tokio::time::sleep(Duration::from_millis(lasts)).await;
                     self.start(victim).await?;
@@ -542,7 +550,7 @@ impl Cluster {
     }
 
     /// After the faults: every member up, the network whole; waits until a leader serves an
-    /// acquire and every member applied the same state. Returns the time it took, ms.
+    /// acquire. Returns the time that took, ms.
     pub(crate) async fn recover(&mut self) -> Result<u64, String> {
         self.router.heal();
         for id in self.ids() {
@@ -582,13 +590,19 @@ impl Cluster {
                 "no member served an acquire within {RECOVERY_MS} ms of healing"
             ));
         }
-        while self.shared.now_ms() < healed + RECOVERY_MS {
+        Ok(self.shared.now_ms() - healed)
+    }
+
+    /// Waits until every member applied the same state (after the clients stopped).
+    pub(crate) async fn settle(&self) -> Result<(), String> {
+        let since = self.shared.now_ms();
+        while self.shared.now_ms() < since + RECOVERY_MS {
             if self.converged().is_ok() {
-                return Ok(self.shared.now_ms() - healed);
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.converged().map(|_| self.shared.now_ms() - healed)
+        self.converged()
     }
 
     /// Every member applied the same entries and holds the same state.
