@@ -152,6 +152,9 @@ pub struct ClusterSimReport {
     pub holds: Vec<Hold>,
     /// The epoch counter every member agreed on after recovery.
     pub final_epoch: u64,
+    /// For each crash of the serving leader: time until another member served, ms (crashes
+    /// that the member outlived by restarting first are not counted).
+    pub failovers_ms: Vec<u64>,
     /// Time from the last heal to the first acquire served, ms.
     pub recovery_ms: Option<u64>,
     /// The P1 checker's verdict.
@@ -276,6 +279,7 @@ async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
         history,
         holds,
         final_epoch,
+        failovers_ms: cluster.failovers_ms.clone(),
         recovery_ms,
         verdict,
         violations,

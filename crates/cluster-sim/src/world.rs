@@ -325,6 +325,8 @@ pub(crate) struct Cluster {
     members: Vec<Member>,
     incarnations: u64,
     pub(crate) faults: ClusterFaults,
+    /// For each crash of the serving leader: ms until another member served.
+    pub(crate) failovers_ms: Vec<u64>,
 }
 
 impl Cluster {
@@ -370,6 +372,7 @@ impl Cluster {
             members,
             incarnations: 0,
             faults: ClusterFaults::default(),
+            failovers_ms: Vec::new(),
         }
     }
 
@@ -487,8 +490,21 @@ impl Cluster {
                     let victim = crash_order[next_victim % crash_order.len()];
                     next_victim += 1;
                     self.faults.members_crashed = (next_victim as u64).min(ids.len() as u64);
+                    let was_leading = self.serving_leader() == Some(victim);
                     self.crash(victim).await;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
+                    let crashed = self.shared.now_ms();
+                    if was_leading {
+                        // Failover: how long until another member serves.
+                        while self.shared.now_ms() < crashed + lasts {
+                            if self.serving_leader().is_some() {
+                                self.failovers_ms.push(self.shared.now_ms() - crashed);
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                    let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
+                    tokio::time::sleep(Duration::from_millis(left)).await;
                     self.start(victim).await?;
                 }
                 30..55 => {
