@@ -219,3 +219,32 @@ fn cluster_add_and_remove_a_member() {
     joiner.wait().unwrap();
     drop(nodes); // kills the members
 }
+
+/// A corrupt cluster store stops the member at start, loudly, naming the file: it never serves
+/// from partial state (P8).
+#[test]
+fn a_corrupt_cluster_store_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("cluster.redb"),
+        vec![0xa5; 64 * 1024], // not a redb file
+    )
+    .unwrap();
+    let port = free_port();
+    let output = Command::new(BINARY)
+        .args(["serve", "--node-id", "1", "--cluster"])
+        .arg(format!(
+            "1=127.0.0.1:{port},2=127.0.0.1:{},3=127.0.0.1:{}",
+            free_port(),
+            free_port()
+        ))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cluster.redb"), "{stderr}");
+}

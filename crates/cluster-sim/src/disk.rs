@@ -23,6 +23,8 @@ struct State {
     syncs: u64,
     /// A planted bug: `sync_data` returns without making anything durable.
     lies: bool,
+    /// The disk is full: every write, resize and sync fails from now on.
+    full: bool,
 }
 
 #[derive(Debug)]
@@ -74,6 +76,11 @@ impl Disk {
         state.generation += 1;
     }
 
+    /// The disk fills up: from now on every write, resize and sync fails (reads still work).
+    pub fn fill(&self) {
+        self.state.lock().expect("not poisoned").full = true;
+    }
+
     /// fsyncs so far.
     pub fn syncs(&self) -> u64 {
         self.state.lock().expect("not poisoned").syncs
@@ -88,6 +95,18 @@ pub struct DiskHandle {
 }
 
 impl DiskHandle {
+    /// The disk's state, for a change: fails when the disk is full.
+    fn state_mut(&self) -> Result<std::sync::MutexGuard<'_, State>, BackendIoError> {
+        let state = self.state()?;
+        if state.full {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "no space left on device (simulated)",
+            ));
+        }
+        Ok(state)
+    }
+
     fn state(&self) -> Result<std::sync::MutexGuard<'_, State>, BackendIoError> {
         let state = self.disk.state.lock().expect("not poisoned");
         if state.generation != self.generation {
@@ -119,7 +138,7 @@ impl StorageBackend for DiskHandle {
     }
 
     fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
-        let mut state = self.state()?;
+        let mut state = self.state_mut()?;
         let len = offset(len)?;
         let before = state.data.len();
         let cut = state
@@ -133,7 +152,7 @@ impl StorageBackend for DiskHandle {
     }
 
     fn sync_data(&self) -> Result<(), BackendIoError> {
-        let mut state = self.state()?;
+        let mut state = self.state_mut()?;
         if !state.lies {
             state.undo.clear();
         }
@@ -142,7 +161,7 @@ impl StorageBackend for DiskHandle {
     }
 
     fn write(&self, at: u64, data: &[u8]) -> Result<(), BackendIoError> {
-        let mut state = self.state()?;
+        let mut state = self.state_mut()?;
         let at = offset(at)?;
         let end = at + data.len();
         if end > state.data.len() {
@@ -221,6 +240,21 @@ mod tests {
             assert_eq!(table.get(i).unwrap().unwrap().value(), i * 10);
         }
         assert!(table.get(19).unwrap().is_none(), "not synced, so lost");
+    }
+
+    #[test]
+    fn a_full_disk_refuses_changes_but_still_reads() {
+        let disk = Disk::default();
+        let handle = disk.open();
+        handle.set_len(4).unwrap();
+        handle.write(0, b"abcd").unwrap();
+        disk.fill();
+        let error = handle.write(0, b"x").unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::StorageFull);
+        assert!(handle.sync_data().is_err() && handle.set_len(8).is_err());
+        let mut out = [0; 4];
+        handle.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"abcd");
     }
 
     #[test]

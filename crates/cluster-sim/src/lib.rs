@@ -330,6 +330,68 @@ pub fn check_durable(history: &History, final_epoch: u64) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Polls `ready` every 10 ms of simulated time, for at most `limit_ms`.
+    async fn eventually<T>(limit_ms: u64, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+        for _ in 0..limit_ms / 10 {
+            if let Some(value) = ready() {
+                return Some(value);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        None
+    }
+
+    #[test]
+    fn p8_a_member_whose_disk_fills_stops_serving_and_says_why() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut cluster = world::Cluster::new(3, &ClusterSimConfig::default());
+            for id in 1..=3 {
+                cluster.start(id).await.unwrap();
+            }
+            let leader = eventually(5_000, || cluster.serving_leader())
+                .await
+                .expect("a first leader");
+            cluster.fill_disk(leader);
+            let gateway = cluster.gateway(leader).unwrap();
+            let request = palisade_core::AcquireRequest {
+                lock: palisade_core::LockName::new("full/a").unwrap(),
+                holder: palisade_core::HolderId::new("h").unwrap(),
+                ttl_ms: 1_000,
+                wait_ms: 0,
+                class: palisade_core::LockClass::Critical,
+                request_id: None,
+            };
+            let answer = gateway.acquire(request.clone()).await;
+            assert!(answer.is_err(), "granted with a full disk: {answer:?}");
+            let mut outcome = None;
+            for _ in 0..500 {
+                outcome = cluster.stopped(leader).await;
+                if outcome.is_some() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            let error = outcome
+                .expect("the member stops")
+                .expect_err("and reports the failure");
+            assert!(error.contains("fatal"), "{error}");
+            assert!(gateway.not_serving().is_some(), "it no longer serves");
+            // The two others elect a leader that grants.
+            let next = eventually(5_000, || cluster.serving_leader())
+                .await
+                .expect("a new leader");
+            assert_ne!(next, leader);
+            let granted = cluster.gateway(next).unwrap().acquire(request).await;
+            assert!(granted.is_ok(), "{granted:?}");
+            cluster.shutdown().await;
+        });
+    }
+
     fn hold(lock: &str, epoch: u64, from_ms: u64, until_ms: u64) -> Hold {
         Hold {
             lock: lock.into(),

@@ -451,8 +451,44 @@ impl Cluster {
             .expect("a member")
     }
 
+    /// The disk of `id` fills up.
+    #[cfg(test)]
+    pub(crate) fn fill_disk(&self, id: NodeId) {
+        self.members[self.index(id)].disk.fill();
+    }
+
+    /// The gateway of `id`, while it is up.
+    #[cfg(test)]
+    pub(crate) fn gateway(&self, id: NodeId) -> Option<Gateway> {
+        let running = self.members[self.index(id)].running.as_ref()?;
+        Some(running.member.gateway.clone())
+    }
+
+    /// How the supervisor of `id` ended, once it has (the member is then down).
+    #[cfg(test)]
+    pub(crate) async fn stopped(&mut self, id: NodeId) -> Option<Result<(), String>> {
+        let index = self.index(id);
+        if !self.members[index]
+            .running
+            .as_ref()?
+            .member
+            .supervisor
+            .is_finished()
+        {
+            return None;
+        }
+        let running = self.members[index].running.take()?;
+        self.shared
+            .gateways
+            .lock()
+            .expect("not poisoned")
+            .remove(&id);
+        self.router.down(id);
+        Some(running.member.supervisor.await.expect("no panic"))
+    }
+
     /// The member that leads and serves now, if one does.
-    fn serving_leader(&self) -> Option<NodeId> {
+    pub(crate) fn serving_leader(&self) -> Option<NodeId> {
         self.members.iter().find_map(|m| {
             let running = m.running.as_ref()?;
             let metrics = running.member.raft.metrics().borrow().clone();

@@ -187,11 +187,13 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             let raft = member.raft.clone();
             let supervisor = member.supervisor;
             let core: Core = Box::pin(async move {
-                let _ = supervisor.await;
+                // Ends on shutdown, or when Raft stopped on a storage failure: then the member
+                // stops serving and the server exits with the error.
+                let outcome = supervisor.await.expect("the supervisor does not panic");
                 if let Err(error) = raft.shutdown().await {
                     tracing::warn!(%error, "raft did not stop cleanly");
                 }
-                Ok(())
+                outcome.map_err(ServerError::Cluster)
             });
             (api, Some(cluster::network::service(member.raft)), core)
         }

@@ -51,10 +51,13 @@ pub type RaftNode = openraft::Raft<TypeConfig>;
 
 /// Heartbeats from the leader, ms.
 pub const HEARTBEAT_MS: u64 = 50;
-/// A follower that hears no leader for a random time in this range starts an election, ms.
-/// Trade-off: shorter means faster failover but more needless elections when a leader is
-/// merely slow (a long GC or fsync stall, a loaded machine).
-pub const ELECTION_TIMEOUT_MS: (u64, u64) = (250, 500);
+/// Election timeout range, ms. A follower that knew a leader stands for election once it has
+/// heard nothing for openraft's leader lease (the range's maximum) plus a random time in the
+/// range: 450–600 ms after the last heartbeat, so a dead leader is replaced in ~0.55 s
+/// (`palisade drill coordinator-failover`; 250–500 ms gave ~0.93 s). Trade-off: shorter
+/// means faster failover but a needless election (a few hundred ms without grants) whenever a
+/// leader is merely stalled that long (a GC or fsync stall, an overloaded machine).
+pub const ELECTION_TIMEOUT_MS: (u64, u64) = (150, 300);
 /// Longest wait for one replicated commit; past it the engine stops and the node answers
 /// 503 until it has a quorum again (the entry may still commit later: clients retry with
 /// their request id).
@@ -356,8 +359,8 @@ pub struct Member {
     pub gateway: crate::gateway::Gateway,
     /// The applied state.
     pub state: Arc<Mutex<SmState>>,
-    /// The supervisor; ends on shutdown.
-    pub supervisor: tokio::task::JoinHandle<()>,
+    /// The supervisor; ends on shutdown, or with the fatal error that stopped Raft.
+    pub supervisor: tokio::task::JoinHandle<Result<(), String>>,
 }
 
 /// Opens the cluster store in `dir`, checks the membership, starts Raft (initialising a new

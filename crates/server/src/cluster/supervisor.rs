@@ -62,20 +62,34 @@ impl Running {
 }
 
 impl Supervisor {
-    /// Runs until `shutdown`.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `shutdown`, or until Raft stops. Raft stopping on a fatal error (a storage
+    /// failure: disk full, I/O error, corrupt data) is returned, so that the server exits
+    /// loudly instead of lingering without a working log.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), String> {
         let mut metrics = self.raft.metrics();
         let mut running: Option<Running> = None;
         let mut tick = tokio::time::interval(CHECK_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut outcome = Ok(());
         loop {
+            let mut closed = false;
             tokio::select! {
                 biased;
                 _ = shutdown.wait_for(|stop| *stop) => break,
-                changed = metrics.changed() => if changed.is_err() { break },
+                changed = metrics.changed() => closed = changed.is_err(),
                 _ = tick.tick() => {}
             }
             let m = metrics.borrow().clone();
+            if let Err(fatal) = &m.running_state {
+                if !matches!(fatal, openraft::error::Fatal::Stopped) {
+                    tracing::error!(%fatal, "raft stopped on a fatal error; this member stops");
+                    outcome = Err(format!("raft stopped on a fatal error: {fatal}"));
+                }
+                break;
+            }
+            if closed {
+                break;
+            }
             let leader = m.state == ServerState::Leader && m.current_leader == Some(self.node_id);
             let quorum = m
                 .millis_since_quorum_ack
@@ -151,6 +165,7 @@ impl Supervisor {
         if let Some(engine) = running {
             engine.stop("shutting down").await;
         }
+        outcome
     }
 
     /// Commits the barrier, loads the applied state, starts an engine over Raft.
