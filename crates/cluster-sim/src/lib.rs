@@ -329,6 +329,7 @@ pub fn check_durable(history: &History, final_epoch: u64) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use palisade_server::engine::CoordinatorError;
 
     /// Polls `ready` every 10 ms of simulated time, for at most `limit_ms`.
     async fn eventually<T>(limit_ms: u64, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
@@ -339,6 +340,76 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         None
+    }
+
+    fn request(lock: &str) -> palisade_core::AcquireRequest {
+        palisade_core::AcquireRequest {
+            lock: palisade_core::LockName::new(lock).unwrap(),
+            holder: palisade_core::HolderId::new("h").unwrap(),
+            ttl_ms: 1_000,
+            wait_ms: 0,
+            class: palisade_core::LockClass::Critical,
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn p1_p8_without_a_majority_no_member_grants_and_all_answer_unavailable() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut cluster = world::Cluster::new(5, &ClusterSimConfig::default());
+            for id in 1..=3 {
+                cluster.start(id).await.unwrap();
+            }
+            let leader = eventually(5_000, || cluster.serving_leader())
+                .await
+                .expect("a first leader");
+            cluster.isolate_all();
+            // The leader cannot commit: the acquire it takes fails (after COMMIT_TIMEOUT).
+            let answer = cluster
+                .gateway(leader)
+                .unwrap()
+                .acquire(request("nomajority/a"))
+                .await;
+            assert!(
+                matches!(answer, Err(CoordinatorError::Unavailable(_))),
+                "{answer:?}"
+            );
+            // Past QUORUM_LOSS_MS every member refuses at once (503), none grants.
+            tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+            for id in 1..=3 {
+                let answer = cluster
+                    .gateway(id)
+                    .unwrap()
+                    .acquire(request("nomajority/b"))
+                    .await;
+                assert!(
+                    matches!(
+                        answer,
+                        Err(CoordinatorError::Unavailable(_) | CoordinatorError::NotLeader { .. })
+                    ),
+                    "node {id}: {answer:?}"
+                );
+            }
+            assert_eq!(cluster.serving_leader(), None);
+            // Healed, a leader serves again, above every earlier epoch.
+            cluster.heal_all();
+            let next = eventually(5_000, || cluster.serving_leader())
+                .await
+                .expect("a leader after healing");
+            let granted = cluster
+                .gateway(next)
+                .unwrap()
+                .acquire(request("nomajority/b"))
+                .await
+                .expect("granted once a majority is back");
+            assert!(granted.epoch.0 >= 1);
+            cluster.shutdown().await;
+        });
     }
 
     #[test]
@@ -358,15 +429,7 @@ mod tests {
                 .expect("a first leader");
             cluster.fill_disk(leader);
             let gateway = cluster.gateway(leader).unwrap();
-            let request = palisade_core::AcquireRequest {
-                lock: palisade_core::LockName::new("full/a").unwrap(),
-                holder: palisade_core::HolderId::new("h").unwrap(),
-                ttl_ms: 1_000,
-                wait_ms: 0,
-                class: palisade_core::LockClass::Critical,
-                request_id: None,
-            };
-            let answer = gateway.acquire(request.clone()).await;
+            let answer = gateway.acquire(request("full/a")).await;
             assert!(answer.is_err(), "granted with a full disk: {answer:?}");
             let mut outcome = None;
             for _ in 0..500 {
@@ -386,7 +449,11 @@ mod tests {
                 .await
                 .expect("a new leader");
             assert_ne!(next, leader);
-            let granted = cluster.gateway(next).unwrap().acquire(request).await;
+            let granted = cluster
+                .gateway(next)
+                .unwrap()
+                .acquire(request("full/a"))
+                .await;
             assert!(granted.is_ok(), "{granted:?}");
             cluster.shutdown().await;
         });

@@ -451,6 +451,21 @@ impl Cluster {
             .expect("a member")
     }
 
+    /// Cuts every link between members.
+    #[cfg(test)]
+    pub(crate) fn isolate_all(&self) {
+        let ids = self.ids();
+        for id in &ids {
+            self.router.isolate(&[*id], &ids);
+        }
+    }
+
+    /// Restores every link.
+    #[cfg(test)]
+    pub(crate) fn heal_all(&self) {
+        self.heal();
+    }
+
     /// The disk of `id` fills up.
     #[cfg(test)]
     pub(crate) fn fill_disk(&self, id: NodeId) {
