@@ -55,6 +55,9 @@ pub struct ClusterSimConfig {
     pub duration_ms: u64,
     /// Plant a bug: every disk's fsync is a no-op, so a crash loses acknowledged entries.
     pub plant_lying_fsync: bool,
+    /// Half the crashes also lose the member's whole disk (an operator wipes its data
+    /// directory, a replaced machine): it restarts empty with the same flags.
+    pub wipe_on_crash: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -65,6 +68,7 @@ impl Default for ClusterSimConfig {
             locks: 3,
             duration_ms: 15_000,
             plant_lying_fsync: false,
+            wipe_on_crash: false,
         }
     }
 }
@@ -96,6 +100,8 @@ pub struct ClusterFaults {
     pub majority_losses: u64,
     /// Distinct members that crashed (and restarted) at least once.
     pub members_crashed: u64,
+    /// Crashes that also lost the member's disk.
+    pub wipes: u64,
 }
 
 impl ClusterFaults {

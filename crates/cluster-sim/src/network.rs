@@ -16,6 +16,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
+use palisade_server::cluster::identity::Identity;
 use palisade_server::cluster::{NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
 
@@ -26,7 +27,8 @@ const DROP_PERCENT: u64 = 1;
 
 #[derive(Default)]
 struct Links {
-    up: BTreeMap<NodeId, RaftNode>,
+    /// Members that are up: their Raft node and their store's identity.
+    up: BTreeMap<NodeId, (RaftNode, Identity)>,
     /// Directed links that carry nothing.
     cut: BTreeSet<(NodeId, NodeId)>,
 }
@@ -40,6 +42,8 @@ pub struct NetStats {
     pub lost: u64,
     /// Snapshot chunks delivered (a member caught up from a snapshot, not the log).
     pub snapshot_chunks: u64,
+    /// Messages or answers refused because a member's store changed (it lost its data).
+    pub refused: u64,
 }
 
 /// The network of one run; clones share it.
@@ -60,9 +64,9 @@ impl Router {
         }
     }
 
-    /// `id` is up and reachable at `raft`.
-    pub fn up(&self, id: NodeId, raft: RaftNode) {
-        self.links().up.insert(id, raft);
+    /// `id` is up and reachable at `raft`; its messages present `identity`.
+    pub fn up(&self, id: NodeId, raft: RaftNode, identity: Identity) {
+        self.links().up.insert(id, (raft, identity));
     }
 
     /// `id` is down: messages to it are lost.
@@ -108,9 +112,9 @@ impl Router {
     }
 
     /// The target if `from → to` carries a message now.
-    fn route(&self, from: NodeId, to: NodeId) -> Option<RaftNode> {
+    fn route(&self, from: NodeId, to: NodeId) -> Option<(RaftNode, Identity)> {
         let links = self.links();
-        if links.cut.contains(&(from, to)) {
+        if links.cut.contains(&(from, to)) || !links.up.contains_key(&from) {
             return None;
         }
         links.up.get(&to).cloned()
@@ -118,7 +122,7 @@ impl Router {
 
     /// One message `from → to`: a delay, then delivery if the link is still up and the
     /// message not dropped.
-    async fn carry(&self, from: NodeId, to: NodeId) -> Option<RaftNode> {
+    async fn carry(&self, from: NodeId, to: NodeId) -> Option<(RaftNode, Identity)> {
         let (delay, dropped) = {
             let mut rng = self.rng.lock().expect("not poisoned");
             (rng.range(0, MAX_DELAY_MS + 1), rng.chance(DROP_PERCENT))
@@ -150,10 +154,26 @@ impl Router {
                 "no route {from} -> {to} (down, cut or dropped)"
             ))))
         };
-        let target = self.carry(from, to).await.ok_or_else(unreachable)?;
+        let (target, target_identity) = self.carry(from, to).await.ok_or_else(unreachable)?;
+        let sender = self
+            .links()
+            .up
+            .get(&from)
+            .map(|(_, identity)| identity.clone());
+        let sender = sender.ok_or_else(unreachable)?;
+        // As `RaftService` does: the receiver admits the sender's store, or refuses it.
+        if let Err(refused) = target_identity.admit(from, sender.store()) {
+            self.stats.lock().expect("not poisoned").refused += 1;
+            return Err(RPCError::Unreachable(Unreachable::new(&refused)));
+        }
         let answer = deliver(target).await;
-        // The answer travels back over the reverse link.
+        // The answer travels back over the reverse link, and counts only from the store the
+        // sender knows the receiver by (as `PeerClient` checks).
         self.carry(to, from).await.ok_or_else(unreachable)?;
+        if let Err(refused) = sender.admit(to, target_identity.store()) {
+            self.stats.lock().expect("not poisoned").refused += 1;
+            return Err(RPCError::Unreachable(Unreachable::new(&refused)));
+        }
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(to, e)))
     }
 }

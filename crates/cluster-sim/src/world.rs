@@ -327,6 +327,7 @@ pub(crate) struct Cluster {
     pub(crate) faults: ClusterFaults,
     /// For each crash of the serving leader: ms until another member served.
     pub(crate) failovers_ms: Vec<u64>,
+    wipe_on_crash: bool,
 }
 
 impl Cluster {
@@ -373,6 +374,7 @@ impl Cluster {
             incarnations: 0,
             faults: ClusterFaults::default(),
             failovers_ms: Vec::new(),
+            wipe_on_crash: sim.wipe_on_crash,
         }
     }
 
@@ -385,12 +387,18 @@ impl Cluster {
     }
 
     pub(crate) async fn start(&mut self, id: NodeId) -> Result<(), String> {
+        self.start_as(id, false).await
+    }
+
+    /// Starts `id`; with `join`, as `palisade serve --join` (wait to be added).
+    async fn start_as(&mut self, id: NodeId, join: bool) -> Result<(), String> {
         let index = self.index(id);
         if self.members[index].running.is_some() {
             return Ok(());
         }
         let mut config = self.config.clone();
         config.node_id = id;
+        config.join = join;
         let mut raft_config = palisade_server::cluster::raft_config();
         raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(SIM_SNAPSHOT_EVERY);
         raft_config.max_in_snapshot_log_to_keep = 5;
@@ -409,7 +417,8 @@ impl Cluster {
         .run(self.router.endpoint(id))
         .await
         .map_err(|e| format!("node {id} did not start: {e}"))?;
-        self.router.up(id, started.raft.clone());
+        self.router
+            .up(id, started.raft.clone(), started.identity.clone());
         self.incarnations += 1;
         self.shared
             .gateways
@@ -556,7 +565,21 @@ impl Cluster {
                     }
                     let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
                     tokio::time::sleep(Duration::from_millis(left)).await;
-                    self.start(victim).await?;
+                    if self.wipe_on_crash && self.shared.chance(50) {
+                        // The member's data directory is lost: it restarts empty, with the same
+                        // flags. Its peers must refuse it; the operator then removes it and
+                        // adds it back with --join.
+                        let index = self.index(victim);
+                        self.members[index].disk = Disk::default();
+                        self.faults.wipes += 1;
+                        self.shared.trace(&format!("wipe {victim}"));
+                        self.start(victim).await?;
+                        tokio::time::sleep(Duration::from_millis(self.shared.range(100, 600)))
+                            .await;
+                        self.readd(victim).await?;
+                    } else {
+                        self.start(victim).await?;
+                    }
                 }
                 30..55 => {
                     // Leader isolation: the serving leader (or anyone) alone, both ways.
@@ -609,6 +632,82 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// The documented way back for a member that lost its data: `palisade cluster remove`,
+    /// restart it with `--join` and an empty data directory, `palisade cluster add`.
+    async fn readd(&mut self, id: NodeId) -> Result<(), String> {
+        self.stop(id).await;
+        let others: std::collections::BTreeSet<NodeId> =
+            self.ids().into_iter().filter(|m| *m != id).collect();
+        self.through_leader(&format!("remove {id}"), |raft| {
+            let others = others.clone();
+            async move { raft.change_membership(others, false).await.map(|_| ()) }
+        })
+        .await?;
+        let index = self.index(id);
+        self.members[index].disk = Disk::default();
+        self.start_as(id, true).await?;
+        let addr = self.config.members[&id].clone();
+        let all: std::collections::BTreeSet<NodeId> = self.ids().into_iter().collect();
+        self.through_leader(&format!("add {id}"), |raft| {
+            let (addr, all) = (addr.clone(), all.clone());
+            async move {
+                raft.add_learner(id, openraft::BasicNode { addr }, true)
+                    .await
+                    .map(|_| ())?;
+                raft.change_membership(all, false).await.map(|_| ())
+            }
+        })
+        .await?;
+        self.shared.trace(&format!("re-added {id}"));
+        Ok(())
+    }
+
+    /// Runs a membership change on whichever member serves as leader, retrying for 10 s.
+    async fn through_leader<F, Fut, E>(&self, what: &str, change: F) -> Result<(), String>
+    where
+        F: Fn(palisade_server::cluster::RaftNode) -> Fut,
+        Fut: std::future::Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let since = self.shared.now_ms();
+        let mut last_error = String::from("no leader");
+        while self.shared.now_ms() < since + RECOVERY_MS {
+            if let Some(leader) = self.serving_leader() {
+                let raft = self.members[self.index(leader)]
+                    .running
+                    .as_ref()
+                    .expect("the leader is up")
+                    .member
+                    .raft
+                    .clone();
+                match change(raft).await {
+                    Ok(()) => return Ok(()),
+                    Err(error) => last_error = error.to_string(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!(
+            "membership change `{what}` failed for 10 s: {last_error}"
+        ))
+    }
+
+    /// Stops `id` without losing anything (as SIGTERM).
+    async fn stop(&mut self, id: NodeId) {
+        let index = self.index(id);
+        if let Some(running) = self.members[index].running.take() {
+            self.shared
+                .gateways
+                .lock()
+                .expect("not poisoned")
+                .remove(&id);
+            self.router.down(id);
+            let _ = running.shutdown.send(true);
+            let _ = running.member.raft.shutdown().await;
+            let _ = running.member.supervisor.await;
+        }
     }
 
     fn heal(&self) {

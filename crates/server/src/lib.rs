@@ -195,7 +195,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 }
                 outcome.map_err(ServerError::Cluster)
             });
-            (api, Some(cluster::network::service(member.raft)), core)
+            (
+                api,
+                Some(cluster::network::service(member.raft, member.identity)),
+                core,
+            )
         }
     };
     // The HTTP router (with its JSON 404 fallback) plus the gRPC services' path prefixes.

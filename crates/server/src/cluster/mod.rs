@@ -18,6 +18,7 @@
 //!
 //! Every lease restarts at its full TTL when a new engine loads it (a TTL is a lower bound).
 
+pub mod identity;
 pub mod network;
 pub mod runtime;
 pub mod storage;
@@ -359,6 +360,8 @@ pub struct Member {
     pub gateway: crate::gateway::Gateway,
     /// The applied state.
     pub state: Arc<Mutex<SmState>>,
+    /// Its store's identity, which its Raft traffic presents and checks.
+    pub identity: identity::Identity,
     /// The supervisor; ends on shutdown, or with the fatal error that stopped Raft.
     pub supervisor: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -384,6 +387,7 @@ pub async fn start_member(
         )));
     }
     let stores = storage::open(&path).map_err(ServerError::Cluster)?;
+    let network = network::Network::new(config.node_id, stores.1.identity());
     let start = MemberStart {
         config,
         raft_config: raft_config(),
@@ -393,7 +397,7 @@ pub async fn start_member(
         metrics,
         shutdown,
     };
-    start.run(network::Network::default()).await
+    start.run(network).await
 }
 
 /// What starting a member takes, whatever its storage backend and network.
@@ -425,6 +429,7 @@ impl MemberStart<'_> {
         let config = self.config;
         let (log, sm) = self.stores;
         let state = sm.shared();
+        let identity = sm.identity();
         let raft = openraft::Raft::new(
             config.node_id,
             Arc::new(
@@ -493,6 +498,7 @@ impl MemberStart<'_> {
             raft,
             gateway,
             state,
+            identity,
             supervisor,
         })
     }

@@ -25,6 +25,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
+use super::identity::{Identity, FROM_METADATA, STORE_METADATA};
 use super::{NodeId, RaftNode, TypeConfig};
 
 /// Largest Raft message accepted (entries are batched by `max_payload_entries`, snapshots are
@@ -33,10 +34,25 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How long connecting to a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// How often a refusal between members is logged, per peer.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Makes the per-peer clients openraft asks for.
-#[derive(Default)]
 pub struct Network {
+    node: NodeId,
+    identity: Identity,
     channels: HashMap<NodeId, (String, Channel)>,
+}
+
+impl Network {
+    /// The network of member `node`, whose store is `identity`.
+    pub fn new(node: NodeId, identity: Identity) -> Self {
+        Self {
+            node,
+            identity,
+            channels: HashMap::new(),
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -58,6 +74,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         };
         PeerClient {
             target,
+            from: self.node,
+            identity: self.identity.clone(),
+            last_refusal_log: None,
             client: RaftClient::new(channel)
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
@@ -68,6 +87,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 /// Sends Raft messages to one peer.
 pub struct PeerClient {
     target: NodeId,
+    from: NodeId,
+    identity: Identity,
+    last_refusal_log: Option<std::time::Instant>,
     client: RaftClient<Channel>,
 }
 
@@ -89,21 +111,65 @@ impl PeerClient {
             json: serde_json::to_vec(request).expect("raft messages serialize"),
         });
         message.set_timeout(ttl);
+        let metadata = message.metadata_mut();
+        metadata.insert(
+            FROM_METADATA,
+            self.from
+                .to_string()
+                .parse()
+                .expect("a number is valid metadata"),
+        );
+        metadata.insert(
+            STORE_METADATA,
+            self.identity
+                .store()
+                .parse()
+                .expect("a hex store id is valid metadata"),
+        );
         let reply = match kind {
             Kind::Append => self.client.append_entries(message).await,
             Kind::Vote => self.client.vote(message).await,
             Kind::Snapshot => self.client.install_snapshot(message).await,
         };
         let reply = match reply {
-            Ok(reply) => reply.into_inner(),
+            Ok(reply) => reply,
             Err(status) if status.code() == Code::Unavailable => {
                 return Err(RPCError::Unreachable(Unreachable::new(&status)))
             }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                // The peer refuses this member (its store changed under the peer's eyes).
+                self.log_refusal(status.message());
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
             Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
         };
+        // The answer counts only if it comes from the store this member knows the peer by.
+        let store = reply
+            .metadata()
+            .get(STORE_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        if let Err(refused) = self.identity.admit(self.target, &store) {
+            self.log_refusal(&refused.to_string());
+            return Err(RPCError::Unreachable(Unreachable::new(&refused)));
+        }
+        let reply = reply.into_inner();
         let decoded: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&reply.json)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl PeerClient {
+    fn log_refusal(&mut self, why: &str) {
+        let due = self
+            .last_refusal_log
+            .is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL);
+        if due {
+            self.last_refusal_log = Some(std::time::Instant::now());
+            tracing::error!(peer = self.target, "raft traffic refused: {why}");
+        }
     }
 }
 
@@ -140,27 +206,54 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
-/// The server side: hands each message to the local Raft node.
+/// The server side: hands each message from an admitted peer to the local Raft node.
 pub struct RaftService {
     raft: RaftNode,
+    identity: Identity,
 }
 
-/// The gRPC service of Raft traffic for `raft`.
-pub fn service(raft: RaftNode) -> RaftServer<RaftService> {
-    RaftServer::new(RaftService { raft })
+/// The gRPC service of Raft traffic for `raft`, whose store is `identity`.
+pub fn service(raft: RaftNode, identity: Identity) -> RaftServer<RaftService> {
+    RaftServer::new(RaftService { raft, identity })
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
 }
 
-fn decode<T: DeserializeOwned>(request: Request<pb::RaftPayload>) -> Result<T, Status> {
-    serde_json::from_slice(&request.into_inner().json)
-        .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
-}
+impl RaftService {
+    /// Admits a message by its sender's node id and store id, and decodes it.
+    fn admit<T: DeserializeOwned>(&self, request: Request<pb::RaftPayload>) -> Result<T, Status> {
+        let metadata = request.metadata();
+        let from: NodeId = metadata
+            .get(FROM_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
+        let store = metadata
+            .get(STORE_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                Status::invalid_argument("raft message without its sender's store id")
+            })?;
+        self.identity
+            .admit(from, store)
+            .map_err(|refused| Status::failed_precondition(refused.to_string()))?;
+        serde_json::from_slice(&request.into_inner().json)
+            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+    }
 
-fn encode<T: Serialize>(value: &T) -> Result<Response<pb::RaftPayload>, Status> {
-    Ok(Response::new(pb::RaftPayload {
-        json: serde_json::to_vec(value).expect("raft messages serialize"),
-    }))
+    fn encode<T: Serialize>(&self, value: &T) -> Result<Response<pb::RaftPayload>, Status> {
+        let mut response = Response::new(pb::RaftPayload {
+            json: serde_json::to_vec(value).expect("raft messages serialize"),
+        });
+        response.metadata_mut().insert(
+            STORE_METADATA,
+            self.identity
+                .store()
+                .parse()
+                .expect("a hex store id is valid metadata"),
+        );
+        Ok(response)
+    }
 }
 
 #[tonic::async_trait]
@@ -169,23 +262,23 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
-        let request: AppendEntriesRequest<TypeConfig> = decode(request)?;
-        encode(&self.raft.append_entries(request).await)
+        let request: AppendEntriesRequest<TypeConfig> = self.admit(request)?;
+        self.encode(&self.raft.append_entries(request).await)
     }
 
     async fn vote(
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
-        let request: VoteRequest<NodeId> = decode(request)?;
-        encode(&self.raft.vote(request).await)
+        let request: VoteRequest<NodeId> = self.admit(request)?;
+        self.encode(&self.raft.vote(request).await)
     }
 
     async fn install_snapshot(
         &self,
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
-        let request: InstallSnapshotRequest<TypeConfig> = decode(request)?;
-        encode(&self.raft.install_snapshot(request).await)
+        let request: InstallSnapshotRequest<TypeConfig> = self.admit(request)?;
+        self.encode(&self.raft.install_snapshot(request).await)
     }
 }

@@ -27,6 +27,7 @@ use palisade_core::{Epoch, Lease, LockName};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::identity::Identity;
 use super::{Applied, Command, NodeId, TypeConfig};
 
 /// Log index → JSON of the entry.
@@ -123,11 +124,13 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
     txn.commit().map_err(|e| e.to_string())?;
     let state = load_state(&db).map_err(|e| format!("corrupt state machine: {e}"))?;
     let state = Arc::new(Mutex::new(state));
+    let identity = Identity::open(db.clone())?;
     Ok((
         LogStore { db: db.clone() },
         StateMachine {
             db,
             state,
+            identity,
             snapshot_seq: 0,
         },
     ))
@@ -300,6 +303,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 pub struct StateMachine {
     db: Arc<Database>,
     state: Arc<Mutex<SmState>>,
+    identity: Identity,
     snapshot_seq: u64,
 }
 
@@ -307,6 +311,17 @@ impl StateMachine {
     /// The shared in-memory view of the applied state.
     pub fn shared(&self) -> Arc<Mutex<SmState>> {
         self.state.clone()
+    }
+
+    /// This store's identity (see [`super::identity`]).
+    pub fn identity(&self) -> Identity {
+        self.identity.clone()
+    }
+
+    /// After a membership is applied: peers no longer in it are forgotten.
+    fn retain_members(&self, membership: &Membership) {
+        let members: Vec<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+        self.identity.retain_members(&members);
     }
 
     fn snapshot_now(&mut self) -> Result<Snapshot<TypeConfig>> {
@@ -451,6 +466,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .map_err(write_err)?;
         }
         txn.commit().map_err(write_err)?;
+        let membership_changed =
+            next.header.membership != self.state.lock().expect("not poisoned").header.membership;
+        if membership_changed {
+            self.retain_members(&next.header.membership);
+        }
         *self.state.lock().expect("not poisoned") = next;
         Ok(replies)
     }
@@ -459,6 +479,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         StateMachine {
             db: self.db.clone(),
             state: self.state.clone(),
+            identity: self.identity.clone(),
             snapshot_seq: self.snapshot_seq + 1_000_000,
         }
     }
@@ -507,6 +528,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .map_err(write_err)?;
         }
         txn.commit().map_err(write_err)?;
+        self.retain_members(&data.header.membership);
         let mut state = self.state.lock().expect("not poisoned");
         state.header = data.header;
         state.leases = data
