@@ -248,3 +248,90 @@ fn a_corrupt_cluster_store_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("cluster.redb"), "{stderr}");
 }
+
+/// P1, P8: a member whose data directory was lost and that restarts with the same flags is
+/// refused by its peers (its store changed): with the other follower down, the leader and the
+/// emptied member do **not** make a majority, so nothing is granted on an empty log. The way
+/// back — `cluster remove`, restart with `--join`, `cluster add` — restores a full cluster that
+/// still holds every acknowledged lease.
+#[test]
+fn a_member_that_lost_its_data_is_refused_until_added_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let cluster = (1..=3)
+        .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let endpoint = |id: u64| format!("http://127.0.0.1:{}", ports[id as usize - 1]);
+    let endpoints = (1..=3).map(endpoint).collect::<Vec<_>>().join(",");
+    let data = |id: u64| dir.path().join(format!("n{id}"));
+    let mut nodes: Vec<Option<ServerProcess>> = (1..=3u64)
+        .map(|id| Some(start(id, &cluster, &data(id))))
+        .collect();
+    let (leader_id, _) = leader(&endpoints);
+    let granted = json(&cli(
+        &["lock", "acquire", "wiped/a", "--json", "--ttl", "60s"],
+        &endpoints,
+    ));
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader_id).collect();
+    let (wiped, other) = (followers[0], followers[1]);
+
+    // The follower loses its data directory and comes back with the same flags.
+    nodes[wiped as usize - 1].take().unwrap().kill9();
+    std::fs::remove_dir_all(data(wiped)).unwrap();
+    nodes[wiped as usize - 1] = Some(start(wiped, &cluster, &data(wiped)));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The other follower stops: the leader and the emptied member alone must not commit.
+    nodes[other as usize - 1].take().unwrap().kill9();
+    let refused = cli(
+        &["lock", "acquire", "wiped/b", "--json"],
+        &endpoint(leader_id),
+    );
+    assert!(
+        !refused.status.success(),
+        "granted with the emptied member counted in the majority: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+    // The other follower is back: a majority again.
+    nodes[other as usize - 1] = Some(start(other, &cluster, &data(other)));
+    leader(&endpoints);
+
+    // The way back: remove it, restart it empty with --join, add it.
+    let removed = cli(&["cluster", "remove", &wiped.to_string()], &endpoints);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    nodes[wiped as usize - 1].take().unwrap().kill9();
+    std::fs::remove_dir_all(data(wiped)).unwrap();
+    let joiner = ServerProcess::start_with(
+        &[
+            "serve",
+            "--node-id",
+            &wiped.to_string(),
+            "--cluster",
+            &cluster,
+            "--join",
+        ],
+        &data(wiped),
+    );
+    nodes[wiped as usize - 1] = Some(joiner);
+    let addr = format!("127.0.0.1:{}", ports[wiped as usize - 1]);
+    let added = cli(&["cluster", "add", &wiped.to_string(), &addr], &endpoints);
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let (_, status) = leader(&endpoints);
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{status}");
+    assert!(members.iter().all(|m| m["kind"] == "voter"), "{status}");
+    // Every acknowledged lease is still there (P8), and new epochs are higher (P1).
+    let show = json(&cli(&["lock", "show", "wiped/a", "--json"], &endpoints));
+    assert_eq!(show["epoch"], granted["epoch"]);
+    let next = json(&cli(&["lock", "acquire", "wiped/c", "--json"], &endpoints));
+    assert!(next["epoch"].as_u64() > granted["epoch"].as_u64());
+    drop(nodes);
+}
