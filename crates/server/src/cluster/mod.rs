@@ -54,7 +54,7 @@ pub type RaftNode = openraft::Raft<TypeConfig>;
 pub const HEARTBEAT_MS: u64 = 50;
 /// Election timeout range, ms. A follower that knew a leader stands for election once it has
 /// heard nothing for openraft's leader lease (the range's maximum) plus a random time in the
-/// range: 450–600 ms after the last heartbeat, so a dead leader is replaced in ~0.55 s
+/// range: 450–600 ms after the last heartbeat, so a dead leader is replaced in ~0.6 s
 /// (`palisade drill coordinator-failover`; 250–500 ms gave ~0.93 s). Trade-off: shorter
 /// means faster failover but a needless election (a few hundred ms without grants) whenever a
 /// leader is merely stalled that long (a GC or fsync stall, an overloaded machine).
