@@ -17,6 +17,40 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Addresses of a 3-member cluster on free loopback ports.
+struct Layout {
+    ports: Vec<u16>,
+    /// `--cluster` list.
+    cluster: String,
+    /// Every member's URL, comma-separated (`--endpoint`).
+    endpoints: String,
+}
+
+impl Layout {
+    fn three() -> Self {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let cluster = (1..=3)
+            .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let endpoints = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Self {
+            ports,
+            cluster,
+            endpoints,
+        }
+    }
+
+    /// The URL of member `id` alone.
+    fn endpoint(&self, id: u64) -> String {
+        format!("http://127.0.0.1:{}", self.ports[id as usize - 1])
+    }
+}
+
 fn start(id: u64, cluster: &str, dir: &Path) -> ServerProcess {
     let id = id.to_string();
     ServerProcess::start_with(&["serve", "--node-id", &id, "--cluster", cluster], dir)
@@ -61,16 +95,11 @@ fn leader(endpoints: &str) -> (u64, Value) {
 #[test]
 fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let cluster = (1..=3)
-        .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
-        .collect::<Vec<_>>()
-        .join(",");
-    let endpoints = ports
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let Layout {
+        ports,
+        cluster,
+        endpoints,
+    } = Layout::three();
     let mut nodes: Vec<Option<ServerProcess>> = (1..=3u64)
         .map(|id| Some(start(id, &cluster, &dir.path().join(format!("n{id}")))))
         .collect();
@@ -257,21 +286,17 @@ fn a_corrupt_cluster_store_refuses_to_start() {
 #[test]
 fn a_member_that_lost_its_data_is_refused_until_added_back() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let cluster = (1..=3)
-        .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
-        .collect::<Vec<_>>()
-        .join(",");
-    let endpoint = |id: u64| format!("http://127.0.0.1:{}", ports[id as usize - 1]);
-    let endpoints = (1..=3).map(endpoint).collect::<Vec<_>>().join(",");
+    let layout = Layout::three();
+    let (ports, cluster, endpoints) = (&layout.ports, &layout.cluster, &layout.endpoints);
+    let endpoint = |id: u64| layout.endpoint(id);
     let data = |id: u64| dir.path().join(format!("n{id}"));
     let mut nodes: Vec<Option<ServerProcess>> = (1..=3u64)
-        .map(|id| Some(start(id, &cluster, &data(id))))
+        .map(|id| Some(start(id, cluster, &data(id))))
         .collect();
-    let (leader_id, _) = leader(&endpoints);
+    let (leader_id, _) = leader(endpoints);
     let granted = json(&cli(
         &["lock", "acquire", "wiped/a", "--json", "--ttl", "60s"],
-        &endpoints,
+        endpoints,
     ));
     let followers: Vec<u64> = (1..=3).filter(|id| *id != leader_id).collect();
     let (wiped, other) = (followers[0], followers[1]);
@@ -279,7 +304,7 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
     // The follower loses its data directory and comes back with the same flags.
     nodes[wiped as usize - 1].take().unwrap().kill9();
     std::fs::remove_dir_all(data(wiped)).unwrap();
-    nodes[wiped as usize - 1] = Some(start(wiped, &cluster, &data(wiped)));
+    nodes[wiped as usize - 1] = Some(start(wiped, cluster, &data(wiped)));
     std::thread::sleep(std::time::Duration::from_millis(500));
     // The other follower stops: the leader and the emptied member alone must not commit.
     nodes[other as usize - 1].take().unwrap().kill9();
@@ -293,11 +318,11 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
         String::from_utf8_lossy(&refused.stdout)
     );
     // The other follower is back: a majority again.
-    nodes[other as usize - 1] = Some(start(other, &cluster, &data(other)));
-    leader(&endpoints);
+    nodes[other as usize - 1] = Some(start(other, cluster, &data(other)));
+    leader(endpoints);
 
     // The way back: remove it, restart it empty with --join, add it.
-    let removed = cli(&["cluster", "remove", &wiped.to_string()], &endpoints);
+    let removed = cli(&["cluster", "remove", &wiped.to_string()], endpoints);
     assert!(
         removed.status.success(),
         "{}",
@@ -311,27 +336,27 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
             "--node-id",
             &wiped.to_string(),
             "--cluster",
-            &cluster,
+            cluster,
             "--join",
         ],
         &data(wiped),
     );
     nodes[wiped as usize - 1] = Some(joiner);
     let addr = format!("127.0.0.1:{}", ports[wiped as usize - 1]);
-    let added = cli(&["cluster", "add", &wiped.to_string(), &addr], &endpoints);
+    let added = cli(&["cluster", "add", &wiped.to_string(), &addr], endpoints);
     assert!(
         added.status.success(),
         "{}",
         String::from_utf8_lossy(&added.stderr)
     );
-    let (_, status) = leader(&endpoints);
+    let (_, status) = leader(endpoints);
     let members = status["members"].as_array().unwrap();
     assert_eq!(members.len(), 3, "{status}");
     assert!(members.iter().all(|m| m["kind"] == "voter"), "{status}");
     // Every acknowledged lease is still there (P8), and new epochs are higher (P1).
-    let show = json(&cli(&["lock", "show", "wiped/a", "--json"], &endpoints));
+    let show = json(&cli(&["lock", "show", "wiped/a", "--json"], endpoints));
     assert_eq!(show["epoch"], granted["epoch"]);
-    let next = json(&cli(&["lock", "acquire", "wiped/c", "--json"], &endpoints));
+    let next = json(&cli(&["lock", "acquire", "wiped/c", "--json"], endpoints));
     assert!(next["epoch"].as_u64() > granted["epoch"].as_u64());
     drop(nodes);
 }

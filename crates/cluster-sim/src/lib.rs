@@ -212,17 +212,22 @@ fn watch_panics() {
     PANICS.with(|panics| panics.borrow_mut().clear());
 }
 
+/// A single-threaded runtime whose clock is paused (it jumps to the next timer when idle).
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime")
+}
+
 /// Runs one seed on a fresh single-threaded runtime with a paused clock.
 pub fn run(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
     assert!(
         config.members == 3 || config.members == 5,
         "a simulated cluster has 3 or 5 members"
     );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    let runtime = paused_runtime();
     watch_panics();
     palisade_server::cluster::runtime::seed_election_timers(seed);
     let mut report = runtime.block_on(simulate(seed, config));
@@ -348,6 +353,18 @@ mod tests {
         None
     }
 
+    /// A 3-member cluster for `seed`, once one of them leads and serves.
+    async fn three_members(seed: u64) -> (world::Cluster, u64) {
+        let mut cluster = world::Cluster::new(seed, &ClusterSimConfig::default());
+        for id in 1..=3 {
+            cluster.start(id).await.unwrap();
+        }
+        let leader = eventually(5_000, || cluster.serving_leader())
+            .await
+            .expect("a first leader");
+        (cluster, leader)
+    }
+
     fn request(lock: &str) -> palisade_core::AcquireRequest {
         palisade_core::AcquireRequest {
             lock: palisade_core::LockName::new(lock).unwrap(),
@@ -361,19 +378,8 @@ mod tests {
 
     #[test]
     fn p1_p8_without_a_majority_no_member_grants_and_all_answer_unavailable() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let mut cluster = world::Cluster::new(5, &ClusterSimConfig::default());
-            for id in 1..=3 {
-                cluster.start(id).await.unwrap();
-            }
-            let leader = eventually(5_000, || cluster.serving_leader())
-                .await
-                .expect("a first leader");
+        paused_runtime().block_on(async {
+            let (mut cluster, leader) = three_members(5).await;
             cluster.isolate_all();
             // The leader cannot commit: the acquire it takes fails (after COMMIT_TIMEOUT).
             let answer = cluster
@@ -420,19 +426,8 @@ mod tests {
 
     #[test]
     fn p8_a_member_whose_disk_fills_stops_serving_and_says_why() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let mut cluster = world::Cluster::new(3, &ClusterSimConfig::default());
-            for id in 1..=3 {
-                cluster.start(id).await.unwrap();
-            }
-            let leader = eventually(5_000, || cluster.serving_leader())
-                .await
-                .expect("a first leader");
+        paused_runtime().block_on(async {
+            let (mut cluster, leader) = three_members(3).await;
             cluster.fill_disk(leader);
             let gateway = cluster.gateway(leader).unwrap();
             let answer = gateway.acquire(request("full/a")).await;

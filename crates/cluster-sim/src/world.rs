@@ -317,6 +317,15 @@ struct Running {
     shutdown: watch::Sender<bool>,
 }
 
+impl Running {
+    /// Stops its supervisor (and engine) and Raft, and waits for them.
+    async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.member.raft.shutdown().await;
+        let _ = self.member.supervisor.await;
+    }
+}
+
 /// The fault driver and the members: starts them, partitions, crashes and restarts them.
 pub(crate) struct Cluster {
     pub(crate) shared: Arc<Shared>,
@@ -435,20 +444,11 @@ impl Cluster {
 
     /// kill -9 and a power cut: unsynced writes are lost, nothing more is sent or answered.
     pub(crate) async fn crash(&mut self, id: NodeId) {
-        let index = self.index(id);
-        let Some(running) = self.members[index].running.take() else {
+        let Some(running) = self.take_down(id) else {
             return;
         };
-        self.shared
-            .gateways
-            .lock()
-            .expect("not poisoned")
-            .remove(&id);
-        self.router.down(id);
-        self.members[index].disk.crash();
-        let _ = running.shutdown.send(true);
-        let _ = running.member.raft.shutdown().await;
-        let _ = running.member.supervisor.await;
+        self.members[self.index(id)].disk.crash();
+        running.stop().await;
         self.faults.crashes += 1;
         self.shared.trace(&format!("crash {id}"));
     }
@@ -501,13 +501,7 @@ impl Cluster {
         {
             return None;
         }
-        let running = self.members[index].running.take()?;
-        self.shared
-            .gateways
-            .lock()
-            .expect("not poisoned")
-            .remove(&id);
-        self.router.down(id);
+        let running = self.take_down(id)?;
         Some(running.member.supervisor.await.expect("no panic"))
     }
 
@@ -696,18 +690,22 @@ impl Cluster {
 
     /// Stops `id` without losing anything (as SIGTERM).
     async fn stop(&mut self, id: NodeId) {
-        let index = self.index(id);
-        if let Some(running) = self.members[index].running.take() {
-            self.shared
-                .gateways
-                .lock()
-                .expect("not poisoned")
-                .remove(&id);
-            self.router.down(id);
-            let _ = running.shutdown.send(true);
-            let _ = running.member.raft.shutdown().await;
-            let _ = running.member.supervisor.await;
+        if let Some(running) = self.take_down(id) {
+            running.stop().await;
         }
+    }
+
+    /// `id` no longer answers clients or Raft messages; its processes are still to stop.
+    fn take_down(&mut self, id: NodeId) -> Option<Running> {
+        let index = self.index(id);
+        let running = self.members[index].running.take()?;
+        self.shared
+            .gateways
+            .lock()
+            .expect("not poisoned")
+            .remove(&id);
+        self.router.down(id);
+        Some(running)
     }
 
     fn heal(&self) {
@@ -792,39 +790,22 @@ impl Cluster {
         Ok(())
     }
 
-    /// The greatest epoch in the applied state of every member (they agree once converged).
-    pub(crate) fn last_epoch(&self) -> u64 {
+    /// The applied state's header of every member that is up.
+    fn headers(&self) -> impl Iterator<Item = storage::SmHeader> + '_ {
         self.members
             .iter()
             .filter_map(|m| m.running.as_ref())
-            .map(|r| {
-                r.member
-                    .state
-                    .lock()
-                    .expect("not poisoned")
-                    .header
-                    .last_epoch
-                    .0
-            })
-            .min()
-            .unwrap_or(0)
+            .map(|r| r.member.state.lock().expect("not poisoned").header.clone())
     }
 
-    /// Leader terms started (`LeaderStart` entries applied), as member 1 saw them.
+    /// The lowest epoch counter among the members (they agree once converged).
+    pub(crate) fn last_epoch(&self) -> u64 {
+        self.headers().map(|h| h.last_epoch.0).min().unwrap_or(0)
+    }
+
+    /// Leader terms started (`LeaderStart` entries applied), as the member that saw most.
     pub(crate) fn leader_starts(&self) -> u64 {
-        self.members
-            .iter()
-            .filter_map(|m| m.running.as_ref())
-            .map(|r| {
-                r.member
-                    .state
-                    .lock()
-                    .expect("not poisoned")
-                    .header
-                    .leader_starts
-            })
-            .max()
-            .unwrap_or(0)
+        self.headers().map(|h| h.leader_starts).max().unwrap_or(0)
     }
 
     /// fsyncs of every disk.
@@ -840,9 +821,7 @@ impl Cluster {
     pub(crate) async fn shutdown(&mut self) {
         for m in &mut self.members {
             if let Some(running) = m.running.take() {
-                let _ = running.shutdown.send(true);
-                let _ = running.member.raft.shutdown().await;
-                let _ = running.member.supervisor.await;
+                running.stop().await;
             }
         }
     }

@@ -428,6 +428,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut next = self.state.lock().expect("not poisoned").clone();
         let mut changed = Vec::new();
+        let mut membership_changed = false;
         let mut replies = Vec::new();
         for entry in entries {
             next.header.last_applied = Some(entry.log_id);
@@ -436,6 +437,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Normal(command) => apply_command(&mut next, command, &mut changed),
                 EntryPayload::Membership(membership) => {
                     next.header.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    membership_changed = true;
                 }
             }
             replies.push(Applied {
@@ -466,8 +468,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .map_err(write_err)?;
         }
         txn.commit().map_err(write_err)?;
-        let membership_changed =
-            next.header.membership != self.state.lock().expect("not poisoned").header.membership;
         if membership_changed {
             self.retain_members(&next.header.membership);
         }
