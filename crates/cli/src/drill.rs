@@ -172,6 +172,14 @@ pub struct SimulateArgs {
     /// With --cluster: print the trace (faults, starts, crashes, client outcomes) of each seed.
     #[arg(long, requires = "cluster")]
     trace: bool,
+    /// With --cluster: half the crashes also wipe the member's data directory; the member is
+    /// then removed, restarted with --join and added back (the documented procedure).
+    #[arg(long, requires = "cluster")]
+    wipe: bool,
+    /// With --cluster: threads running seeds side by side (default: one per core). Every seed
+    /// runs on one thread under its own simulated clock, so the results do not depend on it.
+    #[arg(long, requires = "cluster")]
+    threads: Option<usize>,
 }
 
 pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
@@ -180,19 +188,7 @@ pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
             members == 3 || members == 5,
             "--cluster takes 3 or 5 (members of the simulated cluster), not {members}"
         );
-        // The simulation runs its own single-threaded runtime: give it a thread of its own,
-        // without the server's logs (openraft reports every election).
-        return std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    tracing::subscriber::with_default(
-                        tracing::subscriber::NoSubscriber::default(),
-                        || run_cluster_simulate(&args, members, json),
-                    )
-                })
-                .join()
-                .map_err(|_| anyhow::anyhow!("the simulation thread panicked"))?
-        });
+        return run_cluster_simulate(&args, members, json);
     }
     let started = std::time::Instant::now();
     let (mut faults, mut stale, mut events) = (0u64, 0usize, 0u64);
@@ -234,54 +230,141 @@ pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What one seed of the cluster simulation left: its figures, or what it violated.
+struct SeedOutcome {
+    seed: u64,
+    trace: Vec<String>,
+    problems: Option<String>,
+    faults: u64,
+    grants: usize,
+    leaders: u64,
+    malformed_refused: u64,
+    recovery_ms: Option<u64>,
+    failovers_ms: Vec<u64>,
+}
+
+/// Runs one seed on this thread (the simulation runs its own single-threaded runtime), without
+/// the server's logs (openraft reports every election).
+fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> SeedOutcome {
+    let report =
+        tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+            palisade_cluster_sim::run(seed, config)
+        });
+    SeedOutcome {
+        seed,
+        problems: report.outcome().err(),
+        faults: report.faults.total(),
+        grants: report.grants(),
+        leaders: report.leader_starts,
+        malformed_refused: report.messages.malformed,
+        recovery_ms: report.recovery_ms,
+        failovers_ms: report.failovers_ms.clone(),
+        trace: report.trace,
+    }
+}
+
+/// Runs every seed (on `--threads` threads, each taking the next seed), reports every failing
+/// seed with what it violated, and fails if any did.
 fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyhow::Result<()> {
     use palisade_cluster_sim::ClusterSimConfig;
-    let config = ClusterSimConfig::for_members(members);
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let config = ClusterSimConfig {
+        wipe_on_crash: args.wipe,
+        ..ClusterSimConfig::for_members(members)
+    };
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, 64);
+    let end = args.from.saturating_add(args.seeds);
+    let next = AtomicU64::new(args.from);
     let started = std::time::Instant::now();
-    let (mut faults, mut grants, mut leaders) = (0u64, 0usize, 0u64);
-    let (mut recovery, mut failovers) = (Vec::new(), Vec::new());
-    for (done, seed) in (args.from..args.from.saturating_add(args.seeds)).enumerate() {
-        let report = palisade_cluster_sim::run(seed, config);
-        if args.trace {
-            for line in &report.trace {
-                eprintln!("seed {seed} {line}");
+    let (sender, receiver) = std::sync::mpsc::channel::<SeedOutcome>();
+    let mut outcomes = Vec::new();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (sender, next) = (sender.clone(), &next);
+            scope.spawn(move || loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= end || sender.send(cluster_seed(seed, config)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(sender);
+        for outcome in receiver {
+            if args.trace {
+                for line in &outcome.trace {
+                    eprintln!("seed {} {line}", outcome.seed);
+                }
+            }
+            if let Some(problems) = &outcome.problems {
+                eprintln!("\rseed {} failed:\n{problems}", outcome.seed);
+            }
+            outcomes.push(SeedOutcome {
+                trace: Vec::new(),
+                ..outcome
+            });
+            if !json && outcomes.len() % 10 == 0 {
+                eprint!("\r{} seeds…", outcomes.len());
             }
         }
-        if let Err(problems) = report.outcome() {
-            eprintln!("seed {seed} failed:\n{problems}");
-            anyhow::bail!("seed {seed} violates a property of the replicated coordinator");
-        }
-        faults += report.faults.total();
-        grants += report.grants();
-        leaders += report.leader_starts;
-        recovery.extend(report.recovery_ms);
-        failovers.extend(report.failovers_ms.iter().copied());
-        if !json && done % 10 == 9 {
-            eprint!("\r{} seeds…", done + 1);
-        }
-    }
+    });
+    outcomes.sort_by_key(|o| o.seed);
     let seconds = started.elapsed().as_secs_f64();
+    let failed: Vec<u64> = outcomes
+        .iter()
+        .filter(|o| o.problems.is_some())
+        .map(|o| o.seed)
+        .collect();
+    let faults: u64 = outcomes.iter().map(|o| o.faults).sum();
+    let grants: usize = outcomes.iter().map(|o| o.grants).sum();
+    let leaders: u64 = outcomes.iter().map(|o| o.leaders).sum();
+    let malformed: u64 = outcomes.iter().map(|o| o.malformed_refused).sum();
+    let mut recovery: Vec<u64> = outcomes.iter().filter_map(|o| o.recovery_ms).collect();
+    let mut failovers: Vec<u64> = outcomes
+        .iter()
+        .flat_map(|o| o.failovers_ms.iter().copied())
+        .collect();
     let (p50, max) = median_and_max(&mut recovery);
     let (failover_p50, failover_max) = median_and_max(&mut failovers);
     if json {
         print_json(&json!({
-            "seeds": args.seeds, "from": args.from, "members": members, "passed": true,
+            "seeds": args.seeds, "from": args.from, "members": members, "wipe": args.wipe,
+            "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
+            "malformed_appends_refused": malformed,
             "recovery_p50_ms": p50, "recovery_max_ms": max, "leader_crashes": failovers.len(),
             "failover_p50_ms": failover_p50, "failover_max_ms": failover_max, "seconds": seconds,
         }));
     } else {
         eprintln!();
         println!(
-            "{} seeds from {} passed on {members}-member clusters: {faults} faults injected \
-             ({:.1}/seed), {grants} grants, {leaders} leader terms; simulated time from a \
-             leader's crash to another member serving p50 {failover_p50} ms, max \
-             {failover_max} ms ({} crashes); first acquire after the last heal p50 {p50} ms, \
-             max {max} ms; {seconds:.1} s",
+            "{} seeds from {} on {members}-member clusters{}: {} passed, {} failed; {faults} \
+             faults injected ({:.1}/seed), {grants} grants, {leaders} leader terms, {malformed} \
+             malformed appends refused; simulated time from a leader's crash to another member \
+             serving p50 {failover_p50} ms, max {failover_max} ms ({} crashes); first acquire \
+             after the last heal p50 {p50} ms, max {max} ms; {seconds:.1} s on {threads} threads",
             args.seeds,
             args.from,
+            if args.wipe {
+                " with lost data directories"
+            } else {
+                ""
+            },
+            outcomes.len() - failed.len(),
+            failed.len(),
             faults as f64 / args.seeds.max(1) as f64,
             failovers.len()
+        );
+    }
+    if !failed.is_empty() {
+        let list: Vec<String> = failed.iter().map(u64::to_string).collect();
+        anyhow::bail!(
+            "{} of {} seeds violate a property of the replicated coordinator: {}",
+            failed.len(),
+            outcomes.len(),
+            list.join(" ")
         );
     }
     Ok(())

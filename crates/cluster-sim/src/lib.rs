@@ -272,6 +272,7 @@ async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
     let shared = cluster.shared.clone();
     let history = shared.history.lock().expect("not poisoned").clone();
     let holds = shared.holds.lock().expect("not poisoned").clone();
+    violations.extend(cluster.stopped_rafts());
     let final_epoch = cluster.last_epoch();
     violations.extend(check_holds(&holds));
     violations.extend(check_durable(&history, final_epoch));

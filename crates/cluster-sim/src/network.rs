@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -17,6 +19,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use palisade_server::cluster::identity::Identity;
+use palisade_server::cluster::network::check_append_entries;
 use palisade_server::cluster::{NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
 
@@ -44,6 +47,9 @@ pub struct NetStats {
     pub snapshot_chunks: u64,
     /// Messages or answers refused because a member's store changed (it lost its data).
     pub refused: u64,
+    /// AppendEntries refused by the receiver because their entries do not continue their
+    /// `prev_log_id` ([`palisade_server::cluster::network::check_append_entries`]).
+    pub malformed: u64,
 }
 
 /// The network of one run; clones share it.
@@ -138,6 +144,8 @@ impl Router {
     }
 
     /// A request `from → to` and its answer back, or `Unreachable` if either way fails.
+    /// `deliver` is the receiver: it hands the message to Raft, or refuses it before Raft sees
+    /// it (a network error at the sender).
     async fn call<T, E, F, Fut>(
         &self,
         from: NodeId,
@@ -147,7 +155,7 @@ impl Router {
     where
         E: std::error::Error,
         F: FnOnce(RaftNode) -> Fut,
-        Fut: std::future::Future<Output = Result<T, RaftError<NodeId, E>>>,
+        Fut: std::future::Future<Output = Result<Result<T, RaftError<NodeId, E>>, NetworkError>>,
     {
         let unreachable = || {
             RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
@@ -166,7 +174,7 @@ impl Router {
             self.stats.lock().expect("not poisoned").refused += 1;
             return Err(RPCError::Unreachable(Unreachable::new(&refused)));
         }
-        let answer = deliver(target).await;
+        let answer = deliver(target).await.map_err(RPCError::Network)?;
         // The answer travels back over the reverse link, and counts only from the store the
         // sender knows the receiver by (as `PeerClient` checks).
         self.carry(to, from).await.ok_or_else(unreachable)?;
@@ -211,9 +219,16 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        let stats = self.router.stats.clone();
         self.router
             .call(self.from, self.to, |raft: RaftNode| async move {
-                raft.append_entries(rpc).await
+                // The receiver's check, as `RaftService` makes it: a malformed message never
+                // reaches Raft, and its sender sees a network error.
+                if let Err(malformed) = check_append_entries(&rpc) {
+                    stats.lock().expect("not poisoned").malformed += 1;
+                    return Err(NetworkError::new(&malformed));
+                }
+                Ok(raft.append_entries(rpc).await)
             })
             .await
     }
@@ -226,7 +241,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         let answer = self
             .router
             .call(self.from, self.to, |raft: RaftNode| async move {
-                raft.install_snapshot(rpc).await
+                Ok(raft.install_snapshot(rpc).await)
             })
             .await;
         if answer.is_ok() {
@@ -246,7 +261,7 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.router
             .call(self.from, self.to, |raft: RaftNode| async move {
-                raft.vote(rpc).await
+                Ok(raft.vote(rpc).await)
             })
             .await
     }

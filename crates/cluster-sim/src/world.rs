@@ -790,11 +790,26 @@ impl Cluster {
         Ok(())
     }
 
-    /// The applied state's header of every member that is up.
+    /// Members whose Raft stopped by itself (a fatal storage or protocol error): each is a
+    /// member lost until an operator wipes and re-adds it, so each is a violation.
+    pub(crate) fn stopped_rafts(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter_map(|m| {
+                let running = m.running.as_ref()?;
+                let state = running.member.raft.metrics().borrow().running_state.clone();
+                let fatal = state.err()?;
+                Some(format!("member {}'s Raft stopped: {fatal}", m.id))
+            })
+            .collect()
+    }
+
+    /// The applied state's header of every member that is up and whose Raft runs.
     fn headers(&self) -> impl Iterator<Item = storage::SmHeader> + '_ {
         self.members
             .iter()
             .filter_map(|m| m.running.as_ref())
+            .filter(|r| r.member.raft.metrics().borrow().running_state.is_ok())
             .map(|r| r.member.state.lock().expect("not poisoned").header.clone())
     }
 

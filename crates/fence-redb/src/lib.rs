@@ -44,7 +44,16 @@ impl RedbFence {
     /// Opens (or creates) the store at `path` in `mode`. A store created in one mode refuses to
     /// open in another: the modes' fences mean different things.
     pub fn open(path: &Path, mode: FenceMode, verifier: Arc<Verifier>) -> Result<Self, FenceError> {
+        let created = !path.exists();
         let db = Arc::new(Database::create(path).map_err(storage)?);
+        if created {
+            // A power cut must not make the new store vanish with the fences it accepted.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| FenceError::Storage(Box::new(e)))?;
+            }
+        }
         records::initialize(&db, mode)?;
         let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
         let writer = Writer::new(db.clone(), mode);

@@ -4,7 +4,9 @@
 //! An owner presents the same token for every write of its epoch, and an Ed25519 verification
 //! costs tens of microseconds: the cache maps the token's exact text to its verified claims, so
 //! a repeated token costs a hash lookup. This is sound because the signature covers exactly
-//! those bytes and the cache is emptied whenever the trusted keys change.
+//! those bytes and the cache is emptied whenever the trusted keys change. A verification that
+//! raced with a change of keys is not remembered: the cache has a generation, bumped by every
+//! change, and a result is stored only under the generation it started in.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
@@ -19,7 +21,14 @@ pub const VERIFIED_TOKEN_CACHE: usize = 4_096;
 #[derive(Debug, Default)]
 pub struct Verifier {
     keys: RwLock<TokenVerifier>,
-    verified: Mutex<HashMap<String, TokenClaims>>,
+    verified: Mutex<Cache>,
+}
+
+/// Verified tokens, valid for one set of trusted keys (one generation).
+#[derive(Debug, Default)]
+struct Cache {
+    generation: u64,
+    tokens: HashMap<String, TokenClaims>,
 }
 
 impl Verifier {
@@ -33,12 +42,10 @@ impl Verifier {
 
     /// Verifies `token` for `lock` (P4): signature by a trusted key, then the lock.
     pub fn verify(&self, token: &str, lock: &LockName) -> Result<TokenClaims, TokenError> {
-        let cached = self
-            .verified
-            .lock()
-            .expect("not poisoned")
-            .get(token)
-            .cloned();
+        let (cached, generation) = {
+            let cache = self.verified.lock().expect("not poisoned");
+            (cache.tokens.get(token).cloned(), cache.generation)
+        };
         let claims = match cached {
             Some(claims) => claims,
             None => {
@@ -47,11 +54,7 @@ impl Verifier {
                     .read()
                     .expect("not poisoned")
                     .verify(token, None)?;
-                let mut verified = self.verified.lock().expect("not poisoned");
-                if verified.len() >= VERIFIED_TOKEN_CACHE {
-                    verified.clear();
-                }
-                verified.insert(token.to_owned(), claims.clone());
+                self.remember(token, &claims, generation);
                 claims
             }
         };
@@ -74,11 +77,27 @@ impl Verifier {
         self.keys.read().expect("not poisoned").knows(key_id)
     }
 
-    /// Replaces the trusted keys (and forgets every verified token).
+    /// Replaces the trusted keys (and forgets every verified token, including any whose
+    /// verification is still running: see [`Self::remember`]).
     pub fn replace(&self, verifier: TokenVerifier) {
         let mut keys = self.keys.write().expect("not poisoned");
         *keys = verifier;
-        self.verified.lock().expect("not poisoned").clear();
+        let mut cache = self.verified.lock().expect("not poisoned");
+        cache.generation += 1;
+        cache.tokens.clear();
+    }
+
+    /// Caches `claims`, verified under the keys of `generation`, unless the keys have changed
+    /// since (a token of a removed key must not outlive the removal in the cache).
+    fn remember(&self, token: &str, claims: &TokenClaims, generation: u64) {
+        let mut cache = self.verified.lock().expect("not poisoned");
+        if cache.generation != generation {
+            return;
+        }
+        if cache.tokens.len() >= VERIFIED_TOKEN_CACHE {
+            cache.tokens.clear();
+        }
+        cache.tokens.insert(token.to_owned(), claims.clone());
     }
 }
 
@@ -102,6 +121,26 @@ mod tests {
             Err(TokenError::WrongLock { .. })
         ));
         verifier.replace(TokenVerifier::default());
+        assert!(matches!(
+            verifier.verify(&token, &lock),
+            Err(TokenError::UnknownKey(_))
+        ));
+    }
+
+    #[test]
+    fn p4_a_verification_that_raced_with_a_key_removal_is_not_cached() {
+        // The interleaving: a verification starts under key K, the operator removes K (the
+        // cache is emptied), then the verification stores its result. Before, the result was
+        // cached and the token of the removed key kept being accepted.
+        let signer = TokenSigner::from_secret_bytes(&[1; 32]);
+        let lock = LockName::new("a").unwrap();
+        let token = signer.sign(&lock, Epoch(3), LeaseId(3), &HolderId::new("h").unwrap(), 0);
+        let old_keys = TokenVerifier::new([signer.verifying_key()]);
+        let verifier = Verifier::new(TokenVerifier::new([signer.verifying_key()]));
+        let started_in = verifier.verified.lock().unwrap().generation;
+        let claims = old_keys.verify(&token, None).unwrap();
+        verifier.replace(TokenVerifier::default());
+        verifier.remember(&token, &claims, started_in);
         assert!(matches!(
             verifier.verify(&token, &lock),
             Err(TokenError::UnknownKey(_))

@@ -69,13 +69,17 @@ pub fn load_or_create_signer(data_dir: &Path) -> Result<TokenSigner, KeyError> {
                 .map_err(io_error)?;
             file.write_all(&secret).map_err(io_error)?;
             file.sync_all().map_err(io_error)?;
-            File::open(data_dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io_error)?;
+            sync_dir(data_dir).map_err(io_error)?;
             Ok(TokenSigner::from_secret_bytes(&secret))
         }
         Err(error) => Err(io_error(error)),
     }
+}
+
+/// fsyncs a directory, so that the files created in it survive a power cut (a file's own
+/// fsync does not make its directory entry durable).
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// Creates the data directory (mode 0700) if it does not exist.

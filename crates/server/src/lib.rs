@@ -88,6 +88,19 @@ pub enum ServerError {
     /// Cluster mode could not start (bad membership, unreadable cluster store, Raft failure).
     #[error("cluster: {0}")]
     Cluster(String),
+    /// The data directory has a signing key but its store is gone: starting would reissue
+    /// epochs from 1.
+    #[error(
+        "{key} exists but {store} does not: this data directory was used and its store is \
+         lost; starting would issue epochs again from 1. Restore the store from a backup \
+         (palisade restore), or start over in an empty data directory"
+    )]
+    LostStore {
+        /// The missing store.
+        store: String,
+        /// The signing key that shows the directory was used.
+        key: String,
+    },
 }
 
 /// A coordinator that is serving.
@@ -124,10 +137,43 @@ impl RunningServer {
     }
 }
 
+/// Makes sure the data directory's store exists, and is durably in the directory, before the
+/// signing key is created (P1/P8).
+///
+/// A signing key is made on first start, so a key without a store means the store was lost
+/// (deleted, or created without its directory entry reaching the disk before a power cut):
+/// starting would create an empty store whose epochs restart at 1. That is refused, naming
+/// the way back. On a first start the store is created first and its directory fsynced, so no
+/// crash can leave a key without a store.
+fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), ServerError> {
+    let store = dir.join(if cluster {
+        cluster::CLUSTER_STORE_FILE
+    } else {
+        STORE_FILE
+    });
+    let key = dir.join(keys::SIGNING_KEY_FILE);
+    if store.exists() {
+        return Ok(());
+    }
+    if key.exists() {
+        return Err(ServerError::LostStore {
+            store: store.display().to_string(),
+            key: key.display().to_string(),
+        });
+    }
+    if cluster {
+        drop(cluster::storage::open(&store).map_err(ServerError::Cluster)?);
+    } else {
+        drop(RedbLeaseStore::open(&store)?);
+    }
+    keys::sync_dir(dir).map_err(io(format!("fsync data directory {}", dir.display())))
+}
+
 /// Opens the data directory and starts serving.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
+    create_store_before_key(dir, config.cluster.is_some())?;
     let signer = Arc::new(keys::load_or_create_signer(dir)?);
     let metrics = Arc::new(Metrics::new());
     let (shutdown, shutdown_signal) = watch::channel(false);

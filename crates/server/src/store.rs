@@ -147,7 +147,15 @@ pub struct RedbLeaseStore {
 impl RedbLeaseStore {
     /// Opens (or creates) the store at `path`. Fails when another process has it open.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let created = !path.exists();
         let db = Database::create(path)?;
+        if created {
+            // The file's entry in its directory must survive a power cut too.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                crate::keys::sync_dir(dir)
+                    .map_err(|e| StoreError::Storage(redb::StorageError::Io(e).into()))?;
+            }
+        }
         let store = Self { db };
         store.check_format()?;
         Ok(store)

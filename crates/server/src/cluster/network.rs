@@ -206,6 +206,50 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// An AppendEntries whose entries do not continue its `prev_log_id` exactly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed append-entries: {0}")]
+pub struct MalformedAppend(String);
+
+/// Checks what openraft 0.9.25 checks only in debug builds (upstream issue #1795): the entries
+/// of an AppendEntries start right after `prev_log_id`, run without a gap, never go back in
+/// term, and none is from a term after the sender's vote. A follower that accepted a message
+/// breaking this would write a log with a hole and stop for good. Every receiver (the gRPC
+/// service, the simulation's network) calls this before handing the message to Raft.
+pub fn check_append_entries(
+    request: &AppendEntriesRequest<TypeConfig>,
+) -> Result<(), MalformedAppend> {
+    let mut expected_index = request.prev_log_id.map_or(0, |prev| prev.index + 1);
+    let mut previous_term = request.prev_log_id.map_or(0, |prev| prev.leader_id.term);
+    let vote_term = request.vote.leader_id().term;
+    if previous_term > vote_term {
+        return Err(MalformedAppend(format!(
+            "prev_log_id {} is from a term after the sender's vote {}",
+            request
+                .prev_log_id
+                .expect("a term above 0 comes from a log id"),
+            request.vote
+        )));
+    }
+    for entry in &request.entries {
+        let log_id = entry.log_id;
+        if log_id.index != expected_index {
+            return Err(MalformedAppend(format!(
+                "entry {log_id} where entry {expected_index} must come next (prev_log_id {:?})",
+                request.prev_log_id
+            )));
+        }
+        if log_id.leader_id.term < previous_term || log_id.leader_id.term > vote_term {
+            return Err(MalformedAppend(format!(
+                "entry {log_id} has a term outside [{previous_term}, {vote_term}]"
+            )));
+        }
+        expected_index += 1;
+        previous_term = log_id.leader_id.term;
+    }
+    Ok(())
+}
+
 /// The server side: hands each message from an admitted peer to the local Raft node.
 pub struct RaftService {
     raft: RaftNode,
@@ -263,6 +307,7 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: AppendEntriesRequest<TypeConfig> = self.admit(request)?;
+        check_append_entries(&request).map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.encode(&self.raft.append_entries(request).await)
     }
 
@@ -280,5 +325,57 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: InstallSnapshotRequest<TypeConfig> = self.admit(request)?;
         self.encode(&self.raft.install_snapshot(request).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::testing::{blank_ent, log_id};
+    use openraft::Vote;
+
+    fn request(prev: Option<u64>, entries: &[(u64, u64)]) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(3, 1),
+            prev_log_id: prev.map(|index| log_id(2, 1, index)),
+            leader_commit: None,
+            entries: entries
+                .iter()
+                .map(|(term, index)| blank_ent::<TypeConfig>(*term, 1, *index))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn p1_p8_entries_must_continue_prev_log_id_without_a_gap() {
+        assert_eq!(check_append_entries(&request(Some(24), &[])), Ok(()));
+        assert_eq!(
+            check_append_entries(&request(Some(24), &[(2, 25), (3, 26)])),
+            Ok(())
+        );
+        assert_eq!(
+            check_append_entries(&request(None, &[(1, 0), (1, 1)])),
+            Ok(())
+        );
+        // The message a deposed leader's replication task sent (seed 900442): prev 24, then
+        // entries from 26.
+        let hole = check_append_entries(&request(Some(24), &[(2, 26), (2, 27), (2, 28)]));
+        assert!(hole
+            .unwrap_err()
+            .to_string()
+            .contains("entry 25 must come next"));
+        assert!(check_append_entries(&request(Some(24), &[(2, 25), (2, 27)])).is_err());
+        assert!(check_append_entries(&request(Some(24), &[(2, 24)])).is_err());
+        assert!(check_append_entries(&request(None, &[(1, 1)])).is_err());
+    }
+
+    #[test]
+    fn p1_entry_terms_never_go_back_nor_pass_the_senders_vote() {
+        assert!(check_append_entries(&request(Some(24), &[(1, 25)])).is_err());
+        assert!(check_append_entries(&request(Some(24), &[(3, 25), (2, 26)])).is_err());
+        assert!(check_append_entries(&request(Some(24), &[(4, 25)])).is_err());
+        let mut future_prev = request(Some(24), &[]);
+        future_prev.prev_log_id = Some(log_id(5, 1, 24));
+        assert!(check_append_entries(&future_prev).is_err());
     }
 }

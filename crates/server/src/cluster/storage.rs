@@ -6,7 +6,14 @@
 //! - `save_vote` returns only once the vote is on disk (a node never votes twice in a term);
 //! - `apply` commits the state machine's rows and `last_applied` in one immediate transaction,
 //!   so after a crash the state machine is exactly "every entry up to `last_applied`" and the
-//!   log still holds every entry after it (purges only reach entries a snapshot covers).
+//!   log still holds every entry after it (purges only reach entries a snapshot covers);
+//! - a log read returns entries from the range's start without a gap, or nothing: a read that
+//!   skipped a purged start made a deposed leader's replication task send a follower a log with
+//!   a hole (see `try_get_log_entries`);
+//! - `append` refuses entries that do not continue the log exactly (a gap is never written);
+//! - `purge` never removes entries the state machine has not durably applied: a follower that
+//!   installs a snapshot is told to purge before its state machine has installed it, and a crash
+//!   in between would leave a log purged past `last_applied` (see `purge`).
 
 // openraft's `StorageError` is large and its traits return it: nothing to box here.
 #![allow(clippy::result_large_err)]
@@ -26,6 +33,7 @@ use openraft::{
 use palisade_core::{Epoch, Lease, LockName};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use super::identity::Identity;
 use super::{Applied, Command, NodeId, TypeConfig};
@@ -43,6 +51,11 @@ const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_snapsh
 
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
+
+/// Longest a purge waits for the state machine to apply (durably) what it purges. It only waits
+/// on a follower installing a snapshot, for that install's own transaction; past this the
+/// store reports an error (the member stops) rather than purge entries it has not applied.
+pub const PURGE_WAIT_FOR_APPLY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The replicated state, small fields (the leases are rows of their own).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -89,6 +102,15 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::write(&e).into()
 }
 
+/// A write refused because it would break an invariant of the log (never written).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LogInvariant(pub String);
+
+fn invariant_err(message: String) -> StorageError<NodeId> {
+    StorageIOError::write_logs(&LogInvariant(message)).into()
+}
+
 fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("raft storage values always serialize")
 }
@@ -100,7 +122,14 @@ fn from_json<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T> {
 /// Opens (or creates) the cluster's store at `path`: the log side and the state machine side.
 /// Fails loudly on a file that is locked, unreadable or corrupt.
 pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), String> {
+    let created = !path.exists();
     let db = Database::create(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    if created {
+        // The file's entry in its directory must survive a power cut too.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            crate::keys::sync_dir(dir).map_err(|e| format!("fsync {}: {e}", dir.display()))?;
+        }
+    }
     open_database(db)
 }
 
@@ -123,14 +152,19 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
     txn.open_table(LOG).map_err(|e| e.to_string())?;
     txn.commit().map_err(|e| e.to_string())?;
     let state = load_state(&db).map_err(|e| format!("corrupt state machine: {e}"))?;
+    let (applied_tx, applied) = watch::channel(state.header.last_applied);
     let state = Arc::new(Mutex::new(state));
     let identity = Identity::open(db.clone())?;
     Ok((
-        LogStore { db: db.clone() },
+        LogStore {
+            db: db.clone(),
+            applied,
+        },
         StateMachine {
             db,
             state,
             identity,
+            applied: Arc::new(applied_tx),
             snapshot_seq: 0,
         },
     ))
@@ -157,6 +191,8 @@ fn load_state(db: &Database) -> Result<SmState> {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// The state machine's durable `last_applied` (a purge waits for it).
+    applied: watch::Receiver<Option<LogId<NodeId>>>,
 }
 
 impl LogStore {
@@ -178,6 +214,49 @@ impl LogStore {
                 .map_err(write_err)?;
         }
         txn.commit().map_err(write_err)
+    }
+
+    /// Appends `entries` durably (one immediate commit), refusing any that would not continue
+    /// the log exactly.
+    fn write_entries(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>) -> Result<()> {
+        let mut txn = self.db.begin_write().map_err(write_err)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(write_err)?;
+        {
+            let mut next = self.next_index(&txn)?;
+            let mut log = txn.open_table(LOG).map_err(write_err)?;
+            for entry in entries {
+                // openraft appends only right after its last entry (conflicts are truncated
+                // first). Anything else is a hole or an overwrite: refuse it before it is on
+                // disk, since a log with a hole stops this member for good.
+                if entry.log_id.index != next {
+                    return Err(invariant_err(format!(
+                        "refused to append log entry {} where entry {next} comes next: the log \
+                         would have a gap or be overwritten",
+                        entry.log_id
+                    )));
+                }
+                next += 1;
+                log.insert(entry.log_id.index, to_json(&entry).as_slice())
+                    .map_err(write_err)?;
+            }
+        }
+        txn.commit().map_err(write_err)
+    }
+
+    /// The index the next appended entry must have: after the last entry, or after the last
+    /// purged one when the log is empty, or 0 for a new log.
+    fn next_index(&self, txn: &redb::WriteTransaction) -> Result<u64> {
+        let log = txn.open_table(LOG).map_err(write_err)?;
+        if let Some((index, _)) = log.last().map_err(write_err)? {
+            return Ok(index.value() + 1);
+        }
+        let meta = txn.open_table(RAFT_META).map_err(write_err)?;
+        let purged: Option<LogId<NodeId>> = match meta.get("last_purged").map_err(write_err)? {
+            Some(value) => from_json(value.value())?,
+            None => None,
+        };
+        Ok(purged.map_or(0, |p| p.index + 1))
     }
 
     /// Removes the log entries with an index in `range`, and records `purged` if given.
@@ -214,9 +293,22 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let txn = self.db.begin_read().map_err(read_err)?;
         let log = txn.open_table(LOG).map_err(read_err)?;
         let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
+        let mut expected = match bounds.0 {
+            Bound::Included(start) => Some(start),
+            Bound::Excluded(start) => Some(start + 1),
+            Bound::Unbounded => None,
+        };
         let mut entries = Vec::new();
         for row in log.range(bounds).map_err(read_err)? {
-            let (_, value) = row.map_err(read_err)?;
+            let (index, value) = row.map_err(read_err)?;
+            // Only a run that starts at the range's start and has no gap is returned. A caller
+            // sends what it reads after its `prev_log_id` (the entry before the range): entries
+            // that skip a purged or missing index would be a log with a hole at the follower.
+            // Nothing is safe (openraft sends a heartbeat and looks again).
+            if expected.is_some_and(|expected| index.value() != expected) {
+                break;
+            }
+            expected = Some(index.value() + 1);
             entries.push(from_json(value.value())?);
         }
         Ok(entries)
@@ -265,17 +357,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let mut txn = self.db.begin_write().map_err(write_err)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(write_err)?;
-        {
-            let mut log = txn.open_table(LOG).map_err(write_err)?;
-            for entry in entries {
-                log.insert(entry.log_id.index, to_json(&entry).as_slice())
-                    .map_err(write_err)?;
-            }
-        }
-        let result = txn.commit();
+        let result = self.write_entries(entries);
         // The callback says the entries are durable: only after the immediate commit.
         callback.log_io_completed(
             result
@@ -283,14 +365,43 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map(|_| ())
                 .map_err(|e| std::io::Error::other(e.to_string())),
         );
-        result.map_err(write_err)
+        result
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
         self.remove((Bound::Included(log_id.index), Bound::Unbounded), None)
     }
 
+    /// Purges the log up to `log_id`, once the state machine has durably applied it.
+    ///
+    /// A follower installing a snapshot is told to purge the entries the snapshot covers while
+    /// its state machine is still installing it (on another task). Purged first and crashed
+    /// then, the member would restart with its log purged past `last_applied` and no way to
+    /// apply the entries in between. So a purge waits for the install: the rows go only after
+    /// the state machine has them (no append can slip in meanwhile: openraft appends from the
+    /// same task that called this).
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        let mut applied = self.applied.clone();
+        let applied = tokio::time::timeout(
+            PURGE_WAIT_FOR_APPLY,
+            applied.wait_for(|applied| applied.is_some_and(|a| a.index >= log_id.index)),
+        )
+        .await
+        .map(|waited| waited.map(|_| ()));
+        match applied {
+            Ok(Ok(_)) => {}
+            Ok(Err(_closed)) => {
+                return Err(invariant_err(format!(
+                    "refused to purge the log to {log_id}: the state machine is gone"
+                )))
+            }
+            Err(_elapsed) => {
+                return Err(invariant_err(format!(
+                    "refused to purge the log to {log_id}: the state machine has not applied \
+                     it within {PURGE_WAIT_FOR_APPLY:?}"
+                )))
+            }
+        }
         self.remove(
             (Bound::Unbounded, Bound::Included(log_id.index)),
             Some(log_id),
@@ -304,6 +415,8 @@ pub struct StateMachine {
     db: Arc<Database>,
     state: Arc<Mutex<SmState>>,
     identity: Identity,
+    /// Publishes `last_applied` once it is on disk (the log's purge waits for it).
+    applied: Arc<watch::Sender<Option<LogId<NodeId>>>>,
     snapshot_seq: u64,
 }
 
@@ -371,8 +484,17 @@ impl StateMachine {
     }
 }
 
-/// Applies one command to the state; returns the locks whose rows changed.
-fn apply_command(state: &mut SmState, command: Command, changed: &mut Vec<LockName>) {
+/// Applies one command to the state, noting the locks whose rows changed.
+///
+/// Refuses (and so stops the member, before anything is written) a command that would move
+/// the epoch counter back or carries a lease above its own counter: a leader loads the state
+/// after every earlier entry is applied, so either means a broken leader or a corrupt log, and
+/// applying it could let an epoch be issued twice (P1).
+fn apply_command(
+    state: &mut SmState,
+    command: Command,
+    changed: &mut Vec<LockName>,
+) -> std::result::Result<(), String> {
     match command {
         Command::LeaderStart {
             key_id, public_key, ..
@@ -382,19 +504,27 @@ fn apply_command(state: &mut SmState, command: Command, changed: &mut Vec<LockNa
         }
         Command::Apply { last_epoch, locks } => {
             if last_epoch < state.header.last_epoch {
-                // Cannot happen: a leader loads the state after every earlier entry applied.
-                // Never let the counter go back (P1) even so.
-                tracing::error!(
-                    %last_epoch,
-                    current = %state.header.last_epoch,
-                    "a committed change carries a lower epoch counter; keeping the higher one"
-                );
+                return Err(format!(
+                    "a committed change carries epoch counter {last_epoch}, below the applied \
+                     counter {}",
+                    state.header.last_epoch
+                ));
             }
-            state.header.last_epoch = state.header.last_epoch.max(last_epoch);
+            if let Some((lock, lease)) = locks
+                .iter()
+                .filter_map(|(lock, lease)| Some((lock, lease.as_ref()?)))
+                .find(|(_, lease)| lease.epoch > last_epoch)
+            {
+                return Err(format!(
+                    "a committed change grants {lock} epoch {} above its own counter \
+                     {last_epoch}",
+                    lease.epoch
+                ));
+            }
+            state.header.last_epoch = last_epoch;
             for (lock, lease) in locks {
                 match lease {
                     Some(lease) => {
-                        state.header.last_epoch = state.header.last_epoch.max(lease.epoch);
                         state.leases.insert(lock.clone(), lease);
                     }
                     None => {
@@ -405,6 +535,7 @@ fn apply_command(state: &mut SmState, command: Command, changed: &mut Vec<LockNa
             }
         }
     }
+    Ok(())
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
@@ -434,7 +565,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             next.header.last_applied = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Blank => {}
-                EntryPayload::Normal(command) => apply_command(&mut next, command, &mut changed),
+                EntryPayload::Normal(command) => apply_command(&mut next, command, &mut changed)
+                    .map_err(|why| {
+                        tracing::error!(entry = %entry.log_id, "refusing to apply: {why}");
+                        invariant_err(format!("log entry {}: {why}", entry.log_id))
+                    })?,
                 EntryPayload::Membership(membership) => {
                     next.header.membership = StoredMembership::new(Some(entry.log_id), membership);
                     membership_changed = true;
@@ -471,7 +606,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if membership_changed {
             self.retain_members(&next.header.membership);
         }
+        let applied = next.header.last_applied;
         *self.state.lock().expect("not poisoned") = next;
+        self.applied.send_replace(applied);
         Ok(replies)
     }
 
@@ -480,6 +617,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             db: self.db.clone(),
             state: self.state.clone(),
             identity: self.identity.clone(),
+            applied: self.applied.clone(),
             snapshot_seq: self.snapshot_seq + 1_000_000,
         }
     }
@@ -529,13 +667,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         txn.commit().map_err(write_err)?;
         self.retain_members(&data.header.membership);
-        let mut state = self.state.lock().expect("not poisoned");
-        state.header = data.header;
-        state.leases = data
-            .leases
-            .into_iter()
-            .map(|lease| (lease.lock.clone(), lease))
-            .collect();
+        let applied = data.header.last_applied;
+        {
+            let mut state = self.state.lock().expect("not poisoned");
+            state.header = data.header;
+            state.leases = data
+                .leases
+                .into_iter()
+                .map(|lease| (lease.lock.clone(), lease))
+                .collect();
+        }
+        self.applied.send_replace(applied);
         Ok(())
     }
 
@@ -550,5 +692,173 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: stored.meta,
             snapshot: Box::new(Cursor::new(stored.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::testing::{blank_ent, log_id};
+    use palisade_core::{HolderId, LeaseId, LockClass};
+
+    fn open_temp() -> (tempfile::TempDir, LogStore, StateMachine) {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, sm) = open(&dir.path().join(super::super::CLUSTER_STORE_FILE)).unwrap();
+        (dir, log, sm)
+    }
+
+    fn blanks(range: std::ops::Range<u64>) -> Vec<Entry<TypeConfig>> {
+        range.map(|i| blank_ent::<TypeConfig>(1, 1, i)).collect()
+    }
+
+    fn indexes(entries: &[Entry<TypeConfig>]) -> Vec<u64> {
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    fn apply_entry(index: u64, last_epoch: u64, grant: Option<u64>) -> Entry<TypeConfig> {
+        let lock = LockName::new("a").unwrap();
+        let locks = grant
+            .map(|epoch| {
+                let lease = Lease {
+                    id: LeaseId(epoch),
+                    lock: lock.clone(),
+                    holder: HolderId::new("h").unwrap(),
+                    epoch: Epoch(epoch),
+                    ttl_ms: 1_000,
+                    class: LockClass::Critical,
+                    request_id: None,
+                    expires_at: 0,
+                };
+                vec![(lock, Some(lease))]
+            })
+            .unwrap_or_default();
+        Entry {
+            log_id: log_id(1, 1, index),
+            payload: EntryPayload::Normal(Command::Apply {
+                last_epoch: Epoch(last_epoch),
+                locks,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn p1_p8_a_log_read_never_returns_entries_without_the_ranges_start() {
+        // Regression (seeds 777010, 900405, 900442): a deposed leader's replication task read
+        // [25, 29) after its log was purged to 25 and got [26, 27, 28]; sent after
+        // prev_log_id 24, the follower wrote a log with a hole and its Raft stopped.
+        let (_dir, mut log, _sm) = open_temp();
+        log.write_entries(blanks(0..10)).unwrap();
+        log.remove(
+            (Bound::Unbounded, Bound::Included(4)),
+            Some(log_id(1, 1, 4)),
+        )
+        .unwrap();
+        assert_eq!(
+            indexes(&log.try_get_log_entries(5..8).await.unwrap()),
+            [5, 6, 7]
+        );
+        assert!(log.try_get_log_entries(3..8).await.unwrap().is_empty());
+        assert!(log.try_get_log_entries(4..5).await.unwrap().is_empty());
+        // A hole in the middle (cannot be written any more, see below) ends the run.
+        log.remove((Bound::Included(7), Bound::Included(7)), None)
+            .unwrap();
+        assert_eq!(
+            indexes(&log.try_get_log_entries(5..10).await.unwrap()),
+            [5, 6]
+        );
+        assert_eq!(
+            indexes(&log.try_get_log_entries(8..).await.unwrap()),
+            [8, 9]
+        );
+    }
+
+    #[test]
+    fn p1_p8_append_refuses_a_gap_or_an_overwrite_and_writes_nothing() {
+        let (_dir, log, _sm) = open_temp();
+        assert!(
+            log.write_entries(blanks(1..3)).is_err(),
+            "a new log starts at 0"
+        );
+        log.write_entries(blanks(0..3)).unwrap();
+        let gap = log.write_entries(blanks(4..6)).unwrap_err();
+        assert!(gap.to_string().contains("gap"), "{gap}");
+        assert!(log.write_entries(blanks(2..4)).is_err(), "an overwrite");
+        let with_hole = vec![blank_ent::<TypeConfig>(1, 1, 3), blank_ent(1, 1, 5)];
+        assert!(
+            log.write_entries(with_hole).is_err(),
+            "a hole inside the batch"
+        );
+        log.write_entries(blanks(3..5)).unwrap();
+        // After a purge of everything the log continues after the purged entry.
+        log.remove(
+            (Bound::Unbounded, Bound::Included(4)),
+            Some(log_id(1, 1, 4)),
+        )
+        .unwrap();
+        assert!(log.write_entries(blanks(6..7)).is_err());
+        log.write_entries(blanks(5..7)).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn p8_a_purge_waits_until_the_state_machine_has_applied_what_it_purges() {
+        // openraft tells a follower installing a snapshot to purge the log the snapshot covers
+        // while its state machine still installs it; a crash in between left the log purged
+        // past last_applied. The purge must wait for the install.
+        let (_dir, mut log, mut sm) = open_temp();
+        log.write_entries(blanks(0..6)).unwrap();
+        sm.apply(blanks(0..3)).await.unwrap();
+        let mut purging = log.clone();
+        let purge = tokio::spawn(async move { purging.purge(log_id(1, 1, 5)).await });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(
+            !purge.is_finished(),
+            "the purge waits for the state machine"
+        );
+        assert_eq!(
+            indexes(&log.try_get_log_entries(0..).await.unwrap()).len(),
+            6
+        );
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, None, "nothing purged yet");
+        sm.apply(blanks(3..6)).await.unwrap();
+        purge.await.unwrap().unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn p8_a_purge_past_anything_applied_fails_instead_of_purging() {
+        let (_dir, mut log, mut sm) = open_temp();
+        log.write_entries(blanks(0..4)).unwrap();
+        sm.apply(blanks(0..1)).await.unwrap();
+        let error = log.purge(log_id(1, 1, 3)).await.unwrap_err();
+        assert!(error.to_string().contains("refused to purge"), "{error}");
+        assert_eq!(
+            indexes(&log.try_get_log_entries(0..).await.unwrap()),
+            [0, 1, 2, 3]
+        );
+    }
+
+    #[tokio::test]
+    async fn p1_the_state_machine_refuses_a_counter_going_back_and_keeps_its_state() {
+        let (_dir, _log, mut sm) = open_temp();
+        sm.apply(vec![apply_entry(0, 5, Some(5))]).await.unwrap();
+        let error = sm.apply(vec![apply_entry(1, 4, None)]).await.unwrap_err();
+        assert!(
+            error.to_string().contains("below the applied counter"),
+            "{error}"
+        );
+        let error = sm
+            .apply(vec![apply_entry(1, 6, Some(7))])
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("above its own counter"),
+            "{error}"
+        );
+        let state = sm.shared();
+        let state = state.lock().unwrap();
+        assert_eq!(state.header.last_epoch, Epoch(5));
+        assert_eq!(state.header.last_applied, Some(log_id(1, 1, 0)));
     }
 }
