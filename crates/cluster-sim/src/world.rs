@@ -158,9 +158,11 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
         let invoked_ms = shared.now_ms();
         let mut ambiguous = false;
         let mut granted = None;
+        let mut attempt_sent_ms = invoked_ms;
         for _ in 0..ACQUIRE_ATTEMPTS {
             let node = believed_leader.unwrap_or_else(|| shared.random_node());
             let request = request.clone();
+            attempt_sent_ms = shared.now_ms();
             match call(&shared, node, |g| async move { g.acquire(request).await }).await {
                 Answer::Ok(lease) => {
                     believed_leader = Some(node);
@@ -202,9 +204,11 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
             outcome,
         });
         let Some(lease) = granted else { continue };
-        // The lease is valid, as the client counts, TTL after the first attempt was sent.
+        // The lease is valid, as the Rust client counts, TTL after the attempt that was
+        // answered was sent — for a retry with the same request id too, which the
+        // coordinator must honour by renewing the lease (P8).
         let held_from = shared.now_ms();
-        let valid_until = invoked_ms + TTL_MS;
+        let valid_until = attempt_sent_ms + TTL_MS;
         let end = hold(&shared, &mut believed_leader, &lease, valid_until).await;
         shared.holds.lock().expect("not poisoned").push(Hold {
             lock: lock.to_string(),

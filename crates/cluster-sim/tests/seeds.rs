@@ -163,3 +163,12 @@ fn run_all_seeds(seeds: &[u64], config: ClusterSimConfig) -> Vec<ClusterSimRepor
         })
         .collect()
 }
+
+#[test]
+fn p8_regression_a_retried_acquire_never_leaves_two_holders() {
+    // Clients count a lease from the send time of the attempt that was answered, as a client
+    // retrying with its request id does. When a request-id match returned the lease without
+    // renewing it, these seeds had two clients holding one lock at once.
+    let reports = run_all_seeds(&[5_000_095, 5_000_136], ClusterSimConfig::for_members(3));
+    assert_eq!(reports.len(), 2);
+}

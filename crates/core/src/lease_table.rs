@@ -331,8 +331,14 @@ impl LeaseTable {
             && current.holder == request.holder
         {
             // A retry of the acquire this lease was granted to (its answer was lost to a
-            // timeout or a leader change): the same lease, nothing changes.
-            return Ok(AcquireOutcome::Granted(current.clone()));
+            // timeout or a leader change): the same lease, renewed now. The client counts
+            // its validity from the retry's send time plus the TTL; answering the lease as it
+            // was would let it believe in a lease that expires earlier, and a second holder
+            // could be granted while it still writes (P8). The renewal is a change, so it is
+            // committed before the answer, like any other.
+            let id = current.id;
+            let lease = self.renew(id, now)?;
+            return Ok(AcquireOutcome::Granted(lease));
         }
         if request.wait_ms == 0 {
             return Err(LeaseError::Held {

@@ -48,6 +48,32 @@ fn p1_epochs_increase_per_lock_across_release_and_expiry() {
 }
 
 #[test]
+fn p8_a_retried_acquire_renews_the_lease_so_the_retrier_never_outlives_it() {
+    // Granted at t=0 with a 10 s TTL, the answer lost; the client retries at t=9.5 s with the
+    // same request id and counts its lease from 9.5 s. Before, the coordinator returned the
+    // lease unchanged (expiring at 10 s) and granted B at 10 s while A believed until 19.5 s.
+    let mut table = LeaseTable::new();
+    let mut first = request("r/1", "a", 10_000, 0);
+    first.request_id = Some(RequestId::new("req-1").unwrap());
+    let lease = granted(table.acquire(first.clone(), 0).unwrap());
+    table.take_changes();
+    let retried = granted(table.acquire(first, 9_500).unwrap());
+    assert_eq!((retried.id, retried.epoch), (lease.id, lease.epoch));
+    assert_eq!(
+        retried.expires_at, 19_500,
+        "expires a full TTL after the retry"
+    );
+    assert!(
+        !table.take_changes().is_empty(),
+        "the renewal is committed before the answer"
+    );
+    let err = table
+        .acquire(request("r/1", "b", 1_000, 0), 10_000)
+        .unwrap_err();
+    assert!(matches!(err, LeaseError::Held { .. }), "{err:?}");
+}
+
+#[test]
 fn held_lock_without_wait_is_rejected_with_the_holder() {
     let mut table = LeaseTable::new();
     let a = granted(table.acquire(request("r/1", "a", 1_000, 0), 0).unwrap());
