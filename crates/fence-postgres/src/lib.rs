@@ -153,7 +153,28 @@ impl PostgresFence {
                 };
                 Ok(Outcome::Rejected(rejection))
             }
-            FenceMode::Strict | FenceMode::Sequenced => {
+            FenceMode::Strict => {
+                let row = client
+                    .query_one(sql::READ_STRICT_FENCES, &[&lock, &write.key])
+                    .await
+                    .map_err(storage)?;
+                let (lock_epoch, key_epoch): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+                let rule = palisade_fence::rules::strict(
+                    key_epoch.map(from_bigint).transpose()?.map(Epoch),
+                    Epoch(from_bigint(lock_epoch.unwrap_or(0))?),
+                    Epoch(from_bigint(epoch)?),
+                );
+                // Both fences only rise, so what refused this write is still there; a rule
+                // that would accept now means the tables were changed behind the fence.
+                match rule {
+                    Err(rejection) => Ok(Outcome::Rejected(rejection)),
+                    Ok(()) => Err(FenceError::Integrity(format!(
+                        "write at {epoch} rejected but the lock's epoch is {lock_epoch:?} and \
+                         the key's {key_epoch:?}"
+                    ))),
+                }
+            }
+            FenceMode::Sequenced => {
                 if let Some(seq) = seq {
                     let digest = value_digest(write.value).to_vec();
                     let ledger = client
@@ -317,7 +338,12 @@ impl FencedResource for PostgresFence {
         let client = self.client().await?;
         let fence = match self.mode {
             FenceMode::Activated => read_fence(&client, lock.as_str()).await?,
-            _ => {
+            FenceMode::Strict => client
+                .query_opt(sql::READ_LOCK_EPOCH, &[&lock.as_str()])
+                .await
+                .map_err(storage)?
+                .map_or(0, |row| row.get(0)),
+            FenceMode::Sequenced => {
                 let row = client
                     .query_one(sql::READ_MAX_EPOCH, &[&lock.as_str()])
                     .await

@@ -14,6 +14,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../sql/001_fence_tables.sql"),
     ),
     (2, "bypass guard", include_str!("../sql/002_guard.sql")),
+    (
+        3,
+        "strict lock epochs",
+        include_str!("../sql/003_strict_lock_epochs.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

@@ -4,12 +4,30 @@
 //! holds a share lock on the fence row until it commits, so an activation waits for it.
 //! Each is equivalent to the rule of the same name in `palisade_fence::rules`.
 
-/// Strict: insert, or update iff the stored epoch is lower. `$1 lock, $2 key, $3 value, $4 epoch`.
+/// Strict: iff the epoch is at least the lock's greatest accepted epoch (raising it), insert,
+/// or update iff the key's stored epoch is lower. The lock's row is locked first by every
+/// strict write of the lock, so they serialize on it (one lock order: no deadlock).
+/// `$1 lock, $2 key, $3 value, $4 epoch`.
 pub const STRICT_WRITE: &str = "
-    INSERT INTO palisade_kv AS t (lock, key, value, epoch) VALUES ($1, $2, $3, $4)
+    WITH lock_epoch AS (
+        INSERT INTO palisade_lock_epochs AS l (lock, epoch) VALUES ($1, $4)
+        ON CONFLICT (lock) DO UPDATE SET epoch = EXCLUDED.epoch WHERE l.epoch <= EXCLUDED.epoch
+        RETURNING epoch
+    )
+    INSERT INTO palisade_kv AS t (lock, key, value, epoch)
+    SELECT $1, $2, $3, $4 FROM lock_epoch
     ON CONFLICT (lock, key) DO UPDATE SET value = EXCLUDED.value, epoch = EXCLUDED.epoch
     WHERE t.epoch < EXCLUDED.epoch
     RETURNING epoch";
+
+/// Strict, after a refusal: the lock's greatest epoch and the key's. Both only rise (nothing
+/// deletes them), so they are at least what refused the write. `$1 lock, $2 key`.
+pub const READ_STRICT_FENCES: &str = "
+    SELECT (SELECT epoch FROM palisade_lock_epochs WHERE lock = $1),
+           (SELECT epoch FROM palisade_kv WHERE lock = $1 AND key = $2)";
+
+/// Strict: the lock's greatest accepted epoch. `$1 lock`.
+pub const READ_LOCK_EPOCH: &str = "SELECT epoch FROM palisade_lock_epochs WHERE lock = $1";
 
 /// Activated: write iff the lock's fence equals the epoch, holding the fence row. Same params.
 pub const ACTIVATED_WRITE: &str = "

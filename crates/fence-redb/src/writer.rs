@@ -168,7 +168,10 @@ impl Writer {
             None => None,
         };
         let decision = match self.mode {
-            FenceMode::Strict => rules::strict(stored.map(|(e, _)| e), epoch),
+            FenceMode::Strict => {
+                let lock_fence = fence_of(tables, lock)?;
+                rules::strict(stored.map(|(e, _)| e), lock_fence, epoch)
+            }
             FenceMode::Activated => {
                 let fence = fence_of(tables, lock)?;
                 rules::activated_write(fence, epoch)

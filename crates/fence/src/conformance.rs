@@ -34,6 +34,7 @@ macro_rules! conformance_suite {
     ($factory:expr) => {
         $crate::conformance_suite!(@cases $factory;
             strict_accepts_only_higher_epochs,
+            strict_refuses_an_old_owner_creating_a_key_the_new_owner_has_not_written,
             activated_accepts_only_the_activated_epoch,
             sequenced_orders_pairs_and_replays_idempotently,
             activation_is_refused_outside_activated_mode,
@@ -195,6 +196,49 @@ pub async fn strict_accepts_only_higher_epochs(factory: &impl Factory) {
         "{with_seq:?}"
     );
     assert_eq!(stored_epoch(&r, &lock, "row").await, Some(9));
+}
+
+/// P2, strict mode, where the resource knows the lock: an epoch below the lock's greatest
+/// accepted epoch is refused on every key, including one nobody has written yet; the current
+/// owner still writes other keys at its epoch (equal epochs are refused per key only).
+pub async fn strict_refuses_an_old_owner_creating_a_key_the_new_owner_has_not_written(
+    factory: &impl Factory,
+) {
+    let h = Harness::new();
+    let r = factory.make(FenceMode::Strict, h.verifier.clone()).await;
+    let lock = h.lock("strict-lock");
+    assert_eq!(
+        put(&r, &lock, "key1", &h.token(&lock, 42), None, b"new owner").await,
+        accepted(42, None)
+    );
+    assert_eq!(
+        put(&r, &lock, "key2", &h.token(&lock, 41), None, b"old owner").await,
+        stale(42)
+    );
+    assert_eq!(stored_epoch(&r, &lock, "key2").await, None);
+    assert_eq!(r.fence(&lock).await.unwrap(), Epoch(42));
+    assert_eq!(
+        put(&r, &lock, "key2", &h.token(&lock, 42), None, b"new owner").await,
+        accepted(42, None)
+    );
+    assert_eq!(
+        put(&r, &lock, "key2", &h.token(&lock, 42), None, b"again").await,
+        stale(42)
+    );
+    let other = h.lock("strict-other");
+    assert_eq!(
+        put(
+            &r,
+            &other,
+            "key1",
+            &h.token(&other, 41),
+            None,
+            b"other lock"
+        )
+        .await,
+        accepted(41, None),
+        "fences are per lock"
+    );
 }
 
 /// P2, activated mode: writes need `epoch == fence`; activation moves only up, is idempotent,

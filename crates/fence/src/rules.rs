@@ -6,10 +6,19 @@ use palisade_core::Epoch;
 
 use crate::Rejection;
 
-/// Strict mode: accept iff `epoch > stored` (a key never written has fence 0; the coordinator
-/// never issues epoch 0). Equal epochs are never accepted.
-pub fn strict(stored: Option<Epoch>, epoch: Epoch) -> Result<(), Rejection> {
+/// Strict mode: accept iff `epoch > stored` (the key's fence; a key never written has fence 0,
+/// and the coordinator never issues epoch 0) and `epoch >= lock_fence` (the greatest epoch the
+/// resource accepted for the lock, on any key). Equal epochs are never accepted on one key;
+/// the lock's rule stops an old owner from creating a key the new owner has not written yet.
+/// A resource that does not know the lock of its keys passes `Epoch(0)`.
+pub fn strict(stored: Option<Epoch>, lock_fence: Epoch, epoch: Epoch) -> Result<(), Rejection> {
     let fence = stored.unwrap_or_default();
+    if epoch < lock_fence {
+        return Err(Rejection::StaleEpoch {
+            fence: lock_fence,
+            fence_seq: None,
+        });
+    }
     if epoch > fence {
         Ok(())
     } else {
@@ -81,10 +90,25 @@ mod tests {
 
     #[test]
     fn p2_strict_accepts_only_strictly_higher_epochs() {
-        assert!(strict(None, e(1)).is_ok());
-        assert!(strict(Some(e(5)), e(6)).is_ok());
-        assert!(strict(Some(e(5)), e(5)).is_err());
-        assert!(strict(Some(e(5)), e(4)).is_err());
+        assert!(strict(None, e(0), e(1)).is_ok());
+        assert!(strict(Some(e(5)), e(5), e(6)).is_ok());
+        assert!(strict(Some(e(5)), e(5), e(5)).is_err());
+        assert!(strict(Some(e(5)), e(5), e(4)).is_err());
+    }
+
+    #[test]
+    fn p2_strict_refuses_an_epoch_below_the_locks_greatest_on_a_new_key() {
+        // The new owner (42) wrote key1; the old owner (41) must not create key2.
+        assert_eq!(
+            strict(None, e(42), e(41)),
+            Err(Rejection::StaleEpoch {
+                fence: e(42),
+                fence_seq: None
+            })
+        );
+        // The current owner writes other keys at its own epoch.
+        assert!(strict(None, e(42), e(42)).is_ok());
+        assert!(strict(Some(e(40)), e(42), e(42)).is_ok());
     }
 
     #[test]

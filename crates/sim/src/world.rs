@@ -490,7 +490,7 @@ impl World {
                 if self.config.plant_equal_accepted && stored == Some(epoch) {
                     Ok(())
                 } else {
-                    rules::strict(stored, epoch)
+                    rules::strict(stored, stored.unwrap_or_default(), epoch)
                 }
             }
         };
