@@ -12,7 +12,7 @@
 //! release or an expiry hands a lock to a waiter whose client has gone away, the engine releases
 //! that lease again *before* the commit, so abandoned waits do not block a lock for a TTL.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +37,10 @@ pub const MAX_BATCH: usize = 4_096;
 pub const WATCH_BUFFER: usize = 4_096;
 /// Most locks one `list` returns.
 pub const MAX_LIST: usize = 10_000;
+/// How often, at most, a queued acquire whose client went away (socket closed, request
+/// cancelled) is noticed while nothing else happens; every batch also drops them first. Until
+/// then it holds a place in its lock's bounded queue.
+pub const ABANDONED_WAITER_SWEEP: Duration = Duration::from_millis(200);
 
 /// Why a coordinator operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -281,7 +285,11 @@ impl<S: LeaseStore> Engine<S> {
     async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {
         let mut batch = Vec::new();
         let result = loop {
-            let deadline = self.table.next_deadline().map(|ms| self.instant_of(ms));
+            let mut deadline = self.table.next_deadline().map(|ms| self.instant_of(ms));
+            if !self.waiting.is_empty() {
+                let sweep = Instant::now() + ABANDONED_WAITER_SWEEP;
+                deadline = Some(deadline.map_or(sweep, |d| d.min(sweep)));
+            }
             tokio::select! {
                 biased;
                 () = shutdown_requested(&mut shutdown) => break Ok(()),
@@ -322,6 +330,7 @@ impl<S: LeaseStore> Engine<S> {
     /// Applies a batch, commits its changes once, then answers it.
     async fn process(&mut self, batch: Vec<Request>) -> Result<(), StoreError> {
         let now = self.now_ms();
+        self.drop_abandoned_waiters();
         self.table.expire_due(now);
         let batch_size = batch.len();
         let mut answers: Vec<Box<dyn Deferred>> = Vec::with_capacity(batch_size);
@@ -330,7 +339,7 @@ impl<S: LeaseStore> Engine<S> {
                 answers.push(answer);
             }
         }
-        let events = self.collect_events(now);
+        let (events, vanished) = self.collect_events(now);
         let changes = self.table.take_changes();
         if !changes.is_empty() {
             let mut store = self
@@ -368,7 +377,7 @@ impl<S: LeaseStore> Engine<S> {
             }
         }
         answers.into_iter().for_each(|a| a.deliver(None));
-        self.publish(events, now);
+        self.publish(events, &vanished, now);
         self.metrics
             .leases_active
             .set(self.table.lease_count() as i64);
@@ -407,14 +416,32 @@ impl<S: LeaseStore> Engine<S> {
         }
     }
 
+    /// Withdraws every queued acquire whose client has gone (its reply channel closed: the
+    /// HTTP connection or gRPC call was dropped), so that it neither holds a place in a bounded
+    /// queue nor is granted the lock.
+    fn drop_abandoned_waiters(&mut self) {
+        let abandoned: Vec<WaiterId> = self
+            .waiting
+            .iter()
+            .filter(|(_, reply)| reply.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in abandoned {
+            self.waiting.remove(&id);
+            self.table.cancel_wait(id);
+        }
+    }
+
     /// Drains the table's events; a grant to a waiter whose client has gone is released again
-    /// at once (before the commit), which may grant the next waiter, and so on.
-    fn collect_events(&mut self, now: u64) -> Vec<Event> {
+    /// at once (before the commit), which may grant the next waiter, and so on. Returns the
+    /// events and the leases granted to vanished clients (not counted as transitions).
+    fn collect_events(&mut self, now: u64) -> (Vec<Event>, HashSet<LeaseId>) {
         let mut all = Vec::new();
+        let mut vanished = HashSet::new();
         loop {
             let events = self.table.take_events();
             if events.is_empty() {
-                return all;
+                return (all, vanished);
             }
             for event in &events {
                 if let Event::Granted {
@@ -428,6 +455,7 @@ impl<S: LeaseStore> Engine<S> {
                         .is_none_or(|reply| reply.is_closed())
                     {
                         self.waiting.remove(waiter);
+                        vanished.insert(lease.id);
                         self.table
                             .release(lease.id, now)
                             .expect("the lease was just granted");
@@ -438,9 +466,16 @@ impl<S: LeaseStore> Engine<S> {
         }
     }
 
-    /// After the commit: answers waiters, updates metrics, and tells watchers.
-    fn publish(&mut self, events: Vec<Event>, now: u64) {
+    /// After the commit: answers waiters, updates metrics, and tells watchers. A lease granted
+    /// to a vanished waiter and released in the same step is no ownership anyone had: it is
+    /// neither counted nor shown to watchers.
+    fn publish(&mut self, events: Vec<Event>, vanished: &HashSet<LeaseId>, now: u64) {
         for event in events {
+            if let Event::Granted { lease, .. } | Event::Released { lease } = &event {
+                if vanished.contains(&lease.id) {
+                    continue;
+                }
+            }
             let (kind, lease) = match event {
                 Event::Granted { lease, waiter } => {
                     if let Some(reply) = waiter.and_then(|w| self.waiting.remove(&w)) {

@@ -298,3 +298,79 @@ async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
     let error = palisade_server::start(config).await.err().expect("refused");
     assert!(error.to_string().contains("storage"), "{error}");
 }
+
+#[tokio::test]
+async fn abandoned_waiters_leave_the_queue_and_real_waiters_get_their_place() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = fixture().await;
+    let (status, _) = f
+        .acquire("q%2F1", json!({"ttl_ms": 60_000, "holder": "owner"}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // Fill the lock's queue (1,024 places) with acquires that wait a minute, whose clients
+    // then go away: each sends its request, waits until it is queued, and closes its socket.
+    let addr = f.base.trim_start_matches("http://").to_owned();
+    let body = r#"{"ttl_ms":1000,"wait_ms":60000,"holder":"gone"}"#;
+    let request = format!(
+        "POST /v1/locks/q%2F1/acquire HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut sockets = Vec::new();
+    for _ in 0..palisade_core::limits::MAX_WAITERS_PER_LOCK {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        socket.write_all(request.as_bytes()).await.unwrap();
+        sockets.push(socket);
+    }
+    let queued = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("palisade_waiters"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0) as usize
+    };
+    for _ in 0..500 {
+        if queued(&f.get("/metrics").await.1) == sockets.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(queued(&f.get("/metrics").await.1), sockets.len());
+    for mut socket in sockets {
+        socket.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_millis(1),
+            socket.read_to_end(&mut rest),
+        )
+        .await;
+    }
+    // The server notices the closed connections and drops their waits promptly: a real waiter
+    // is queued (its wait then times out, 409), never refused for a full queue (429).
+    let mut last = StatusCode::OK;
+    for _ in 0..100 {
+        let (status, _) = f
+            .acquire(
+                "q%2F1",
+                json!({"ttl_ms": 1000, "wait_ms": 50, "holder": "real"}),
+            )
+            .await;
+        last = status;
+        if status != StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_ne!(
+        last,
+        StatusCode::TOO_MANY_REQUESTS,
+        "abandoned waits still fill the queue"
+    );
+    for _ in 0..500 {
+        if queued(&f.get("/metrics").await.1) == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(queued(&f.get("/metrics").await.1), 0, "no waiter is left");
+}
