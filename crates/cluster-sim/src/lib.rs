@@ -426,6 +426,56 @@ mod tests {
     }
 
     #[test]
+    fn p8_a_deposed_leader_never_answers_from_state_another_leader_moved_on_from() {
+        // The old leader is cut off; another is elected and grants a lock. Before, the old
+        // leader kept answering reads (describe, `Held` refusals) from its own state until it
+        // had heard from no majority for QUORUM_LOSS_MS (1 s), longer than the others take to
+        // elect a leader (450–600 ms): it said the lock was free while another held it.
+        for seed in [11, 12, 13] {
+            paused_runtime().block_on(async {
+                let (mut cluster, old) = three_members(seed).await;
+                let held = cluster
+                    .gateway(old)
+                    .unwrap()
+                    .acquire(request("deposed/held"))
+                    .await
+                    .expect("granted by the first leader");
+                cluster.isolate_member(old);
+                let new = eventually(5_000, || cluster.serving_leader().filter(|l| *l != old))
+                    .await
+                    .expect("another leader");
+                let granted = cluster
+                    .gateway(new)
+                    .unwrap()
+                    .acquire(request("deposed/free"))
+                    .await
+                    .expect("granted by the new leader");
+                let lock = palisade_core::LockName::new("deposed/free").unwrap();
+                let old_gateway = cluster.gateway(old).unwrap();
+                match old_gateway.describe(lock).await {
+                    Err(CoordinatorError::Unavailable(_) | CoordinatorError::NotLeader { .. }) => {}
+                    other => panic!(
+                        "seed {seed}: the deposed leader answered {other:?} while node {new} \
+                         holds the lock at epoch {}",
+                        granted.epoch
+                    ),
+                }
+                let refused = old_gateway.acquire(request("deposed/held")).await;
+                assert!(
+                    matches!(
+                        refused,
+                        Err(CoordinatorError::Unavailable(_) | CoordinatorError::NotLeader { .. })
+                    ),
+                    "seed {seed}: the deposed leader answered {refused:?} about the lease at \
+                     epoch {}",
+                    held.epoch
+                );
+                cluster.shutdown().await;
+            });
+        }
+    }
+
+    #[test]
     fn p8_a_member_whose_disk_fills_stops_serving_and_says_why() {
         paused_runtime().block_on(async {
             let (mut cluster, leader) = three_members(3).await;

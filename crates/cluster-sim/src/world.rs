@@ -473,6 +473,12 @@ impl Cluster {
         }
     }
 
+    /// Cuts every link between `id` and the other members.
+    #[cfg(test)]
+    pub(crate) fn isolate_member(&self, id: NodeId) {
+        self.router.isolate(&[id], &self.ids());
+    }
+
     /// Restores every link.
     #[cfg(test)]
     pub(crate) fn heal_all(&self) {

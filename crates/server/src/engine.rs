@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_core::{
-    AcquireOutcome, AcquireRequest, Event, Lease, LeaseError, LeaseId, LeaseTable, LockName,
-    LockSummary, WaiterId,
+    AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseId, LeaseTable,
+    LockName, LockSummary, WaiterId,
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -327,7 +327,8 @@ impl<S: LeaseStore> Engine<S> {
         self.start + Duration::from_millis(ms)
     }
 
-    /// Applies a batch, commits its changes once, then answers it.
+    /// Applies a batch, commits its changes once (or, changing nothing, confirms the store's
+    /// authority), then answers it.
     async fn process(&mut self, batch: Vec<Request>) -> Result<(), StoreError> {
         let now = self.now_ms();
         self.drop_abandoned_waiters();
@@ -342,30 +343,7 @@ impl<S: LeaseStore> Engine<S> {
         let (events, vanished) = self.collect_events(now);
         let changes = self.table.take_changes();
         if !changes.is_empty() {
-            let mut store = self
-                .store
-                .take()
-                .expect("the store is home between commits");
-            let started = std::time::Instant::now();
-            let (store, result) = if let Some(pending) = store.commit_async(&changes) {
-                (store, pending.await)
-            } else if store.commit_blocks() {
-                tokio::task::spawn_blocking(move || {
-                    let result = store.commit(&changes);
-                    (store, result)
-                })
-                .await
-                .expect("the commit task does not panic")
-            } else {
-                let result = store.commit(&changes);
-                (store, result)
-            };
-            self.store = Some(store);
-            self.metrics
-                .commit_duration
-                .observe(started.elapsed().as_secs_f64());
-            self.metrics.commit_batch_size.observe(batch_size as f64);
-            if let Err(error) = result {
+            if let Err(error) = self.commit(changes, batch_size).await {
                 let failure = match &error {
                     StoreError::Replication(why) => CoordinatorError::Unavailable(format!(
                         "not committed (outcome unknown; retry with the same request id): {why}"
@@ -375,6 +353,15 @@ impl<S: LeaseStore> Engine<S> {
                 answers.into_iter().for_each(|a| a.deliver(Some(&failure)));
                 return Err(error);
             }
+        } else if !answers.is_empty() {
+            // Nothing to commit, so no commit would fail if this engine's leader was deposed:
+            // its authority is confirmed before it answers. Unconfirmed, the answers fail and
+            // the engine carries on (the supervisor stops it once the node no longer leads).
+            if let Err(error) = self.confirm().await {
+                let failure =
+                    CoordinatorError::Unavailable(format!("cannot answer from this node: {error}"));
+                answers.drain(..).for_each(|a| a.deliver(Some(&failure)));
+            }
         }
         answers.into_iter().for_each(|a| a.deliver(None));
         self.publish(events, &vanished, now);
@@ -383,6 +370,49 @@ impl<S: LeaseStore> Engine<S> {
             .set(self.table.lease_count() as i64);
         self.metrics.waiters.set(self.table.waiter_count() as i64);
         Ok(())
+    }
+
+    /// Makes `changes` durable: awaited on this task (a replicated store), on a blocking
+    /// thread (a disk), or inline (memory).
+    async fn commit(&mut self, changes: Changes, batch_size: usize) -> Result<(), StoreError> {
+        let mut store = self
+            .store
+            .take()
+            .expect("the store is home between commits");
+        let started = std::time::Instant::now();
+        let (store, result) = if let Some(pending) = store.commit_async(&changes) {
+            (store, pending.await)
+        } else if store.commit_blocks() {
+            tokio::task::spawn_blocking(move || {
+                let result = store.commit(&changes);
+                (store, result)
+            })
+            .await
+            .expect("the commit task does not panic")
+        } else {
+            let result = store.commit(&changes);
+            (store, result)
+        };
+        self.store = Some(store);
+        self.metrics
+            .commit_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.commit_batch_size.observe(batch_size as f64);
+        result
+    }
+
+    /// Confirms that the store's authority is still this engine's ([`LeaseStore::confirm_async`];
+    /// nothing to do for a single node).
+    async fn confirm(&mut self) -> Result<(), StoreError> {
+        let confirm = self
+            .store
+            .as_mut()
+            .expect("the store is home between commits")
+            .confirm_async();
+        match confirm {
+            Some(confirm) => confirm.await,
+            None => Ok(()),
+        }
     }
 
     fn apply(&mut self, request: Request, now: u64) -> Option<Box<dyn Deferred>> {

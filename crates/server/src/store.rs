@@ -89,6 +89,16 @@ pub trait LeaseStore: Send + 'static {
     fn commit_async(&mut self, _changes: &Changes) -> Option<PendingCommit> {
         None
     }
+
+    /// For a store whose authority can pass to another process (a replicated store): confirms
+    /// that this engine's decisions are still the latest, before it answers a batch that
+    /// changed nothing (a describe, a list, a `Held` refusal, a watch's first state) — such a
+    /// batch has no commit that would fail for a deposed leader. Resolves `Ok` only if nothing
+    /// can have been committed elsewhere since the engine's last commit. `None`: a single
+    /// node's store, always authoritative.
+    fn confirm_async(&mut self) -> Option<PendingCommit> {
+        None
+    }
 }
 
 /// A commit under way (see [`LeaseStore::commit_async`]).

@@ -232,6 +232,24 @@ impl LeaseStore for RaftLeaseStore {
     fn commit_async(&mut self, changes: &Changes) -> Option<PendingCommit> {
         Some(Box::pin(self.replicate(changes)))
     }
+
+    /// Read index: heartbeats to a majority confirm that this node still leads its term, so
+    /// no other leader has committed anything (a deposed leader's reads fail instead of
+    /// answering from state that another leader has moved on from).
+    fn confirm_async(&mut self) -> Option<PendingCommit> {
+        let raft = self.raft.clone();
+        Some(Box::pin(async move {
+            match tokio::time::timeout(COMMIT_TIMEOUT, raft.get_read_log_id()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(StoreError::Replication(format!(
+                    "leadership not confirmed: {error}"
+                ))),
+                Err(_) => Err(StoreError::Replication(format!(
+                    "leadership not confirmed by a majority within {COMMIT_TIMEOUT:?}"
+                ))),
+            }
+        }))
+    }
 }
 
 impl RaftLeaseStore {
