@@ -19,6 +19,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "strict lock epochs",
         include_str!("../sql/003_strict_lock_epochs.sql"),
     ),
+    (
+        4,
+        "row tombstones",
+        include_str!("../sql/004_row_tombstones.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

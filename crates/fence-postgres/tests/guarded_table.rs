@@ -158,13 +158,15 @@ async fn p5_opted_in_tables_refuse_inserts_and_deletes_outside_the_fenced_path()
         let error = f.raw(bypass).await.expect_err(bypass);
         assert!(is_guard_violation(&error), "{bypass}: {error}");
     }
-    f.table
-        .insert(&f.fence, &3i64, &"via the fence")
+    let inserted = f
+        .table
+        .insert(&f.fence, &f.lock, &3i64, &f.token(2), &"via the fence")
         .await
         .unwrap();
+    assert!(matches!(inserted, Outcome::Accepted { .. }), "{inserted:?}");
     let stale = f
         .table
-        .delete(&f.fence, &f.lock, &3i64, &f.token(0))
+        .delete(&f.fence, &f.lock, &3i64, &f.token(2))
         .await
         .unwrap();
     assert!(
@@ -177,6 +179,91 @@ async fn p5_opted_in_tables_refuse_inserts_and_deletes_outside_the_fenced_path()
         .await
         .unwrap();
     assert!(matches!(deleted, Outcome::Accepted { .. }), "{deleted:?}");
+}
+
+#[tokio::test]
+async fn p2_a_deleted_row_keeps_its_fence_and_a_stale_owner_cannot_recreate_it() {
+    // B (epoch 7) deletes row 1; stale A (epoch 5) re-creates it and writes. Before, the delete
+    // took the row's fence with it: A's insert wrote last_fence 0 and its update at 5 > 0 was
+    // accepted below a fence of 7.
+    let f = Fixture::new("tombstone", false).await;
+    assert!(matches!(
+        f.update(1, 7, "by B").await,
+        Outcome::Accepted { .. }
+    ));
+    let deleted = f
+        .table
+        .delete(&f.fence, &f.lock, &1i64, &f.token(8))
+        .await
+        .unwrap();
+    assert!(matches!(deleted, Outcome::Accepted { .. }), "{deleted:?}");
+    let stale_insert = f
+        .table
+        .insert(&f.fence, &f.lock, &1i64, &f.token(5), &"by stale A")
+        .await
+        .unwrap();
+    assert_eq!(stale_insert, stale(8));
+    assert_eq!(f.update(1, 5, "by stale A").await, stale(8));
+    let equal = f
+        .table
+        .insert(&f.fence, &f.lock, &1i64, &f.token(8), &"same epoch")
+        .await
+        .unwrap();
+    assert_eq!(equal, stale(8), "strict: one result per epoch and row");
+    let recreated = f
+        .table
+        .insert(&f.fence, &f.lock, &1i64, &f.token(9), &"by C")
+        .await
+        .unwrap();
+    assert!(
+        matches!(recreated, Outcome::Accepted { .. }),
+        "{recreated:?}"
+    );
+    assert_eq!(f.row().await, ("by C".to_owned(), 9));
+    let exists = f
+        .table
+        .insert(&f.fence, &f.lock, &1i64, &f.token(10), &"again")
+        .await
+        .unwrap();
+    assert!(
+        matches!(exists, Outcome::Rejected(Rejection::InvalidRequest(_))),
+        "{exists:?}"
+    );
+}
+
+#[tokio::test]
+async fn p2_p5_plain_sql_delete_and_insert_cannot_lower_a_fence() {
+    // The row guard is off: an admin's DELETE and INSERT are allowed, but the INSERT cannot
+    // bring the row back below the fence it had.
+    let f = Fixture::new("plain_tombstone", false).await;
+    assert!(matches!(
+        f.update(1, 7, "by B").await,
+        Outcome::Accepted { .. }
+    ));
+    f.raw("DELETE FROM {t} WHERE id = 1").await.unwrap();
+    for insert in [
+        "INSERT INTO {t} (id, payload) VALUES (1, 'reset')",
+        "INSERT INTO {t} (id, payload, last_fence) VALUES (1, 'reset', 7)",
+    ] {
+        let error = f.raw(insert).await.expect_err(insert);
+        assert!(is_guard_violation(&error), "{insert}: {error}");
+    }
+    assert_eq!(f.update(1, 5, "by stale A").await, stale(7));
+    f.raw("INSERT INTO {t} (id, payload, last_fence) VALUES (1, 'restored', 8)")
+        .await
+        .unwrap();
+    assert_eq!(f.update(1, 8, "equal").await, stale(8));
+    assert!(matches!(
+        f.update(1, 9, "next").await,
+        Outcome::Accepted { .. }
+    ));
+}
+
+fn stale(fence: u64) -> Outcome {
+    Outcome::Rejected(Rejection::StaleEpoch {
+        fence: Epoch(fence),
+        fence_seq: None,
+    })
 }
 
 #[tokio::test]
@@ -243,7 +330,7 @@ async fn migrations_are_recorded_once() {
         .await
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
 }
 
 #[tokio::test]

@@ -219,7 +219,7 @@ pub struct MalformedAppend(String);
 pub fn check_append_entries(
     request: &AppendEntriesRequest<TypeConfig>,
 ) -> Result<(), MalformedAppend> {
-    let mut expected_index = request.prev_log_id.map_or(0, |prev| prev.index + 1);
+    let first_index = request.prev_log_id.map_or(0, |prev| prev.index + 1);
     let mut previous_term = request.prev_log_id.map_or(0, |prev| prev.leader_id.term);
     let vote_term = request.vote.leader_id().term;
     if previous_term > vote_term {
@@ -231,7 +231,7 @@ pub fn check_append_entries(
             request.vote
         )));
     }
-    for entry in &request.entries {
+    for (expected_index, entry) in (first_index..).zip(&request.entries) {
         let log_id = entry.log_id;
         if log_id.index != expected_index {
             return Err(MalformedAppend(format!(
@@ -244,7 +244,6 @@ pub fn check_append_entries(
                 "entry {log_id} has a term outside [{previous_term}, {vote_term}]"
             )));
         }
-        expected_index += 1;
         previous_term = log_id.leader_id.term;
     }
     Ok(())

@@ -223,9 +223,9 @@ impl LogStore {
         txn.set_durability(Durability::Immediate)
             .map_err(write_err)?;
         {
-            let mut next = self.next_index(&txn)?;
+            let first = self.next_index(&txn)?;
             let mut log = txn.open_table(LOG).map_err(write_err)?;
-            for entry in entries {
+            for (next, entry) in (first..).zip(entries) {
                 // openraft appends only right after its last entry (conflicts are truncated
                 // first). Anything else is a hole or an overwrite: refuse it before it is on
                 // disk, since a log with a hole stops this member for good.
@@ -236,7 +236,6 @@ impl LogStore {
                         entry.log_id
                     )));
                 }
-                next += 1;
                 log.insert(entry.log_id.index, to_json(&entry).as_slice())
                     .map_err(write_err)?;
             }
