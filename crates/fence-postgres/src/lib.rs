@@ -34,6 +34,9 @@ pub use table::{is_guard_violation, GuardedTable};
 /// Connections in the pool by default. Each is a PostgreSQL backend; the server's default
 /// `max_connections` is 100.
 pub const DEFAULT_POOL_SIZE: usize = 16;
+/// Locks whose mode an adapter remembers having checked (a full set is emptied and refilled:
+/// one extra statement per lock in use).
+pub const CHECKED_LOCK_CACHE: usize = 65_536;
 
 /// The PostgreSQL fence adapter.
 #[derive(Clone)]
@@ -41,6 +44,8 @@ pub struct PostgresFence {
     pool: Pool,
     mode: FenceMode,
     verifier: Arc<Verifier>,
+    /// Locks already found fenced in this adapter's mode (`palisade_lock_modes`).
+    checked_locks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Wraps a driver or pool error. PostgreSQL's own message and SQLSTATE are kept in the text
@@ -102,7 +107,43 @@ impl PostgresFence {
             pool,
             mode,
             verifier,
+            checked_locks: Arc::default(),
         })
+    }
+
+    /// Refuses a lock that another adapter fences in another mode (its fence would mean
+    /// something else); the first adapter to fence a lock records its mode.
+    async fn check_lock_mode(
+        &self,
+        client: &tokio_postgres::Client,
+        lock: &str,
+    ) -> Result<(), FenceError> {
+        if self
+            .checked_locks
+            .lock()
+            .expect("not poisoned")
+            .contains(lock)
+        {
+            return Ok(());
+        }
+        let row = client
+            .query_one(sql::CLAIM_LOCK_MODE, &[&lock, &self.mode.as_str()])
+            .await
+            .map_err(storage)?;
+        let recorded: String = row.get(0);
+        if recorded != self.mode.as_str() {
+            return Err(FenceError::Integrity(format!(
+                "lock {lock} is fenced in {recorded} mode in this database; this adapter is in \
+                 {} mode and refuses it",
+                self.mode
+            )));
+        }
+        let mut checked = self.checked_locks.lock().expect("not poisoned");
+        if checked.len() >= CHECKED_LOCK_CACHE {
+            checked.clear();
+        }
+        checked.insert(lock.to_owned());
+        Ok(())
     }
 
     /// The connection pool (for callers that run their own statements next to the fence).
@@ -235,6 +276,7 @@ impl FencedResource for PostgresFence {
         };
         let client = self.client().await?;
         let lock = write.lock.as_str();
+        self.check_lock_mode(&client, lock).await?;
         let rows = match self.mode {
             FenceMode::Strict => {
                 let statement = client
@@ -287,6 +329,7 @@ impl FencedResource for PostgresFence {
             Err(rejection) => return Ok(Activation::Rejected(rejection)),
         };
         let client = self.client().await?;
+        self.check_lock_mode(&client, lock.as_str()).await?;
         let statement = client
             .prepare_cached(sql::ACTIVATE)
             .await

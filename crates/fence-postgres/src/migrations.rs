@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "row tombstones",
         include_str!("../sql/004_row_tombstones.sql"),
     ),
+    (5, "lock modes", include_str!("../sql/005_lock_modes.sql")),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

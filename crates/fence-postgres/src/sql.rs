@@ -69,3 +69,15 @@ pub const READ_VALUE: &str =
 pub const READ_MAX_EPOCH: &str = "SELECT max(epoch) FROM palisade_kv WHERE lock = $1";
 pub const READ_LEDGER: &str = "
     SELECT digest FROM palisade_ledger WHERE lock = $1 AND key = $2 AND epoch = $3 AND seq = $4";
+
+/// Records `$2` as the mode of lock `$1` unless it has one, and returns the lock's mode.
+pub const CLAIM_LOCK_MODE: &str = "
+    WITH claimed AS (
+        INSERT INTO palisade_lock_modes (lock, mode) VALUES ($1, $2)
+        ON CONFLICT (lock) DO NOTHING
+        RETURNING mode
+    )
+    SELECT mode FROM claimed
+    UNION ALL
+    SELECT mode FROM palisade_lock_modes WHERE lock = $1
+    LIMIT 1";

@@ -1,0 +1,67 @@
+//! Adapters in different modes sharing PostgreSQL's tables (P2): each lock is fenced in one
+//! mode, recorded by the first adapter that fences it.
+
+mod common;
+
+use std::sync::Arc;
+
+use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_fence::{Activation, FenceError, FenceMode, FencedResource, Verifier, Write};
+use palisade_fence_postgres::PostgresFence;
+
+async fn adapter(mode: FenceMode, signer: &TokenSigner) -> PostgresFence {
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([signer.verifying_key()])));
+    PostgresFence::connect(&common::postgres_url(), 2, mode, verifier)
+        .await
+        .expect("connect to the test PostgreSQL")
+}
+
+#[tokio::test]
+async fn p2_a_lock_activated_by_one_adapter_is_refused_by_a_strict_adapter() {
+    // Before, the strict adapter accepted epoch 7 on a fresh key of a lock whose activated
+    // fence was 9: the modes' fences mean different things, and nothing recorded which one a
+    // lock used.
+    let signer = TokenSigner::from_secret_bytes(&[5; 32]);
+    let lock = LockName::new(format!("modes/{}", std::process::id())).unwrap();
+    let token = |epoch| {
+        signer.sign(
+            &lock,
+            Epoch(epoch),
+            LeaseId(epoch),
+            &HolderId::new("h").unwrap(),
+            0,
+        )
+    };
+    let activated = adapter(FenceMode::Activated, &signer).await;
+    let strict = adapter(FenceMode::Strict, &signer).await;
+    let activation = activated.activate(&lock, &token(9)).await.unwrap();
+    assert!(
+        matches!(activation, Activation::Activated { .. }),
+        "{activation:?}"
+    );
+    let stale = token(7);
+    let write = Write {
+        lock: &lock,
+        key: "fresh",
+        value: b"old owner",
+        token: &stale,
+        seq: None,
+    };
+    match strict.write(write).await {
+        Err(FenceError::Integrity(why)) => {
+            assert!(why.contains("activated mode"), "{why}")
+        }
+        other => panic!("a strict adapter wrote a lock fenced in activated mode: {other:?}"),
+    }
+    assert!(strict.read(&lock, "fresh").await.unwrap().is_none());
+    // The activated adapter keeps working on its lock.
+    let current = token(9);
+    let write = Write {
+        lock: &lock,
+        key: "fresh",
+        value: b"owner",
+        token: &current,
+        seq: None,
+    };
+    assert!(activated.write(write).await.is_ok());
+}
