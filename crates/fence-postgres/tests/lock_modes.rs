@@ -16,6 +16,17 @@ async fn adapter(mode: FenceMode, signer: &TokenSigner) -> PostgresFence {
         .expect("connect to the test PostgreSQL")
 }
 
+/// A write of the key `fresh`.
+fn fresh<'a>(lock: &'a LockName, token: &'a str, value: &'a [u8]) -> Write<'a> {
+    Write {
+        lock,
+        key: "fresh",
+        value,
+        token,
+        seq: None,
+    }
+}
+
 #[tokio::test]
 async fn p2_a_lock_activated_by_one_adapter_is_refused_by_a_strict_adapter() {
     // Before, the strict adapter accepted epoch 7 on a fresh key of a lock whose activated
@@ -39,15 +50,7 @@ async fn p2_a_lock_activated_by_one_adapter_is_refused_by_a_strict_adapter() {
         matches!(activation, Activation::Activated { .. }),
         "{activation:?}"
     );
-    let stale = token(7);
-    let write = Write {
-        lock: &lock,
-        key: "fresh",
-        value: b"old owner",
-        token: &stale,
-        seq: None,
-    };
-    match strict.write(write).await {
+    match strict.write(fresh(&lock, &token(7), b"old owner")).await {
         Err(FenceError::Integrity(why)) => {
             assert!(why.contains("activated mode"), "{why}")
         }
@@ -55,13 +58,8 @@ async fn p2_a_lock_activated_by_one_adapter_is_refused_by_a_strict_adapter() {
     }
     assert!(strict.read(&lock, "fresh").await.unwrap().is_none());
     // The activated adapter keeps working on its lock.
-    let current = token(9);
-    let write = Write {
-        lock: &lock,
-        key: "fresh",
-        value: b"owner",
-        token: &current,
-        seq: None,
-    };
-    assert!(activated.write(write).await.is_ok());
+    assert!(activated
+        .write(fresh(&lock, &token(9), b"owner"))
+        .await
+        .is_ok());
 }

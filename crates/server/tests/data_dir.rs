@@ -11,16 +11,21 @@ fn config(dir: &std::path::Path) -> ServerConfig {
     }
 }
 
-#[tokio::test]
-async fn p1_a_signing_key_without_its_store_refuses_to_start_and_names_the_way_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    palisade_server::start(config(&data))
+/// Starts a coordinator over `data` and stops it cleanly.
+async fn start_and_stop(data: &std::path::Path) {
+    palisade_server::start(config(data))
         .await
         .unwrap()
         .shutdown()
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn p1_a_signing_key_without_its_store_refuses_to_start_and_names_the_way_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    start_and_stop(&data).await;
     std::fs::remove_file(data.join(palisade_server::STORE_FILE)).unwrap();
     let error = match palisade_server::start(config(&data)).await {
         Ok(_) => panic!("started over a lost store: epochs would restart at 1"),
@@ -40,12 +45,7 @@ async fn a_first_start_creates_the_store_and_the_key_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     for _ in 0..2 {
-        palisade_server::start(config(&data))
-            .await
-            .unwrap()
-            .shutdown()
-            .await
-            .unwrap();
+        start_and_stop(&data).await;
     }
     assert!(data.join(palisade_server::STORE_FILE).exists());
     assert!(data.join(palisade_server::keys::SIGNING_KEY_FILE).exists());
