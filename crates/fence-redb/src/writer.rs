@@ -280,3 +280,100 @@ fn activate(tables: &mut Tables<'_>, lock: &str, epoch: Epoch) -> Result<Activat
         Err(rejection) => Ok(Activation::Rejected(rejection)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Batches built on purpose: the writer takes every queued job into one transaction, so a
+    //! check that read the store instead of the batch's own earlier writes shows up every time
+    //! (the drills met two same-epoch writes of one key in one batch only by chance).
+
+    use super::*;
+
+    /// Queues `writes` (lock, key, epoch, seq) before the writer starts, so they form one
+    /// batch, and returns each write's outcome.
+    fn one_batch(mode: FenceMode, writes: &[(&str, &str, u64, Option<u64>)]) -> Vec<Outcome> {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::create(dir.path().join("fence.redb")).unwrap());
+        crate::records::initialize(&db, mode).unwrap();
+        let (queue, jobs) = mpsc::channel(MAX_BATCH);
+        let mut answers = Vec::new();
+        for (i, (lock, key, epoch, seq)) in writes.iter().enumerate() {
+            let (reply, answer) = oneshot::channel();
+            queue
+                .try_send(Job::Write {
+                    lock: (*lock).to_owned(),
+                    key: (*key).to_owned(),
+                    epoch: Epoch(*epoch),
+                    seq: *seq,
+                    value: format!("write {i}").into_bytes(),
+                    reply,
+                })
+                .unwrap();
+            answers.push(answer);
+        }
+        drop(queue);
+        Writer::new(db, mode).run(jobs);
+        answers
+            .into_iter()
+            .map(|answer| answer.blocking_recv().unwrap().unwrap())
+            .collect()
+    }
+
+    fn accepted(outcome: &Outcome) -> bool {
+        matches!(outcome, Outcome::Accepted { .. })
+    }
+
+    #[test]
+    fn p2_p3_two_same_epoch_writes_of_one_key_in_one_batch_accept_only_the_first() {
+        let outcomes = one_batch(
+            FenceMode::Strict,
+            &[
+                ("l", "k", 5, None),
+                ("l", "k", 5, None),
+                ("l", "k", 4, None),
+            ],
+        );
+        let accepted: Vec<bool> = outcomes.iter().map(accepted).collect();
+        assert_eq!(accepted, [true, false, false], "{outcomes:?}");
+    }
+
+    #[test]
+    fn p2_a_lower_epoch_after_a_higher_one_in_the_same_batch_is_refused_on_a_new_key() {
+        let outcomes = one_batch(
+            FenceMode::Strict,
+            &[
+                ("l", "a", 42, None),
+                ("l", "b", 41, None),
+                ("l", "b", 42, None),
+            ],
+        );
+        let accepted: Vec<bool> = outcomes.iter().map(accepted).collect();
+        assert_eq!(accepted, [true, false, true], "{outcomes:?}");
+    }
+
+    #[test]
+    fn p2_sequenced_pairs_in_one_batch_apply_once_and_replay() {
+        let outcomes = one_batch(
+            FenceMode::Sequenced,
+            &[
+                ("l", "k", 3, Some(1)),
+                ("l", "k", 3, Some(1)),
+                ("l", "k", 3, Some(0)),
+                ("l", "k", 3, Some(2)),
+            ],
+        );
+        assert!(accepted(&outcomes[0]), "{outcomes:?}");
+        assert!(
+            matches!(
+                outcomes[1],
+                Outcome::Rejected(Rejection::ReplayMismatch { .. })
+            ),
+            "a replay of (3, 1) with another value: {outcomes:?}"
+        );
+        assert!(
+            matches!(outcomes[2], Outcome::Rejected(Rejection::StaleEpoch { .. })),
+            "{outcomes:?}"
+        );
+        assert!(accepted(&outcomes[3]), "{outcomes:?}");
+    }
+}
