@@ -345,7 +345,44 @@ fn check_writes(history: &History, mode: Mode, summary: &mut Summary) -> Result<
     for ((lock, key), steps) in &writes {
         let fences = activations.get(lock).map(Vec::as_slice).unwrap_or(&[]);
         check_key(steps, fences, mode, summary)?;
+        if mode == Mode::Activated {
+            check_activated_before_accepted(history, lock, steps)?;
+        }
         check_final_value(history, lock, key, steps)?;
+    }
+    Ok(())
+}
+
+/// Activated mode: a write is accepted only at the activated epoch, so every accepted write at
+/// epoch E needs an activation of E on its lock that was invoked before the write completed
+/// and not refused (an activation whose answer was lost may have applied). A resource that
+/// accepted a higher, never-activated epoch lets an owner write before it fenced out the old
+/// one.
+fn check_activated_before_accepted(
+    history: &History,
+    lock: &str,
+    steps: &[Step<'_>],
+) -> Result<(), Violation> {
+    for write in steps.iter().filter(|s| s.accepted) {
+        let activated = history.entries.iter().any(|entry| {
+            entry.lock == lock
+                && entry.invoked < write.entry.completed
+                && !matches!(entry.outcome, Outcome::Rejected { .. })
+                && matches!(
+                    entry.op,
+                    Op::Activate { epoch, token: TokenKind::Valid } if epoch == write.pair.0
+                )
+        });
+        if !activated {
+            return Err(Violation {
+                property: "P2",
+                message: format!(
+                    "a write at epoch {} was accepted but that epoch was never activated",
+                    write.pair.0
+                ),
+                entries: vec![write.index],
+            });
+        }
     }
     Ok(())
 }

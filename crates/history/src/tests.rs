@@ -121,6 +121,29 @@ fn p2_an_old_owner_accepted_after_the_new_one_activated_is_found() {
 }
 
 #[test]
+fn p2_a_write_accepted_at_an_epoch_never_activated_is_found() {
+    let activate = |epoch| Op::Activate {
+        epoch,
+        token: TokenKind::Valid,
+    };
+    let h = history(vec![
+        entry("a", 0, 1, activate(7), accepted()),
+        entry("a", 2, 3, write(7, "A"), accepted()),
+        entry("b", 4, 5, write(8, "B"), accepted()),
+    ]);
+    let violation = check(&h, Mode::Activated).unwrap_err();
+    assert_eq!(
+        (violation.property, violation.entries.clone()),
+        ("P2", vec![2])
+    );
+    assert!(
+        violation.message.contains("never activated"),
+        "{}",
+        violation.message
+    );
+}
+
+#[test]
 fn p2_a_final_value_from_a_lower_epoch_is_found() {
     let read = Op::Read { key: "k".into() };
     let value = |v: &str, e: u64| Outcome::Value {

@@ -36,6 +36,9 @@ pub struct SimConfig {
     pub plant_epoch_reset: bool,
     /// Plant a bug: the resource accepts a strict write with an equal epoch.
     pub plant_equal_accepted: bool,
+    /// Plant a bug: in activated mode the resource accepts a write above the fence that was
+    /// never activated.
+    pub plant_unactivated_accepted: bool,
 }
 
 impl Default for SimConfig {
@@ -46,6 +49,7 @@ impl Default for SimConfig {
             duration_ms: 20_000,
             plant_epoch_reset: false,
             plant_equal_accepted: false,
+            plant_unactivated_accepted: false,
         }
     }
 }

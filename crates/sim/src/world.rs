@@ -22,6 +22,9 @@ struct Ownership {
     lease: LeaseId,
     token: String,
     activated: bool,
+    /// Writes without activating (its activation was lost, or it forgot): the resource must
+    /// refuse those writes.
+    skips_activation: bool,
     writes_left: u32,
 }
 
@@ -256,7 +259,7 @@ impl World {
         if self.rng.chance(4) {
             self.send_forged(id, owner.lock);
         }
-        if self.mode == Mode::Activated && !owner.activated {
+        if self.mode == Mode::Activated && !owner.activated && !owner.skips_activation {
             let message = Message::Activate {
                 client: id,
                 lock: owner.lock,
@@ -346,6 +349,9 @@ impl World {
                     lease,
                     token,
                     activated: false,
+                    // Derived from the epoch (no draw from the seed's generator), so the
+                    // other modes' traces do not change.
+                    skips_activation: epoch.0 % 7 == 3,
                     writes_left: 1 + (epoch.0 % 3) as u32,
                 });
             }
@@ -483,7 +489,11 @@ impl World {
         let decision = match self.mode {
             Mode::Activated => {
                 let fence = self.resource.fences.get(&lock).copied().unwrap_or_default();
-                rules::activated_write(fence, epoch)
+                if self.config.plant_unactivated_accepted && epoch > fence {
+                    Ok(())
+                } else {
+                    rules::activated_write(fence, epoch)
+                }
             }
             _ => {
                 let stored = self.resource.values.get(&lock).map(|(e, _)| *e);

@@ -1,6 +1,7 @@
 //! The simulation in CI: 1,000 seeds, each checked for P1, P2 and P4; reproducibility; and
 //! planted bugs that the checker must find.
 
+use palisade_history::Mode;
 use palisade_sim::{run, SimConfig};
 
 /// Seeds run by every `scripts/test`. A longer run: `palisade simulate --seeds 100000`.
@@ -79,5 +80,25 @@ fn p2_a_resource_that_accepts_equal_epochs_is_caught() {
     assert!(
         caught >= 10,
         "the planted <= was found in {caught} of 100 seeds"
+    );
+}
+
+#[test]
+fn p2_a_resource_that_accepts_a_never_activated_epoch_is_caught() {
+    // Some owners write without activating (a lost or forgotten activation); a resource that
+    // then accepts any epoch above its fence lets them in before the old owner is fenced out.
+    // Before, every simulated owner activated first and this planted bug passed every seed.
+    let config = SimConfig {
+        plant_unactivated_accepted: true,
+        ..SimConfig::default()
+    };
+    let caught = (0..200)
+        .map(|seed| run(seed, config))
+        .filter(|r| r.mode == Mode::Activated)
+        .filter(|r| r.verdict.as_ref().is_err_and(|v| v.property == "P2"))
+        .count();
+    assert!(
+        caught >= 5,
+        "the planted never-activated acceptance was found in {caught} of 200 seeds"
     );
 }
