@@ -126,10 +126,19 @@ impl PostgresFence {
         {
             return Ok(());
         }
-        let row = client
-            .query_one(sql::CLAIM_LOCK_MODE, &[&lock, &self.mode.as_str()])
+        let claimed = client
+            .query_opt(sql::CLAIM_LOCK_MODE, &[&lock, &self.mode.as_str()])
             .await
             .map_err(storage)?;
+        let row = match claimed {
+            Some(row) => row,
+            // Another adapter claimed the lock concurrently: the claim waited for it and did
+            // nothing, but its snapshot predates that commit. A new statement sees it.
+            None => client
+                .query_one(sql::READ_LOCK_MODE, &[&lock])
+                .await
+                .map_err(storage)?,
+        };
         let recorded: String = row.get(0);
         if recorded != self.mode.as_str() {
             return Err(FenceError::Integrity(format!(

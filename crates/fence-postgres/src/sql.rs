@@ -81,3 +81,6 @@ pub const CLAIM_LOCK_MODE: &str = "
     UNION ALL
     SELECT mode FROM palisade_lock_modes WHERE lock = $1
     LIMIT 1";
+
+/// The recorded mode of lock `$1`.
+pub const READ_LOCK_MODE: &str = "SELECT mode FROM palisade_lock_modes WHERE lock = $1";

@@ -63,3 +63,38 @@ async fn p2_a_lock_activated_by_one_adapter_is_refused_by_a_strict_adapter() {
         .await
         .is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adapters_claiming_a_new_lock_at_once_all_see_its_mode() {
+    // Many first writes of one lock at once: each claim either records the mode or waits for
+    // the one that did, and then reads it (a claim's own snapshot predates that commit).
+    let signer = TokenSigner::from_secret_bytes(&[6; 32]);
+    let mut adapters = Vec::new();
+    for _ in 0..8 {
+        adapters.push(adapter(FenceMode::Strict, &signer).await);
+    }
+    for round in 0..10 {
+        let lock = LockName::new(format!("modes/race/{}/{round}", std::process::id())).unwrap();
+        let start = Arc::new(tokio::sync::Barrier::new(adapters.len()));
+        let mut tasks = Vec::new();
+        for (epoch, fence) in (1u64..).zip(&adapters) {
+            let token = signer.sign(
+                &lock,
+                Epoch(epoch),
+                LeaseId(epoch),
+                &HolderId::new("h").unwrap(),
+                0,
+            );
+            let (fence, lock, start) = (fence.clone(), lock.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                // Each adapter holds a connection already, so the claims meet in the database.
+                start.wait().await;
+                fence.write(fresh(&lock, &token, b"v")).await
+            }));
+        }
+        for task in tasks {
+            let outcome = task.await.unwrap();
+            assert!(outcome.is_ok(), "round {round}: {outcome:?}");
+        }
+    }
+}
