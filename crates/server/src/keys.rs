@@ -82,6 +82,14 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// fsyncs the directory holding `path`, so a file just created there survives a power cut.
+pub fn sync_parent_dir(path: &Path) -> io::Result<()> {
+    match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        Some(dir) => sync_dir(dir),
+        None => sync_dir(Path::new(".")),
+    }
+}
+
 /// Creates the data directory (mode 0700) if it does not exist.
 pub fn create_data_dir(data_dir: &Path) -> io::Result<()> {
     fs::create_dir_all(data_dir)?;

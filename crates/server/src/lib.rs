@@ -161,12 +161,13 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
             key: key.display().to_string(),
         });
     }
+    // Opening creates the file and fsyncs its directory.
     if cluster {
         drop(cluster::storage::open(&store).map_err(ServerError::Cluster)?);
     } else {
         drop(RedbLeaseStore::open(&store)?);
     }
-    keys::sync_dir(dir).map_err(io(format!("fsync data directory {}", dir.display())))
+    Ok(())
 }
 
 /// Opens the data directory and starts serving.

@@ -161,10 +161,8 @@ impl RedbLeaseStore {
         let db = Database::create(path)?;
         if created {
             // The file's entry in its directory must survive a power cut too.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                crate::keys::sync_dir(dir)
-                    .map_err(|e| StoreError::Storage(redb::StorageError::Io(e).into()))?;
-            }
+            crate::keys::sync_parent_dir(path)
+                .map_err(|e| StoreError::Storage(redb::StorageError::Io(e).into()))?;
         }
         let store = Self { db };
         store.check_format()?;

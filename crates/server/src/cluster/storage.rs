@@ -126,9 +126,8 @@ pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), String
     let db = Database::create(path).map_err(|e| format!("open {}: {e}", path.display()))?;
     if created {
         // The file's entry in its directory must survive a power cut too.
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            crate::keys::sync_dir(dir).map_err(|e| format!("fsync {}: {e}", dir.display()))?;
-        }
+        crate::keys::sync_parent_dir(path)
+            .map_err(|e| format!("fsync the directory of {}: {e}", path.display()))?;
     }
     open_database(db)
 }
