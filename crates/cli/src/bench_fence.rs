@@ -10,7 +10,7 @@ use clap::Args;
 use palisade_core::token::encode_public_key;
 use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
 use palisade_fence::{FenceMode, Outcome, Verifier};
-use palisade_fence_postgres::{GuardedTable, PostgresFence};
+use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
 use palisade_resource::{KeySource, ResourceConfig};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -61,7 +61,8 @@ pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result
     let fence = PostgresFence::connect(&args.url, max_clients, FenceMode::Strict, verifier)
         .await
         .context("connect to PostgreSQL")?;
-    let table = GuardedTable::new(TABLE, "id", "payload")?;
+    // Each row names its lock (client i's rows "bench/i", row 0 "bench/hot").
+    let table = GuardedTable::new(TABLE, "id", "payload", RowLock::Column("lock".into()))?;
     let hot_lock = LockName::new("bench/hot").unwrap();
     let hot_tokens: Arc<Vec<String>> = Arc::new(
         (1..=HOT_TOKENS as u64)
@@ -100,7 +101,9 @@ pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result
     }
     let client = fence.pool().get().await?;
     client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {TABLE}"))
+        .batch_execute(&format!(
+            "BEGIN; SELECT palisade_drop_guard('{TABLE}'); DROP TABLE {TABLE}; COMMIT"
+        ))
         .await?;
     if json {
         print_json(&serde_json::json!({ "postgres": rows }));
@@ -134,10 +137,14 @@ async fn reset_table(
     let rows = clients as i64 * ROWS_PER_CLIENT;
     client
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {TABLE};
-             CREATE TABLE {TABLE} (id bigint PRIMARY KEY, payload text NOT NULL,
-                                   last_fence bigint NOT NULL DEFAULT 0);
-             INSERT INTO {TABLE} (id, payload) SELECT g, '' FROM generate_series(0, {rows}) g;"
+            "SELECT palisade_drop_guard(oid) FROM pg_class WHERE oid = to_regclass('{TABLE}');
+             DROP TABLE IF EXISTS {TABLE};
+             CREATE TABLE {TABLE} (id bigint PRIMARY KEY, lock text NOT NULL,
+                                   payload text NOT NULL, last_fence bigint NOT NULL DEFAULT 0);
+             INSERT INTO {TABLE} (id, lock, payload)
+             SELECT g, CASE WHEN g = 0 THEN 'bench/hot'
+                            ELSE 'bench/' || ((g - 1) / {ROWS_PER_CLIENT}) END, ''
+             FROM generate_series(0, {rows}) g;"
         ))
         .await?;
     client
@@ -197,7 +204,7 @@ impl Run {
             let client = self.fence.pool().get().await?;
             let update = format!(
                 "UPDATE {TABLE} SET payload = $3, last_fence = $2 \
-                 WHERE id = $1 AND last_fence < $2 RETURNING id"
+                 WHERE id = $1 AND last_fence < $2 AND lock = $4 RETURNING id"
             );
             let statement = client.prepare_cached(&update).await?;
             Some((client, statement))
@@ -231,7 +238,7 @@ impl Run {
             if let Some((client, statement)) = &raw {
                 let epoch = write_epoch as i64;
                 client
-                    .query_opt(statement, &[&id, &epoch, &payload])
+                    .query_opt(statement, &[&id, &epoch, &payload, &write_lock.as_str()])
                     .await?;
             } else {
                 let outcome = self

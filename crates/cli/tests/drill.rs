@@ -164,6 +164,8 @@ fn simulate_cluster_runs_the_replicated_coordinator_and_refuses_other_sizes() {
 fn the_postgres_drill_leaves_nothing_behind() {
     let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let orphans_before = runtime.block_on(orphaned_guard_rows(&url));
     let output = Command::new(BINARY)
         .args([
             "drill",
@@ -183,7 +185,11 @@ fn the_postgres_drill_leaves_nothing_behind() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let orphans_after = runtime.block_on(orphaned_guard_rows(&url));
+    assert_eq!(
+        orphans_after, orphans_before,
+        "the drill left its guard behind"
+    );
     runtime.block_on(async {
         let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
@@ -207,4 +213,35 @@ fn the_postgres_drill_leaves_nothing_behind() {
             .get(0);
         assert_eq!((tables, rows), (0, 0));
     });
+}
+
+/// Guard bindings and tombstones whose table no longer exists.
+async fn orphaned_guard_rows(url: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // The drill's migrations may not have run yet on a fresh database.
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('palisade_guarded_tables') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    if !exists {
+        return 0;
+    }
+    client
+        .query_one(
+            "SELECT (SELECT count(*) FROM palisade_guarded_tables
+                     WHERE tbl NOT IN (SELECT oid FROM pg_class))
+                  + (SELECT count(*) FROM palisade_row_fences
+                     WHERE tbl NOT IN (SELECT oid FROM pg_class))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }

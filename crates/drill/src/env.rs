@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use palisade_core::token::decode_public_key;
 use palisade_core::TokenVerifier;
 use palisade_fence::{FenceMode, Verifier};
-use palisade_fence_postgres::{GuardedTable, PostgresFence};
+use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
@@ -134,7 +134,7 @@ impl DrillEnv {
                 (urls.0, urls.1, Some(file), None)
             }
             ResourceSpec::Postgres(url) => {
-                let table = create_table(url, &coordinator_url, &run, config.keys).await?;
+                let table = create_table(url, &coordinator_url, &run).await?;
                 (url.clone(), url.clone(), None, Some(table))
             }
         };
@@ -159,7 +159,9 @@ impl DrillEnv {
         if let Some((fence, _, name)) = &self.table {
             if let Ok(client) = fence.pool().get().await {
                 let _ = client
-                    .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT palisade_drop_guard('{name}'); DROP TABLE {name}; COMMIT"
+                    ))
                     .await;
                 // The activated-mode scenarios write to Palisade's own tables.
                 let pattern = format!("drill/%/{}/%", self.run);
@@ -249,7 +251,6 @@ async fn create_table(
     url: &str,
     coordinator: &str,
     run: &str,
-    keys: usize,
 ) -> anyhow::Result<(PostgresFence, GuardedTable, String)> {
     let body: Value = reqwest::get(format!("{coordinator}/v1/keys"))
         .await?
@@ -265,18 +266,16 @@ async fn create_table(
     let fence = PostgresFence::connect(url, 4, FenceMode::Strict, verifier).await?;
     let name = drill_table_name(run);
     let client = fence.pool().get().await?;
-    // The rows exist before the guard (an operator's setup, not an owner's write).
+    // Each row names the lock that guards it (the drill's locks change every iteration); a
+    // worker creates its lock's rows through the fence on first write.
     client
         .batch_execute(&format!(
-            "CREATE TABLE {name} (id bigint PRIMARY KEY, payload text NOT NULL,
-                                  last_fence bigint NOT NULL DEFAULT 0);
-             INSERT INTO {name} (id, payload)
-             SELECT id, 'initial' FROM generate_series(0, {}) AS id",
-            keys.max(1) - 1
+            "CREATE TABLE {name} (id text PRIMARY KEY, lock text NOT NULL,
+                                  payload text NOT NULL, last_fence bigint NOT NULL DEFAULT 0)"
         ))
         .await?;
     drop(client);
-    let table = GuardedTable::new(&name, "id", "payload")?;
+    let table = GuardedTable::new(&name, "id", "payload", RowLock::Column("lock".into()))?;
     table.install_guard(&fence, true).await?;
     Ok((fence, table, name))
 }

@@ -469,27 +469,53 @@ async fn bypass(env: &DrillEnv, lock: &str, history: &mut History) -> anyhow::Re
             attempt("open the store's file directly", opened);
         }
         ResourceSpec::Postgres(_) => {
-            let (fence, _, table) = env.table.as_ref().expect("the drill table");
+            let (fence, guarded, table) = env.table.as_ref().expect("the drill table");
+            // A row written through the fence, so that every attempt below has a row to hit.
+            let grant = env.client.acquire_once(&AcquireOptions::new(lock)).await?;
+            let name = LockName::new(lock)?;
+            let id = crate::target::row_id(&name, &key);
+            let created = guarded
+                .insert(fence, &name, &id, &grant.token, &"owner")
+                .await?;
+            env.client.release(grant.lease_id).await?;
+            anyhow::ensure!(
+                matches!(created, palisade_fence::Outcome::Accepted { .. }),
+                "the owner's fenced insert was refused: {created:?}"
+            );
             let client = fence.pool().get().await?;
             for (path, sql) in [
                 (
                     "plain UPDATE",
-                    format!("UPDATE {table} SET payload = 'bypass' WHERE id = 0"),
+                    format!("UPDATE {table} SET payload = 'bypass'"),
                 ),
                 (
                     "UPDATE lowering the fence",
-                    format!("UPDATE {table} SET payload = 'bypass', last_fence = 0 WHERE id = 0"),
+                    format!("UPDATE {table} SET payload = 'bypass', last_fence = 0"),
+                ),
+                (
+                    "UPDATE moving a row to another lock",
+                    format!("UPDATE {table} SET lock = 'other', last_fence = last_fence + 1"),
                 ),
                 (
                     "INSERT outside the fenced path",
-                    format!("INSERT INTO {table} (id, payload) VALUES (-1, 'bypass')"),
+                    format!("INSERT INTO {table} (id, lock, payload) VALUES ('x', 'x', 'bypass')"),
                 ),
                 (
                     "DELETE outside the fenced path",
-                    format!("DELETE FROM {table} WHERE id = 0"),
+                    format!("DELETE FROM {table}"),
+                ),
+                ("TRUNCATE", format!("TRUNCATE {table}")),
+                (
+                    "UPDATE with the triggers in replica mode",
+                    format!(
+                        "BEGIN; SET LOCAL session_replication_role = replica; \
+                         UPDATE {table} SET payload = 'bypass', last_fence = 0; COMMIT"
+                    ),
                 ),
             ] {
-                let succeeded = client.execute(&sql, &[]).await.is_ok();
+                let succeeded = client.batch_execute(&sql).await.is_ok();
+                // A failed transaction block stays open until it is rolled back.
+                client.batch_execute("ROLLBACK").await.ok();
                 attempt(path, succeeded);
             }
         }

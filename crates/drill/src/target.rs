@@ -6,8 +6,8 @@ use std::sync::Arc;
 use palisade_client::encode_path_segment;
 use palisade_core::token::decode_public_key;
 use palisade_core::{LockName, TokenVerifier};
-use palisade_fence::{Activation, FenceMode, FencedResource, Outcome, Verifier};
-use palisade_fence_postgres::{GuardedTable, PostgresFence};
+use palisade_fence::{Activation, FenceMode, FencedResource, Outcome, Rejection, Verifier};
+use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
 
 /// A resource as the worker sees it. Outcomes are short codes: `accepted`, `replay`, or the
 /// resource's rejection code (`stale_epoch`, `invalid_token`, …), or `error: …`.
@@ -17,7 +17,7 @@ pub enum Target {
     /// PostgreSQL: strict mode writes row `key` of `table`; activated mode uses Palisade's tables.
     Postgres {
         fence: PostgresFence,
-        table: GuardedTable,
+        table: Box<GuardedTable>,
         table_name: String,
     },
 }
@@ -56,10 +56,11 @@ impl Target {
             let verifier = Arc::new(Verifier::new(TokenVerifier::new(keys)));
             let fence = PostgresFence::connect(url, 2, mode, verifier).await?;
             let table_name = drill_table_name(run);
-            let table = GuardedTable::new(&table_name, "id", "payload")?;
+            let table =
+                GuardedTable::new(&table_name, "id", "payload", RowLock::Column("lock".into()))?;
             Ok(Target::Postgres {
                 fence,
-                table,
+                table: Box::new(table),
                 table_name,
             })
         } else {
@@ -113,8 +114,7 @@ impl Target {
                     };
                     fence.write(write).await
                 } else {
-                    let id: i64 = key.trim_start_matches('k').parse().unwrap_or(0);
-                    table.update(fence, lock, &id, token, &value).await
+                    strict_row_write(fence, table, lock, key, token, value).await
                 };
                 match outcome {
                     Ok(Outcome::Accepted { .. }) => "accepted".into(),
@@ -158,7 +158,7 @@ impl Target {
             Target::Postgres {
                 fence, table_name, ..
             } => {
-                let id: i64 = key.trim_start_matches('k').parse().unwrap_or(0);
+                let id = row_id(lock, key);
                 let client = fence.pool().get().await?;
                 let sql = format!("SELECT payload, last_fence FROM {table_name} WHERE id = $1");
                 let row = client.query_opt(&sql, &[&id]).await?;
@@ -169,6 +169,35 @@ impl Target {
             }
         }
     }
+}
+
+/// The drill table's row of `key` under `lock` (rows are bound to their lock).
+pub(crate) fn row_id(lock: &LockName, key: &str) -> String {
+    format!("{lock}#{key}")
+}
+
+/// A strict-mode write of the drill table's row for `key`: the fenced update, or the fenced
+/// creation of the row on its first write (then the update again if another worker created it
+/// in between).
+async fn strict_row_write(
+    fence: &PostgresFence,
+    table: &GuardedTable,
+    lock: &LockName,
+    key: &str,
+    token: &str,
+    value: &str,
+) -> Result<Outcome, palisade_fence::FenceError> {
+    let id = row_id(lock, key);
+    let missing = |o: &Outcome| matches!(o, Outcome::Rejected(Rejection::InvalidRequest(_)));
+    let updated = table.update(fence, lock, &id, token, &value).await?;
+    if !missing(&updated) {
+        return Ok(updated);
+    }
+    let created = table.insert(fence, lock, &id, token, &value).await?;
+    if !missing(&created) {
+        return Ok(created);
+    }
+    table.update(fence, lock, &id, token, &value).await
 }
 
 /// The reference store's URL of `key` under `lock`.

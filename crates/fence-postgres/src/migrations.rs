@@ -25,6 +25,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../sql/004_row_tombstones.sql"),
     ),
     (5, "lock modes", include_str!("../sql/005_lock_modes.sql")),
+    (
+        6,
+        "guard roles and locks",
+        include_str!("../sql/006_guard_roles_and_locks.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).
@@ -33,7 +38,14 @@ const MIGRATION_LOCK: i64 = 0x7061_6c69_7361_6465;
 /// Applies every migration not yet recorded in `palisade_schema_migrations`, all in one
 /// transaction that first takes the advisory lock (even the bookkeeping table's creation races
 /// otherwise: concurrent `CREATE TABLE IF NOT EXISTS` can fail in PostgreSQL).
+///
+/// When every migration is already recorded it runs no DDL and takes no lock: a role with no
+/// CREATE privilege (the fence role of `docs/enforcement.md`, which needs only SELECT on the
+/// bookkeeping table) can connect after the owner applied them.
 pub async fn apply(client: &mut Client) -> Result<Vec<i32>, tokio_postgres::Error> {
+    if all_applied(client).await? {
+        return Ok(Vec::new());
+    }
     let txn = client.transaction().await?;
     txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
@@ -66,4 +78,27 @@ pub async fn apply(client: &mut Client) -> Result<Vec<i32>, tokio_postgres::Erro
     }
     txn.commit().await?;
     Ok(applied)
+}
+
+/// True when `palisade_schema_migrations` exists and records every version in [`MIGRATIONS`].
+async fn all_applied(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('palisade_schema_migrations') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(false);
+    }
+    let versions: Vec<i32> = MIGRATIONS.iter().map(|(version, _, _)| *version).collect();
+    let recorded: i64 = client
+        .query_one(
+            "SELECT count(*) FROM palisade_schema_migrations WHERE version = ANY($1)",
+            &[&versions],
+        )
+        .await?
+        .get(0);
+    Ok(recorded == versions.len() as i64)
 }

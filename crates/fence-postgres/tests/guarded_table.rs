@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
 use palisade_fence::{FenceMode, Outcome, Rejection, Verifier};
-use palisade_fence_postgres::{is_guard_violation, GuardedTable, PostgresFence};
+use palisade_fence_postgres::{is_guard_violation, GuardedTable, PostgresFence, RowLock};
+use tokio_postgres::error::SqlState;
 
 struct Fixture {
     fence: PostgresFence,
@@ -35,9 +36,10 @@ impl Fixture {
             ))
             .await
             .unwrap();
-        let table = GuardedTable::new(&name, "id", "payload").unwrap();
-        table.install_guard(&fence, guard_rows).await.unwrap();
         let lock = LockName::new(format!("table/{name}")).unwrap();
+        let table =
+            GuardedTable::new(&name, "id", "payload", RowLock::Table(lock.clone())).unwrap();
+        table.install_guard(&fence, guard_rows).await.unwrap();
         Self {
             fence,
             table,
@@ -279,10 +281,17 @@ async fn installing_the_guard_needs_a_last_fence_column_and_is_idempotent() {
         ))
         .await
         .unwrap();
-    let table = GuardedTable::new(&bare, "id", "payload").unwrap();
+    let table = GuardedTable::new(&bare, "id", "payload", RowLock::Table(f.lock.clone())).unwrap();
     let error = table.install_guard(&f.fence, false).await.unwrap_err();
     assert!(error.to_string().contains("last_fence"), "{error}");
-    assert!(GuardedTable::new("t; DROP TABLE x", "id", "payload").is_err());
+    assert!(GuardedTable::new(
+        "t; DROP TABLE x",
+        "id",
+        "payload",
+        RowLock::Table(f.lock.clone())
+    )
+    .is_err());
+    assert!(GuardedTable::new(&bare, "id", "payload", RowLock::Column("lock; x".into())).is_err());
 }
 
 #[tokio::test]
@@ -330,7 +339,7 @@ async fn migrations_are_recorded_once() {
         .await
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
 }
 
 #[tokio::test]
@@ -415,4 +424,384 @@ async fn p8_a_connection_killed_mid_write_is_an_error_with_no_partial_write() {
         Outcome::Accepted { .. }
     ));
     assert_eq!(f.row().await, ("after".to_string(), 9));
+}
+
+/// Connects to the test database as `role` (the test server trusts loopback connections).
+async fn connect_as(role: &str) -> tokio_postgres::Client {
+    let url =
+        common::postgres_url().replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+fn is_denied(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
+}
+
+#[tokio::test]
+async fn p5_the_application_role_the_docs_describe_cannot_bypass_the_guard() {
+    // docs/enforcement.md: the application's role may read a guarded table, nothing more; the
+    // table and Palisade's tables belong to the owner role the adapter uses. Before migration
+    // 6 (and with the application writing its own table), TRUNCATE forgot every fence, any
+    // session could set the fenced-path marker, and `last_fence = i64::MAX` locked every real
+    // owner out for ever.
+    let f = Fixture::new("approle", true).await;
+    assert!(matches!(
+        f.update(1, 5, "fenced").await,
+        Outcome::Accepted { .. }
+    ));
+    let role = format!("app_{}", std::process::id());
+    f.raw(&format!("DROP ROLE IF EXISTS {role}")).await.ok();
+    f.raw(&format!("CREATE ROLE {role} LOGIN")).await.unwrap();
+    f.raw(&format!("GRANT SELECT ON {{t}} TO {role}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.table.guard_findings(&f.fence, &role).await.unwrap(),
+        Vec::<String>::new(),
+        "the documented application role must leave nothing to bypass"
+    );
+    let app = connect_as(&role).await;
+    let t = &f.name;
+    let reads = app
+        .query_one(&format!("SELECT payload FROM {t} WHERE id = 1"), &[])
+        .await
+        .unwrap();
+    assert_eq!(reads.get::<_, String>(0), "fenced");
+    for bypass in [
+        format!("UPDATE {t} SET payload = 'admin script' WHERE id = 1"),
+        format!("UPDATE {t} SET last_fence = 9223372036854775807"),
+        format!("INSERT INTO {t} (id, payload, last_fence) VALUES (9, 'x', 100)"),
+        format!("DELETE FROM {t} WHERE id = 1"),
+        format!("TRUNCATE {t}"),
+        format!("ALTER TABLE {t} DISABLE TRIGGER ALL"),
+        format!("DROP TRIGGER palisade_guard_update ON {t}"),
+        "SET session_replication_role = replica".to_owned(),
+        "DELETE FROM palisade_row_fences".to_owned(),
+        "UPDATE palisade_row_fences SET fence = 0".to_owned(),
+        "DELETE FROM palisade_guarded_tables".to_owned(),
+        format!("SELECT palisade_install_guard('{t}', 'id', false, 'other', NULL)"),
+    ] {
+        let error = app.batch_execute(&bypass).await.expect_err(&bypass);
+        assert!(
+            is_denied(&error) || is_guard_violation(&error),
+            "{bypass}: {error:?}"
+        );
+    }
+    // The marker is only a marker: setting it grants nothing.
+    let marked = app
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL palisade.fenced_path = 'on';
+             INSERT INTO {t} (id, payload, last_fence) VALUES (9, 'x', 100); COMMIT;"
+        ))
+        .await
+        .expect_err("marker");
+    assert!(is_denied(&marked), "{marked:?}");
+    app.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(f.row().await, ("fenced".to_string(), 5));
+    assert!(matches!(
+        f.update(1, 6, "next owner").await,
+        Outcome::Accepted { .. }
+    ));
+
+    // The check names what would let a role through.
+    f.raw(&format!("GRANT UPDATE ON {{t}} TO {role}"))
+        .await
+        .unwrap();
+    let findings = f.table.guard_findings(&f.fence, &role).await.unwrap();
+    assert!(
+        findings.iter().any(|x| x.contains("UPDATE")),
+        "{findings:?}"
+    );
+    let superuser = f.table.guard_findings(&f.fence, "postgres").await.unwrap();
+    assert!(
+        superuser.iter().any(|x| x.contains("superuser")),
+        "{superuser:?}"
+    );
+    drop(app);
+    f.raw(&format!("REVOKE ALL ON {{t}} FROM {role}"))
+        .await
+        .unwrap();
+    f.raw(&format!("DROP ROLE {role}")).await.unwrap();
+}
+
+#[tokio::test]
+async fn p5_the_guard_holds_against_truncate_and_replica_mode_even_for_the_owner() {
+    // Before migration 6: TRUNCATE fired no row trigger, and session_replication_role =
+    // replica switched every trigger off.
+    let f = Fixture::new("owner_bypass", false).await;
+    assert!(matches!(
+        f.update(1, 7, "fenced").await,
+        Outcome::Accepted { .. }
+    ));
+    let error = f.raw("TRUNCATE {t}").await.expect_err("truncate");
+    assert!(is_guard_violation(&error), "{error:?}");
+    let client = f.fence.pool().get().await.unwrap();
+    let t = &f.name;
+    let replica = client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             UPDATE {t} SET payload = 'replica', last_fence = 1 WHERE id = 1; COMMIT;"
+        ))
+        .await
+        .expect_err("replica-mode update");
+    assert!(is_guard_violation(&replica), "{replica:?}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let replica_reinsert = client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL session_replication_role = replica;
+             DELETE FROM {t} WHERE id = 1;
+             INSERT INTO {t} (id, payload, last_fence) VALUES (1, 'back', 2); COMMIT;"
+        ))
+        .await
+        .expect_err("replica-mode re-insert");
+    assert!(
+        is_guard_violation(&replica_reinsert),
+        "{replica_reinsert:?}"
+    );
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(f.row().await, ("fenced".to_string(), 7));
+}
+
+#[tokio::test]
+async fn p2_p4_a_valid_token_of_another_lock_cannot_write_a_row_it_does_not_guard() {
+    // Epochs come from one counter for all locks: before, the current owner of lock Y (epoch
+    // 50) wrote row 1, which lock X guards, by naming lock Y.
+    let f = Fixture::new("bound", false).await;
+    let other = LockName::new("table/other").unwrap();
+    let holder = HolderId::new("test").unwrap();
+    let token = f.signer.sign(&other, Epoch(50), LeaseId(50), &holder, 0);
+    for outcome in [
+        f.table
+            .update(&f.fence, &other, &1i64, &token, &"evil")
+            .await
+            .unwrap(),
+        f.table
+            .insert(&f.fence, &other, &2i64, &token, &"evil")
+            .await
+            .unwrap(),
+        f.table
+            .delete(&f.fence, &other, &1i64, &token)
+            .await
+            .unwrap(),
+    ] {
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Rejected(Rejection::InvalidToken(
+                    palisade_core::TokenError::WrongLock { .. }
+                ))
+            ),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(f.row().await, ("initial".to_string(), 0));
+
+    // Another adapter may not re-bind the table, nor write it under another binding.
+    let rebound =
+        GuardedTable::new(&f.name, "id", "payload", RowLock::Table(other.clone())).unwrap();
+    let error = rebound.install_guard(&f.fence, false).await.unwrap_err();
+    assert!(error.to_string().contains("P5006"), "{error}");
+    let error = rebound
+        .update(&f.fence, &other, &1i64, &token, &"evil")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, palisade_fence::FenceError::Integrity(_)),
+        "{error}"
+    );
+    assert_eq!(f.row().await, ("initial".to_string(), 0));
+}
+
+#[tokio::test]
+async fn p2_p4_rows_that_name_their_lock_accept_only_that_locks_tokens() {
+    let f = Fixture::new("lockcol", true).await;
+    let name = format!("{}_rows", f.name);
+    f.raw(&format!("DROP TABLE IF EXISTS {name}"))
+        .await
+        .unwrap();
+    f.raw(&format!(
+        "CREATE TABLE {name} (id bigint PRIMARY KEY, payload text NOT NULL, \
+         lock text NOT NULL, last_fence bigint NOT NULL DEFAULT 0)"
+    ))
+    .await
+    .unwrap();
+    let table = GuardedTable::new(&name, "id", "payload", RowLock::Column("lock".into())).unwrap();
+    table.install_guard(&f.fence, true).await.unwrap();
+    let holder = HolderId::new("test").unwrap();
+    let (x, y) = (
+        LockName::new("rows/x").unwrap(),
+        LockName::new("rows/y").unwrap(),
+    );
+    let sign = |lock: &LockName, epoch: u64| {
+        f.signer
+            .sign(lock, Epoch(epoch), LeaseId(epoch), &holder, 0)
+    };
+    let accepted = |o: &Outcome| matches!(o, Outcome::Accepted { .. });
+    let wrong_lock = |o: &Outcome| {
+        matches!(
+            o,
+            Outcome::Rejected(Rejection::InvalidToken(
+                palisade_core::TokenError::WrongLock { .. }
+            ))
+        )
+    };
+    let created = table
+        .insert(&f.fence, &x, &1i64, &sign(&x, 3), &"x")
+        .await
+        .unwrap();
+    assert!(accepted(&created), "{created:?}");
+    let created = table
+        .insert(&f.fence, &y, &2i64, &sign(&y, 4), &"y")
+        .await
+        .unwrap();
+    assert!(accepted(&created), "{created:?}");
+    // Y's owner at 50 names lock Y and writes X's row: refused, the row keeps X's write.
+    for outcome in [
+        table
+            .update(&f.fence, &y, &1i64, &sign(&y, 50), &"evil")
+            .await
+            .unwrap(),
+        table
+            .insert(&f.fence, &y, &1i64, &sign(&y, 50), &"evil")
+            .await
+            .unwrap(),
+        table
+            .delete(&f.fence, &y, &1i64, &sign(&y, 50))
+            .await
+            .unwrap(),
+    ] {
+        assert!(wrong_lock(&outcome), "{outcome:?}");
+    }
+    let repeat = table
+        .update(&f.fence, &x, &1i64, &sign(&x, 3), &"again")
+        .await
+        .unwrap();
+    assert_eq!(repeat, stale(3));
+    let next = table
+        .update(&f.fence, &x, &1i64, &sign(&x, 5), &"x5")
+        .await
+        .unwrap();
+    assert!(accepted(&next), "{next:?}");
+    // Plain SQL cannot move a row to another lock.
+    let error = f
+        .raw(&format!(
+            "UPDATE {name} SET lock = 'rows/y', last_fence = 99 WHERE id = 1"
+        ))
+        .await
+        .expect_err("re-lock");
+    assert!(is_guard_violation(&error), "{error:?}");
+    let client = f.fence.pool().get().await.unwrap();
+    let row = client
+        .query_one(
+            &format!("SELECT payload, lock, last_fence FROM {name} WHERE id = 1"),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, i64>(2)
+        ),
+        ("x5".to_owned(), "rows/x".to_owned(), 5)
+    );
+}
+
+#[tokio::test]
+async fn a_table_whose_guard_was_never_bound_to_a_lock_is_refused() {
+    let f = Fixture::new("unbound", false).await;
+    f.raw("DELETE FROM palisade_guarded_tables WHERE tbl = '{t}'::regclass")
+        .await
+        .unwrap();
+    let fresh =
+        GuardedTable::new(&f.name, "id", "payload", RowLock::Table(f.lock.clone())).unwrap();
+    let error = fresh
+        .update(&f.fence, &f.lock, &1i64, &f.token(3), &"x")
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("install_guard"), "{error}");
+}
+
+#[tokio::test]
+async fn the_fence_role_the_docs_describe_can_write_through_the_adapter_and_nothing_more() {
+    // docs/enforcement.md, "Roles": the fence role's grants, exactly. The adapter connects as
+    // it (migrations already applied by the owner), writes, creates and deletes rows; it may
+    // not TRUNCATE.
+    let f = Fixture::new("fencerole", true).await;
+    let role = format!("fence_{}", std::process::id());
+    f.raw(&format!("DROP ROLE IF EXISTS {role}")).await.ok();
+    f.raw(&format!("CREATE ROLE {role} LOGIN")).await.unwrap();
+    for grant in [
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {{t}} TO {role}"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON palisade_kv, palisade_fences, \
+             palisade_ledger, palisade_lock_epochs, palisade_lock_modes TO {role}"
+        ),
+        format!(
+            "GRANT SELECT ON palisade_schema_migrations, palisade_guarded_tables, \
+             palisade_row_fences TO {role}"
+        ),
+    ] {
+        f.raw(&grant).await.unwrap();
+    }
+    let url =
+        common::postgres_url().replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([f
+        .signer
+        .verifying_key()])));
+    let fence = PostgresFence::connect(&url, 2, FenceMode::Strict, verifier)
+        .await
+        .unwrap();
+    let accepted = |o: &Outcome| matches!(o, Outcome::Accepted { .. });
+    let updated = f
+        .table
+        .update(&fence, &f.lock, &1i64, &f.token(4), &"by the fence role")
+        .await
+        .unwrap();
+    assert!(accepted(&updated), "{updated:?}");
+    let inserted = f
+        .table
+        .insert(&fence, &f.lock, &2i64, &f.token(5), &"created")
+        .await
+        .unwrap();
+    assert!(accepted(&inserted), "{inserted:?}");
+    let deleted = f
+        .table
+        .delete(&fence, &f.lock, &2i64, &f.token(6))
+        .await
+        .unwrap();
+    assert!(accepted(&deleted), "{deleted:?}");
+    let refused = f
+        .table
+        .insert(&fence, &f.lock, &2i64, &f.token(5), &"stale")
+        .await
+        .unwrap();
+    assert_eq!(refused, stale(6));
+    // Palisade's own tables, through the trait (strict mode).
+    let write = palisade_fence::Write {
+        lock: &f.lock,
+        key: "k",
+        token: &f.token(7),
+        seq: None,
+        value: b"v",
+    };
+    let kv = palisade_fence::FencedResource::write(&fence, write)
+        .await
+        .unwrap();
+    assert!(accepted(&kv), "{kv:?}");
+    let client = fence.pool().get().await.unwrap();
+    let truncate = client
+        .batch_execute(&format!("TRUNCATE {}", f.name))
+        .await
+        .expect_err("truncate");
+    assert!(is_denied(&truncate), "{truncate:?}");
+    drop(client);
+    drop(fence);
+    f.raw(&format!("DROP OWNED BY {role}")).await.unwrap();
+    f.raw(&format!("DROP ROLE {role}")).await.unwrap();
 }
