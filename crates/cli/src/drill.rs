@@ -176,6 +176,10 @@ pub struct SimulateArgs {
     /// then removed, restarted with --join and added back (the documented procedure).
     #[arg(long, requires = "cluster")]
     wipe: bool,
+    /// With --cluster: found the cluster with member 1 alone and add every other member with
+    /// --join and `cluster add` (members that talk only to the leader until they vote).
+    #[arg(long, requires = "cluster")]
+    join: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -270,6 +274,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     use std::sync::atomic::{AtomicU64, Ordering};
     let config = ClusterSimConfig {
         wipe_on_crash: args.wipe,
+        join_members: args.join,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -331,6 +336,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     if json {
         print_json(&json!({
             "seeds": args.seeds, "from": args.from, "members": members, "wipe": args.wipe,
+            "join": args.join,
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
             "malformed_appends_refused": malformed,
@@ -347,10 +353,11 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
              after the last heal p50 {p50} ms, max {max} ms; {seconds:.1} s on {threads} threads",
             args.seeds,
             args.from,
-            if args.wipe {
-                " with lost data directories"
-            } else {
-                ""
+            match (args.wipe, args.join) {
+                (true, true) => " with --join members and lost data directories",
+                (true, false) => " with lost data directories",
+                (false, true) => " with --join members",
+                (false, false) => "",
             },
             outcomes.len() - failed.len(),
             failed.len(),

@@ -89,6 +89,20 @@ fn leader(endpoints: &str) -> (u64, Value) {
     panic!("no leader within 10 s");
 }
 
+/// Waits (bounded) until the node at `endpoint` answers `cluster status` (it has started).
+fn answers(endpoint: &str) {
+    for _ in 0..200 {
+        if cli(&["cluster", "status", "--json"], endpoint)
+            .status
+            .success()
+        {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{endpoint} did not start within 10 s");
+}
+
 /// P1, P8: epochs keep increasing across a kill -9 of the leader; the client finds the new
 /// leader through the other endpoints; a retried acquire with the same request id returns
 /// the same lease (no second lease).
@@ -203,6 +217,30 @@ fn cluster_add_and_remove_a_member() {
         &endpoints,
     ));
 
+    // Before, `cluster add` of an address where nothing runs made it a voter at once, and
+    // three of them wedged the cluster for good (every endpoint 503, DELETE included). Now
+    // the node must say who it is first: nothing changes, and the cluster keeps serving.
+    for attempt in 0..3 {
+        let nobody = format!("127.0.0.1:{}", free_port());
+        let refused = cli(&["cluster", "add", "5", &nobody], &endpoints);
+        assert!(!refused.status.success(), "attempt {attempt}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("did not answer"), "{stderr}");
+    }
+    let (_, status) = leader(&endpoints);
+    assert_eq!(status["members"].as_array().unwrap().len(), 3, "{status}");
+    json(&cli(
+        &["lock", "acquire", "members/b", "--json"],
+        &endpoints,
+    ));
+    // The address of a running member is not node 5.
+    let wrong = cli(
+        &["cluster", "add", "5", &format!("127.0.0.1:{}", ports[1])],
+        &endpoints,
+    );
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("not 5"));
+
     // Node 4 joins: it waits, uninitialised, until the leader adds it.
     let mut joiner = Command::new(BINARY)
         .args(["serve", "--node-id", "4", "--cluster", &list(4), "--join"])
@@ -214,6 +252,7 @@ fn cluster_add_and_remove_a_member() {
         .spawn()
         .unwrap();
     let addr4 = format!("127.0.0.1:{}", ports[3]);
+    answers(&format!("http://{addr4}"));
     let added = cli(&["cluster", "add", "4", &addr4, "--json"], &endpoints);
     assert!(
         added.status.success(),

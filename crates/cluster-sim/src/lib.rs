@@ -40,7 +40,7 @@ use palisade_history::{check, History, Mode, Outcome, Summary, Violation};
 use serde::Serialize;
 
 pub use disk::{Disk, DiskHandle};
-pub use network::{Endpoint, NetStats, Router};
+pub use network::{Endpoint, Introductions, NetStats, Router};
 
 /// What a run simulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,10 @@ pub struct ClusterSimConfig {
     /// Half the crashes also lose the member's whole disk (an operator wipes its data
     /// directory, a replaced machine): it restarts empty with the same flags.
     pub wipe_on_crash: bool,
+    /// Found the cluster with member 1 alone and add every other member as an operator would:
+    /// start it with `--join`, `palisade cluster add` (a member added this way talks to the
+    /// leader only until it is a voter).
+    pub join_members: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -69,6 +73,7 @@ impl Default for ClusterSimConfig {
             duration_ms: 15_000,
             plant_lying_fsync: false,
             wipe_on_crash: false,
+            join_members: false,
         }
     }
 }
@@ -243,10 +248,8 @@ pub fn run(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
 async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
     let mut cluster = world::Cluster::new(seed, &config);
     let mut violations = Vec::new();
-    for id in 1..=config.members as u64 {
-        if let Err(error) = cluster.start(id).await {
-            violations.push(error);
-        }
+    if let Err(error) = cluster.form().await {
+        violations.push(error);
     }
     let clients: Vec<_> = (0..config.clients)
         .map(|i| tokio::spawn(world::client(cluster.shared.clone(), i, config.locks)))
@@ -340,6 +343,8 @@ pub fn check_durable(history: &History, final_epoch: u64) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use palisade_server::engine::CoordinatorError;
 
@@ -550,5 +555,189 @@ mod tests {
         });
         assert!(check_durable(&history, 9).is_empty());
         assert_eq!(check_durable(&history, 8).len(), 1);
+    }
+
+    /// Introduces a node that exists only in this answer: it never answers Raft. Isolates the
+    /// membership logic from a node's behaviour (the real introducers are tested with real
+    /// members: the simulation's network here, gRPC in `cli/tests/cluster.rs`).
+    struct Phantom;
+
+    impl palisade_server::cluster::membership::Introducer for Phantom {
+        fn introduce(&self, _addr: &str) -> palisade_server::cluster::membership::Introducing {
+            Box::pin(async {
+                Ok(palisade_server::cluster::membership::Introduction {
+                    node_id: 4,
+                    store: "44444444444444444444444444444444".into(),
+                    holds_log: false,
+                })
+            })
+        }
+    }
+
+    fn voters(raft: &palisade_server::cluster::RaftNode) -> Vec<u64> {
+        raft.metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    #[test]
+    fn p1_p8_a_member_that_cannot_catch_up_never_votes_and_the_cluster_keeps_serving() {
+        // Before, `cluster add` of an unreachable address made it a voter at once (openraft's
+        // blocking add_learner ignores its own wait's outcome): three such adds took the
+        // majority away from a 3-member cluster for good, and even DELETE answered 503.
+        use palisade_server::cluster::membership::Changes;
+        use palisade_server::cluster::MembershipError;
+        paused_runtime().block_on(async {
+            let (mut cluster, _) = three_members(21).await;
+            for attempt in 0..3 {
+                let leader = eventually(5_000, || cluster.serving_leader())
+                    .await
+                    .expect("a leader");
+                let (_, raft) = cluster.member(leader).unwrap();
+                let changes = Changes::with_timeouts(
+                    raft.clone(),
+                    Arc::new(Phantom),
+                    std::time::Duration::from_secs(3),
+                    std::time::Duration::from_secs(3),
+                );
+                match changes.add(4, "127.0.0.1:7004").await {
+                    Err(MembershipError::CatchUpTimeout { id: 4, .. }) => {}
+                    // The leader changed during the change: refused, never a voter.
+                    Err(MembershipError::Raft(_) | MembershipError::CommitTimeout { .. }) => {}
+                    other => panic!("attempt {attempt}: {other:?}"),
+                }
+                assert_eq!(voters(&raft), vec![1, 2, 3], "attempt {attempt}");
+            }
+            // Whatever is left of node 4 is a learner; a serving leader removes it, and grants.
+            let leader = eventually(5_000, || cluster.serving_leader())
+                .await
+                .expect("a leader");
+            let (real, raft) = cluster.member(leader).unwrap();
+            if raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&4)
+                .is_some()
+            {
+                real.remove(4).await.unwrap();
+            }
+            assert_eq!(voters(&raft), vec![1, 2, 3]);
+            let granted = cluster
+                .gateway(leader)
+                .unwrap()
+                .acquire(request("members/after"))
+                .await;
+            assert!(granted.is_ok(), "{granted:?}");
+            // An address where nobody answers is refused before anything changes.
+            let unreachable = real.add(4, "127.0.0.1:7004").await;
+            assert!(
+                matches!(unreachable, Err(MembershipError::Unreachable { .. })),
+                "{unreachable:?}"
+            );
+            // So is the address of another node.
+            let wrong = real.add(5, "127.0.0.1:7002").await;
+            assert!(
+                matches!(wrong, Err(MembershipError::WrongNode(_))),
+                "{wrong:?}"
+            );
+            cluster.shutdown().await;
+        });
+    }
+
+    #[test]
+    fn membership_changes_run_one_at_a_time() {
+        // Before, add and remove rebuilt the voter set from a read taken before the change, so
+        // two changes at once could undo each other.
+        use palisade_server::cluster::membership::Changes;
+        use palisade_server::cluster::MembershipError;
+        paused_runtime().block_on(async {
+            let (mut cluster, leader) = three_members(22).await;
+            let (_, raft) = cluster.member(leader).unwrap();
+            let changes = Arc::new(Changes::with_timeouts(
+                raft.clone(),
+                Arc::new(Phantom),
+                std::time::Duration::from_secs(2),
+                std::time::Duration::from_secs(2),
+            ));
+            let slow = tokio::spawn({
+                let changes = changes.clone();
+                async move { changes.add(4, "127.0.0.1:7004").await }
+            });
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let other = if leader == 3 { 2 } else { 3 };
+            assert_eq!(changes.remove(other).await, Err(MembershipError::Busy));
+            assert!(slow.await.unwrap().is_err());
+            assert_eq!(voters(&raft), vec![1, 2, 3]);
+            // Once the first change is over, the next one runs.
+            assert!(changes.remove(other).await.is_ok());
+            let remaining: Vec<u64> = (1..=3).filter(|id| *id != other).collect();
+            assert_eq!(voters(&raft), remaining);
+            cluster.shutdown().await;
+        });
+    }
+
+    #[test]
+    fn p1_a_member_that_missed_a_remove_and_add_admits_the_new_store() {
+        // Member 5 is cut off while member 3 loses its disk and is removed and added back with
+        // a new store. Before, 5 kept 3's old store id (it learned ids from first messages and
+        // forgot them only when it applied a membership without 3, which it may never see on
+        // its own: it can apply "remove 3" and "add 3" in one batch) and refused the new 3 for
+        // good. Now it checks the replicated membership it catches up to.
+        paused_runtime().block_on(async {
+            let config = ClusterSimConfig::for_members(5);
+            let mut cluster = world::Cluster::new(31, &config);
+            cluster.form().await.unwrap();
+            let leader = eventually(5_000, || {
+                cluster.serving_leader().filter(|l| *l != 5 && *l != 3)
+            })
+            .await;
+            let Some(_) = leader else {
+                // The seed elected 3 or 5: the case needs another leader.
+                cluster.shutdown().await;
+                panic!("seed 31 must elect a leader other than 3 and 5");
+            };
+            cluster.isolate_member(5);
+            cluster.wipe_and_readd(3).await.unwrap();
+            cluster.heal_all();
+            let (_, raft5) = cluster.member(5).unwrap();
+            let (_, raft3) = cluster.member(3).unwrap();
+            let store3 = raft3
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&3)
+                .cloned();
+            let caught_up = eventually(5_000, || {
+                let m = raft5
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .get_node(&3)
+                    .cloned();
+                (m.is_some() && m == store3).then_some(())
+            })
+            .await;
+            assert!(caught_up.is_some(), "member 5 caught up with 3's new store");
+            // Now only 3, 4 and 5 are left: 5 must take 3's messages for them to elect.
+            for gone in [1, 2] {
+                cluster.crash(gone).await;
+            }
+            let next = eventually(10_000, || cluster.serving_leader()).await;
+            assert!(next.is_some(), "3, 4 and 5 elect a leader");
+            let granted = cluster
+                .gateway(next.unwrap())
+                .unwrap()
+                .acquire(request("members/readded"))
+                .await;
+            assert!(granted.is_ok(), "{granted:?}");
+            cluster.shutdown().await;
+        });
     }
 }

@@ -17,10 +17,10 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use palisade_server::cluster::identity::Identity;
+use palisade_server::cluster::membership::{Introducer, Introducing, Introduction};
 use palisade_server::cluster::network::check_append_entries;
-use palisade_server::cluster::{NodeId, RaftNode, TypeConfig};
+use palisade_server::cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
 
 /// Longest delay of one message, ms (each way).
@@ -45,7 +45,8 @@ pub struct NetStats {
     pub lost: u64,
     /// Snapshot chunks delivered (a member caught up from a snapshot, not the log).
     pub snapshot_chunks: u64,
-    /// Messages or answers refused because a member's store changed (it lost its data).
+    /// Requests not sent, or answers not counted, because a member's store is not the one the
+    /// membership names (it lost its data).
     pub refused: u64,
     /// AppendEntries refused by the receiver because their entries do not continue their
     /// `prev_log_id` ([`palisade_server::cluster::network::check_append_entries`]).
@@ -105,6 +106,15 @@ impl Router {
         *self.stats.lock().expect("not poisoned")
     }
 
+    /// A member's side of the network for its questions "who is at this address?". Addresses
+    /// are `127.0.0.1:{7000 + id}`, as the simulation's members are configured.
+    pub fn introducer(&self, from: NodeId) -> Introductions {
+        Introductions {
+            from,
+            router: self.clone(),
+        }
+    }
+
     /// A member's side of the network.
     pub fn endpoint(&self, from: NodeId) -> Endpoint {
         Endpoint {
@@ -151,7 +161,7 @@ impl Router {
         from: NodeId,
         to: NodeId,
         deliver: F,
-    ) -> Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    ) -> Result<T, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>
     where
         E: std::error::Error,
         F: FnOnce(RaftNode) -> Fut,
@@ -169,10 +179,11 @@ impl Router {
             .get(&from)
             .map(|(_, identity)| identity.clone());
         let sender = sender.ok_or_else(unreachable)?;
-        // As `RaftService` does: the receiver admits the sender's store, or refuses it.
-        if let Err(refused) = target_identity.admit(from, sender.store()) {
+        // As `PeerClient` does: a member whose own store is not the one its membership names
+        // sends nothing.
+        if let Err(replaced) = sender.may_send() {
             self.stats.lock().expect("not poisoned").refused += 1;
-            return Err(RPCError::Unreachable(Unreachable::new(&refused)));
+            return Err(RPCError::Unreachable(Unreachable::new(&replaced)));
         }
         let answer = deliver(target).await.map_err(RPCError::Network)?;
         // The answer travels back over the reverse link, and counts only from the store the
@@ -195,7 +206,7 @@ pub struct Endpoint {
 impl RaftNetworkFactory<TypeConfig> for Endpoint {
     type Network = Peer;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Peer {
+    async fn new_client(&mut self, target: NodeId, _node: &MemberNode) -> Peer {
         Peer {
             from: self.from,
             to: target,
@@ -211,7 +222,7 @@ pub struct Peer {
     router: Router,
 }
 
-type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+type RpcResult<T, E> = Result<T, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>;
 
 impl RaftNetwork<TypeConfig> for Peer {
     async fn append_entries(
@@ -264,5 +275,39 @@ impl RaftNetwork<TypeConfig> for Peer {
                 Ok(raft.vote(rpc).await)
             })
             .await
+    }
+}
+
+/// One member's `Identify` questions, over the simulated links (a cut link or a down member
+/// leaves it unanswered).
+pub struct Introductions {
+    from: NodeId,
+    router: Router,
+}
+
+impl Introducer for Introductions {
+    fn introduce(&self, addr: &str) -> Introducing {
+        let (from, router) = (self.from, self.router.clone());
+        let to = addr
+            .strip_prefix("127.0.0.1:")
+            .and_then(|port| port.parse::<NodeId>().ok())
+            .and_then(|port| port.checked_sub(7000));
+        Box::pin(async move {
+            let to = to.ok_or_else(|| "no simulated member has that address".to_owned())?;
+            let (raft, identity) = router
+                .carry(from, to)
+                .await
+                .ok_or_else(|| format!("no route {from} -> {to}"))?;
+            let holds_log = raft.metrics().borrow().last_log_index.is_some();
+            router
+                .carry(to, from)
+                .await
+                .ok_or_else(|| format!("no route {to} -> {from}"))?;
+            Ok(Introduction {
+                node_id: to,
+                store: identity.store().to_owned(),
+                holds_log,
+            })
+        })
     }
 }

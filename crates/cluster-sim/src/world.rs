@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use palisade_core::{AcquireRequest, HolderId, Lease, LockClass, LockName, RequestId};
 use palisade_history::{Entry, History, Op, Outcome};
+use palisade_server::cluster::membership::Changes;
 use palisade_server::cluster::storage::{self, SmState};
-use palisade_server::cluster::{ClusterConfig, MemberStart, NodeId};
+use palisade_server::cluster::{ClusterConfig, MemberStart, MembershipError, NodeId};
 use palisade_server::engine::CoordinatorError;
 use palisade_server::gateway::Gateway;
 use palisade_server::metrics::Metrics;
@@ -341,6 +342,9 @@ pub(crate) struct Cluster {
     /// For each crash of the serving leader: ms until another member served.
     pub(crate) failovers_ms: Vec<u64>,
     wipe_on_crash: bool,
+    join_members: bool,
+    /// Every member has been started once (the cluster is formed).
+    formed: bool,
 }
 
 impl Cluster {
@@ -388,6 +392,8 @@ impl Cluster {
             faults: ClusterFaults::default(),
             failovers_ms: Vec::new(),
             wipe_on_crash: sim.wipe_on_crash,
+            join_members: sim.join_members,
+            formed: false,
         }
     }
 
@@ -397,6 +403,25 @@ impl Cluster {
 
     fn ids(&self) -> Vec<NodeId> {
         self.members.iter().map(|m| m.id).collect()
+    }
+
+    /// Starts every member: all founding members at once, or (`join_members`) member 1 alone
+    /// and then every other with `--join` and `cluster add`, one at a time.
+    pub(crate) async fn form(&mut self) -> Result<(), String> {
+        if self.join_members {
+            self.start(1).await?;
+            for id in self.ids().into_iter().filter(|id| *id != 1) {
+                self.start_as(id, true).await?;
+                self.add(id).await?;
+                self.shared.trace(&format!("added {id}"));
+            }
+        } else {
+            for id in self.ids() {
+                self.start(id).await?;
+            }
+        }
+        self.formed = true;
+        Ok(())
     }
 
     pub(crate) async fn start(&mut self, id: NodeId) -> Result<(), String> {
@@ -412,12 +437,16 @@ impl Cluster {
         let mut config = self.config.clone();
         config.node_id = id;
         config.join = join;
+        if self.join_members && !self.formed && id == 1 {
+            // Founded alone; later starts name every member, as its stored membership does.
+            config.members.retain(|member, _| *member == 1);
+        }
         let mut raft_config = palisade_server::cluster::raft_config();
         raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(SIM_SNAPSHOT_EVERY);
         raft_config.max_in_snapshot_log_to_keep = 5;
         let (shutdown, shutdown_signal) = watch::channel(false);
         let member = &self.members[index];
-        let stores = storage::open_backend(member.disk.open())?;
+        let stores = storage::open_backend(member.disk.open()).map_err(|e| e.to_string())?;
         let started = MemberStart {
             config: &config,
             raft_config,
@@ -426,6 +455,7 @@ impl Cluster {
             signer: &member.signer,
             metrics: Arc::new(Metrics::new()),
             shutdown: shutdown_signal,
+            introducer: Arc::new(self.router.introducer(id)),
         }
         .run(self.router.endpoint(id))
         .await
@@ -485,6 +515,22 @@ impl Cluster {
         self.heal();
     }
 
+    /// The running member `id`'s membership changes and Raft node.
+    #[cfg(test)]
+    pub(crate) fn member(
+        &self,
+        id: NodeId,
+    ) -> Option<(Arc<Changes>, palisade_server::cluster::RaftNode)> {
+        let running = self.members[self.index(id)].running.as_ref()?;
+        Some((running.member.changes.clone(), running.member.raft.clone()))
+    }
+
+    /// Wipes `id` and brings it back the documented way (remove, `--join`, add).
+    #[cfg(test)]
+    pub(crate) async fn wipe_and_readd(&mut self, id: NodeId) -> Result<(), String> {
+        self.readd(id).await
+    }
+
     /// The disk of `id` fills up.
     #[cfg(test)]
     pub(crate) fn fill_disk(&self, id: NodeId) {
@@ -512,7 +558,14 @@ impl Cluster {
             return None;
         }
         let running = self.take_down(id)?;
-        Some(running.member.supervisor.await.expect("no panic"))
+        Some(
+            running
+                .member
+                .supervisor
+                .await
+                .expect("no panic")
+                .map_err(|e| e.to_string()),
+        )
     }
 
     /// The member that leads and serves now, if one does.
@@ -641,52 +694,76 @@ impl Cluster {
     /// The documented way back for a member that lost its data: `palisade cluster remove`,
     /// restart it with `--join` and an empty data directory, `palisade cluster add`.
     async fn readd(&mut self, id: NodeId) -> Result<(), String> {
+        if !self.founded() {
+            // Lost before the cluster was founded: the founder introduces it anew (it has
+            // restarted already); there is nothing to remove.
+            self.shared.trace(&format!(
+                "{id} lost its data before the cluster was founded"
+            ));
+            return Ok(());
+        }
         self.stop(id).await;
-        let others: std::collections::BTreeSet<NodeId> =
-            self.ids().into_iter().filter(|m| *m != id).collect();
-        self.through_leader(&format!("remove {id}"), |raft| {
-            let others = others.clone();
-            async move { raft.change_membership(others, false).await.map(|_| ()) }
+        self.through_leader(&format!("remove {id}"), |changes| async move {
+            match changes.remove(id).await {
+                // A retry after a timeout whose change did complete.
+                Err(MembershipError::Unknown(_)) => Ok(()),
+                other => other.map(|_| ()),
+            }
         })
         .await?;
         let index = self.index(id);
         self.members[index].disk = Disk::default();
         self.start_as(id, true).await?;
-        let addr = self.config.members[&id].clone();
-        let all: std::collections::BTreeSet<NodeId> = self.ids().into_iter().collect();
-        self.through_leader(&format!("add {id}"), |raft| {
-            let (addr, all) = (addr.clone(), all.clone());
-            async move {
-                raft.add_learner(id, openraft::BasicNode { addr }, true)
-                    .await
-                    .map(|_| ())?;
-                raft.change_membership(all, false).await.map(|_| ())
-            }
-        })
-        .await?;
+        self.add(id).await?;
         self.shared.trace(&format!("re-added {id}"));
         Ok(())
     }
 
+    /// True once a running member holds a membership (the founder wrote the first entry).
+    fn founded(&self) -> bool {
+        self.members
+            .iter()
+            .filter_map(|m| m.running.as_ref())
+            .any(|r| {
+                r.member
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .nodes()
+                    .next()
+                    .is_some()
+            })
+    }
+
+    /// `palisade cluster add` of `id` (running with `--join`), through the serving leader.
+    async fn add(&mut self, id: NodeId) -> Result<(), String> {
+        let addr = self.config.members[&id].clone();
+        self.through_leader(&format!("add {id}"), |changes| {
+            let addr = addr.clone();
+            async move { changes.add(id, &addr).await.map(|_| ()) }
+        })
+        .await
+    }
+
     /// Runs a membership change on whichever member serves as leader, retrying for 10 s.
-    async fn through_leader<F, Fut, E>(&self, what: &str, change: F) -> Result<(), String>
+    async fn through_leader<F, Fut>(&self, what: &str, change: F) -> Result<(), String>
     where
-        F: Fn(palisade_server::cluster::RaftNode) -> Fut,
-        Fut: std::future::Future<Output = Result<(), E>>,
-        E: std::fmt::Display,
+        F: Fn(Arc<Changes>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), MembershipError>>,
     {
         let since = self.shared.now_ms();
         let mut last_error = String::from("no leader");
         while self.shared.now_ms() < since + RECOVERY_MS {
             if let Some(leader) = self.serving_leader() {
-                let raft = self.members[self.index(leader)]
+                let changes = self.members[self.index(leader)]
                     .running
                     .as_ref()
                     .expect("the leader is up")
                     .member
-                    .raft
+                    .changes
                     .clone();
-                match change(raft).await {
+                match change(changes).await {
                     Ok(()) => return Ok(()),
                     Err(error) => last_error = error.to_string(),
                 }

@@ -102,6 +102,27 @@ fn p1_p8_hold_when_members_lose_their_data_and_are_added_back() {
 }
 
 #[test]
+fn p1_p8_hold_when_members_added_with_join_lose_their_data() {
+    // Member 1 founds the cluster alone; 2 and 3 start with --join and are added. Before store
+    // ids were in the replicated membership, a member learned a peer's store from the first
+    // message it saw: members added with --join talk only to the leader, so a wiped member's
+    // new store was accepted by a peer that had never heard from it.
+    let config = ClusterSimConfig {
+        wipe_on_crash: true,
+        join_members: true,
+        ..ClusterSimConfig::for_members(3)
+    };
+    let reports = run_all(2_000..2_040, config);
+    let wipes: u64 = reports.iter().map(|r| r.faults.wipes).sum();
+    let refused: u64 = reports.iter().map(|r| r.messages.refused).sum();
+    eprintln!("40 seeds: {wipes} members lost their data, {refused} of their messages refused");
+    assert!(
+        wipes > 30 && refused > 0,
+        "{wipes} wipes, {refused} refusals"
+    );
+}
+
+#[test]
 fn a_seed_replays_to_the_same_trace() {
     for seed in [0, 7, 123_456_789] {
         let first = run(seed, ClusterSimConfig::default());

@@ -53,6 +53,8 @@ pub struct ClusterMember {
     pub node_id: NodeId,
     /// The applied state (keys of every leader).
     pub state: Arc<std::sync::Mutex<crate::cluster::storage::SmState>>,
+    /// Its membership changes.
+    pub changes: Arc<crate::cluster::membership::Changes>,
 }
 
 impl Api {

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::api::Api;
+use crate::cluster::MembershipError;
 use crate::engine::{CoordinatorError, MAX_LIST};
 
 /// Largest request body accepted. An acquire body is under 300 bytes.
@@ -341,16 +342,29 @@ fn require_leader(api: &Api) -> Result<(), ApiError> {
     }
 }
 
-fn membership_error(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "membership_change_failed",
-        format!("membership change failed: {error}"),
-    )
+fn membership_error(error: MembershipError) -> ApiError {
+    let (status, code) = match &error {
+        MembershipError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+        MembershipError::Conflict(_) => (StatusCode::CONFLICT, "member_exists"),
+        MembershipError::Unknown(_) => (StatusCode::NOT_FOUND, "unknown_member"),
+        MembershipError::Busy => (StatusCode::CONFLICT, "membership_change_in_progress"),
+        MembershipError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "member_unreachable"),
+        MembershipError::WrongNode(_) => (StatusCode::CONFLICT, "wrong_node"),
+        MembershipError::CatchUpTimeout { .. } => {
+            (StatusCode::GATEWAY_TIMEOUT, "member_did_not_catch_up")
+        }
+        MembershipError::CommitTimeout { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "membership_change_timed_out",
+        ),
+        MembershipError::Raft(_) => (StatusCode::SERVICE_UNAVAILABLE, "membership_change_failed"),
+    };
+    ApiError::new(status, code, format!("membership change refused: {error}"))
 }
 
-/// `POST /v1/cluster/members` `{"id","addr"}`: adds a node (started with `--join`) as a
-/// learner, waits until it caught up, then makes it a voter.
+/// `POST /v1/cluster/members` `{"id","addr"}`: adds a node (started with `--join`): asks it
+/// who it is, makes it a learner, waits until it caught up (else removes it again), then makes
+/// it a voter. One change at a time.
 async fn add_member(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
@@ -358,51 +372,10 @@ async fn add_member(
     let member = cluster_member(&api)?;
     let body: AddMemberBody = serde_json::from_slice(&body?)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
-    if body.id == 0 {
-        return Err(ApiError::bad_request("node ids start at 1"));
-    }
-    crate::cluster::validate_addr(&body.addr).map_err(ApiError::bad_request)?;
     require_leader(&api)?;
-    let metrics = member.raft.metrics().borrow().clone();
-    let membership = metrics.membership_config.membership().clone();
-    if membership.nodes().count() >= crate::cluster::MAX_MEMBERS {
-        return Err(ApiError::bad_request(format!(
-            "the cluster already has {} members",
-            crate::cluster::MAX_MEMBERS
-        )));
-    }
-    if let Some(node) = membership.get_node(&body.id) {
-        if node.addr != body.addr {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "member_exists",
-                format!("node {} is already a member at {}", body.id, node.addr),
-            ));
-        }
-    }
-    if membership
-        .nodes()
-        .any(|(id, n)| *id != body.id && n.addr == body.addr)
-    {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "member_exists",
-            format!("another member already has address {}", body.addr),
-        ));
-    }
-    let node = openraft::BasicNode {
-        addr: body.addr.clone(),
-    };
-    member
-        .raft
-        .add_learner(body.id, node, true)
-        .await
-        .map_err(membership_error)?;
-    let mut voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-    voters.insert(body.id);
-    member
-        .raft
-        .change_membership(voters.clone(), false)
+    let voters = member
+        .changes
+        .add(body.id, &body.addr)
         .await
         .map_err(membership_error)?;
     Ok(Json(json!({"added": body.id, "voters": voters})))
@@ -418,24 +391,6 @@ async fn remove_member(
         .parse()
         .map_err(|_| ApiError::bad_request(format!("node id {id:?} is not a number")))?;
     require_leader(&api)?;
-    let metrics = member.raft.metrics().borrow().clone();
-    let membership = metrics.membership_config.membership().clone();
-    if membership.get_node(&id).is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_member",
-            format!("node {id} is not a member"),
-        ));
-    }
-    let voters: std::collections::BTreeSet<u64> =
-        membership.voter_ids().filter(|v| *v != id).collect();
-    if voters.is_empty() {
-        return Err(ApiError::bad_request("cannot remove the last voter"));
-    }
-    member
-        .raft
-        .change_membership(voters.clone(), false)
-        .await
-        .map_err(membership_error)?;
+    let voters = member.changes.remove(id).await.map_err(membership_error)?;
     Ok(Json(json!({"removed": id, "voters": voters})))
 }

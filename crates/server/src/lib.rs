@@ -87,7 +87,7 @@ pub enum ServerError {
     Store(#[from] StoreError),
     /// Cluster mode could not start (bad membership, unreadable cluster store, Raft failure).
     #[error("cluster: {0}")]
-    Cluster(String),
+    Cluster(#[from] cluster::ClusterError),
     /// The data directory has a signing key but its store is gone: starting would reissue
     /// epochs from 1.
     #[error(
@@ -163,7 +163,7 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
     }
     // Opening creates the file and fsyncs its directory.
     if cluster {
-        drop(cluster::storage::open(&store).map_err(ServerError::Cluster)?);
+        drop(cluster::storage::open(&store)?);
     } else {
         drop(RedbLeaseStore::open(&store)?);
     }
@@ -183,10 +183,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => {
             let cluster_store = dir.join(cluster::CLUSTER_STORE_FILE);
             if cluster_store.exists() {
-                return Err(ServerError::Cluster(format!(
+                return Err(ServerError::Cluster(cluster::ClusterError::DataDirectory(
+                    format!(
                     "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
                     dir.display(),
                     cluster_store.display()
+                ),
                 )));
             }
             let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
@@ -229,6 +231,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                     raft: member.raft.clone(),
                     node_id: cluster.node_id,
                     state: member.state,
+                    changes: member.changes,
                 }),
             };
             let raft = member.raft.clone();
@@ -244,7 +247,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             });
             (
                 api,
-                Some(cluster::network::service(member.raft, member.identity)),
+                Some(cluster::network::service(
+                    cluster.node_id,
+                    member.raft,
+                    member.identity,
+                )),
                 core,
             )
         }

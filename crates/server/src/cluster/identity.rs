@@ -1,30 +1,45 @@
 //! Member identity: each cluster store has a random **store id**, created with the store, and
-//! each member remembers (durably) the store id of every peer it has exchanged Raft messages
-//! with. Every Raft message and every answer carries its sender's store id.
+//! the replicated membership names the store id of every member ([`MemberNode::store`]).
+//! Every Raft message and every answer carries its sender's store id.
 //!
 //! Why: a member whose data directory was lost (wiped, replaced disk, restored from nothing)
 //! and restarted with the same flags comes back with an empty log and no vote. Raft's safety
 //! rests on what each member persisted — an empty member can vote twice in a term and can be
 //! counted in a majority for entries it no longer has — so it could let a committed grant be
-//! lost and its epoch issued again (P1, P8; the cluster simulation shows it in about half of
-//! its seeds when crashes also wipe disks). With identities, the peers refuse such a member:
-//! its votes, appends and answers are dropped, and it is told why. The way back is the one for
-//! any new member: `palisade cluster remove ID`, start it with `--join`, `palisade cluster add`
-//! (a membership without the node makes every member forget its old store id).
+//! lost and its epoch issued again (P1, P8). The rules, enforced where a count is made:
 //!
-//! The first exchange with a peer teaches its id (trust on first use), so members of a new
-//! cluster, late first starts, and members added with `--join` need nothing more.
+//! 1. **An answer counts only from the store the membership names** ([`Identity::admit`]): a
+//!    leader counts an append acknowledgement, a candidate a granted vote, only if the
+//!    answering member presents the store id that the requester's membership names for it. A
+//!    wiped member's acknowledgements and votes count nowhere until it is re-added.
+//! 2. **A member whose own store is not the one its membership names sends nothing**
+//!    ([`Identity::may_send`]): it cannot stand for election (its own vote would be counted
+//!    without crossing the network) nor replicate. It still receives the leader's entries.
+//! 3. Requests are not refused by store: a lagging member may hold an old membership that
+//!    names a peer's old store (the peer was re-added since), and it can only catch up by
+//!    taking that peer's entries. Who may send Raft traffic at all is the transport's
+//!    question (peer authentication).
+//!
+//! The way back for a wiped member is the one for any new member: `palisade cluster remove
+//! ID`, start it with `--join`, `palisade cluster add`, which asks the node for its store id
+//! and commits it into the membership.
+//!
+//! Before, each member learned a peer's store id from the first message it saw (trust on first
+//! use). A member added with `--join` talks only to the leader, so a peer that had never
+//! exchanged a message with it accepted whatever it presented first: a twice-wiped member
+//! could vote for a lagging member that lacked a committed epoch. Now every member checks
+//! against the replicated membership, and a member that applies "remove 3" and "add 3" in one
+//! batch simply has 3's new store id.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
-use redb::{Database, Durability, ReadableTable, TableDefinition};
+use openraft::{Membership, RaftMetrics};
+use redb::{Database, ReadableTable, TableDefinition};
+use tokio::sync::watch;
 
-use super::NodeId;
+use super::{ClusterError, MemberNode, NodeId};
 
-/// Peer node id → the store id it presented first.
-const PEER_STORES: TableDefinition<u64, &str> = TableDefinition::new("peer_stores");
-/// This store's id, in the `raft_meta`-like table of its own.
+/// This store's id, in a table of its own.
 const OWN_STORE: TableDefinition<&str, &str> = TableDefinition::new("store_identity");
 
 /// gRPC metadata of the sender's node id on Raft messages.
@@ -32,29 +47,80 @@ pub const FROM_METADATA: &str = "palisade-raft-from";
 /// gRPC metadata of the sender's (or the answering member's) store id.
 pub const STORE_METADATA: &str = "palisade-raft-store";
 
-/// A peer presented another store than the one this member knows it by.
+/// Why a message from, or an answer by, a peer is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "node {peer} presents store {presented}, but this member knows it as store {known}: node \
-     {peer} lost its data directory (or another machine uses its id). Its messages are refused. \
-     To bring it back: `palisade cluster remove {peer}`, start it with --join and an empty data \
-     directory, then `palisade cluster add {peer} HOST:PORT`"
-)]
-pub struct Refused {
-    /// The peer.
-    pub peer: NodeId,
-    /// The store id this member knows it by.
-    pub known: String,
-    /// The store id it presented.
-    pub presented: String,
+pub enum Refused {
+    /// The membership names another store for the peer: it lost its data directory, or another
+    /// machine uses its node id.
+    #[error(
+        "node {peer} presents another store than the membership names for it: node {peer} \
+         lost its data directory (or another machine uses its id). Its messages are refused. \
+         To bring it back: `palisade cluster remove {peer}`, start it with --join and an empty \
+         data directory, then `palisade cluster add {peer} HOST:PORT`"
+    )]
+    ChangedStore {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// The peer is not in this member's membership.
+    #[error("node {peer} is not a member of this cluster")]
+    NotAMember {
+        /// The peer.
+        peer: NodeId,
+    },
+    /// This member's own store is not the one its membership names: it lost its data (or
+    /// another machine uses its id) and has not been re-added.
+    #[error(
+        "this member's store is not the one the membership names for node {node}: it lost its \
+         data directory (or another machine uses its id). It takes no part in elections or \
+         replication until re-added: `palisade cluster remove {node}` on the leader, restart \
+         it with --join and an empty data directory, then `palisade cluster add`"
+    )]
+    Replaced {
+        /// This member's node id.
+        node: NodeId,
+    },
+    /// This member's Raft has not started yet.
+    #[error("this member is starting")]
+    Starting,
 }
 
-/// This member's store id and what it knows of its peers'. Clones share it.
+/// Whether `membership` counts an answer by `peer` presenting `store`. A member that knows no
+/// membership yet (it starts with `--join`, or a new cluster is not founded yet) counts nothing
+/// anyway (it makes no requests); it admits anyone.
+pub fn check(
+    membership: &Membership<NodeId, MemberNode>,
+    peer: NodeId,
+    store: &str,
+) -> Result<(), Refused> {
+    if membership.nodes().next().is_none() {
+        return Ok(());
+    }
+    match membership.get_node(&peer) {
+        Some(node) if !node.store.is_empty() && node.store == store => Ok(()),
+        Some(_) => Err(Refused::ChangedStore { peer }),
+        None => Err(Refused::NotAMember { peer }),
+    }
+}
+
+/// Whether member `me` with store `store` is who `membership` says node `me` is (true when the
+/// membership does not name node `me`).
+pub fn own_store_named(
+    membership: &Membership<NodeId, MemberNode>,
+    me: NodeId,
+    store: &str,
+) -> Result<(), Refused> {
+    match membership.get_node(&me) {
+        Some(node) if node.store != store => Err(Refused::Replaced { node: me }),
+        _ => Ok(()),
+    }
+}
+
+/// This member's store id, and the membership it checks peers against. Clones share it.
 #[derive(Clone)]
 pub struct Identity {
     store: String,
-    db: Arc<Database>,
-    known: Arc<Mutex<BTreeMap<NodeId, String>>>,
+    metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<NodeId, MemberNode>>>>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -66,38 +132,30 @@ impl std::fmt::Debug for Identity {
 }
 
 impl Identity {
-    /// Loads the store id (creating it with a new store) and the known peers.
-    pub(crate) fn open(db: Arc<Database>) -> Result<Self, String> {
-        let txn = db.begin_write().map_err(|e| e.to_string())?;
+    /// Loads the store id, creating it with a new store.
+    pub(crate) fn open(db: &Database) -> Result<Self, ClusterError> {
+        let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
+        let txn = db.begin_write().map_err(|e| store_error(&e))?;
         let store = {
-            let mut own = txn.open_table(OWN_STORE).map_err(|e| e.to_string())?;
+            let mut own = txn.open_table(OWN_STORE).map_err(|e| store_error(&e))?;
             let existing = own
                 .get("store_id")
-                .map_err(|e| e.to_string())?
+                .map_err(|e| store_error(&e))?
                 .map(|v| v.value().to_string());
             match existing {
                 Some(id) => id,
                 None => {
                     let id = new_store_id()?;
                     own.insert("store_id", id.as_str())
-                        .map_err(|e| e.to_string())?;
+                        .map_err(|e| store_error(&e))?;
                     id
                 }
             }
         };
-        let mut known = BTreeMap::new();
-        {
-            let peers = txn.open_table(PEER_STORES).map_err(|e| e.to_string())?;
-            for row in peers.iter().map_err(|e| e.to_string())? {
-                let (peer, store) = row.map_err(|e| e.to_string())?;
-                known.insert(peer.value(), store.value().to_string());
-            }
-        }
-        txn.commit().map_err(|e| e.to_string())?;
+        txn.commit().map_err(|e| store_error(&e))?;
         Ok(Self {
             store,
-            db,
-            known: Arc::new(Mutex::new(known)),
+            metrics: Arc::new(OnceLock::new()),
         })
     }
 
@@ -106,123 +164,130 @@ impl Identity {
         &self.store
     }
 
-    /// Admits a message from, or an answer by, `peer` presenting `store`. The first store a
-    /// peer presents is remembered (durably, before admitting); another one later is refused.
+    /// Checks peers against the membership of this Raft member from now on.
+    pub fn attach(&self, metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Admits an answer by `peer` presenting `store`: the membership this member holds (its
+    /// latest, committed or not) must name that store for that node.
     pub fn admit(&self, peer: NodeId, store: &str) -> Result<(), Refused> {
-        let mut known = self.known.lock().expect("not poisoned");
-        match known.get(&peer) {
-            Some(id) if id == store => Ok(()),
-            Some(id) => Err(Refused {
-                peer,
-                known: id.clone(),
-                presented: store.to_string(),
-            }),
-            None => {
-                if let Err(error) = self.persist(|table| {
-                    table.insert(peer, store)?;
-                    Ok(())
-                }) {
-                    // Not remembered, so not admitted: the next message tries again.
-                    tracing::warn!(%error, peer, "could not record a peer's store id");
-                    return Err(Refused {
-                        peer,
-                        known: "(unrecorded)".into(),
-                        presented: store.to_string(),
-                    });
-                }
-                tracing::info!(peer, store, "learned a peer's store id");
-                known.insert(peer, store.to_string());
-                Ok(())
-            }
-        }
+        let metrics = self.metrics.get().ok_or(Refused::Starting)?;
+        let metrics = metrics.borrow();
+        check(metrics.membership_config.membership(), peer, store)
     }
 
-    /// Forgets the store ids of peers that are no longer members (a removed node may come back
-    /// with a new store, through `--join` and `cluster add`).
-    pub fn retain_members(&self, members: &[NodeId]) {
-        let mut known = self.known.lock().expect("not poisoned");
-        let gone: Vec<NodeId> = known
-            .keys()
-            .copied()
-            .filter(|peer| !members.contains(peer))
-            .collect();
-        if gone.is_empty() {
-            return;
-        }
-        let removed = self.persist(|table| {
-            for peer in &gone {
-                table.remove(*peer)?;
-            }
-            Ok(())
-        });
-        match removed {
-            Ok(()) => {
-                for peer in &gone {
-                    known.remove(peer);
-                }
-                tracing::info!(?gone, "forgot the store ids of removed members");
-            }
-            Err(error) => tracing::warn!(%error, "could not forget removed members' store ids"),
-        }
-    }
-
-    fn persist(
-        &self,
-        change: impl FnOnce(&mut redb::Table<u64, &str>) -> Result<(), redb::StorageError>,
-    ) -> Result<(), String> {
-        let mut txn = self.db.begin_write().map_err(|e| e.to_string())?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(|e| e.to_string())?;
-        {
-            let mut table = txn.open_table(PEER_STORES).map_err(|e| e.to_string())?;
-            change(&mut table).map_err(|e| e.to_string())?;
-        }
-        txn.commit().map_err(|e| e.to_string())
+    /// Whether this member may send requests: its membership names this store for it (or
+    /// does not name it at all: a learner being added, a member not yet founded).
+    pub fn may_send(&self) -> Result<(), Refused> {
+        let metrics = self.metrics.get().ok_or(Refused::Starting)?;
+        let metrics = metrics.borrow();
+        own_store_named(
+            metrics.membership_config.membership(),
+            metrics.id,
+            &self.store,
+        )
     }
 }
 
-fn new_store_id() -> Result<String, String> {
+fn new_store_id() -> Result<String, ClusterError> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a store id: {e}"))?;
+    getrandom::fill(&mut bytes).map_err(|e| ClusterError::Randomness(e.to_string()))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
 
-    fn identity() -> (tempfile::TempDir, Identity) {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Arc::new(Database::create(dir.path().join("s.redb")).unwrap());
-        (dir, Identity::open(db).unwrap())
+    fn node(addr: &str, store: &str) -> MemberNode {
+        MemberNode {
+            addr: addr.into(),
+            store: store.into(),
+        }
+    }
+
+    fn membership(nodes: &[(NodeId, &str)]) -> Membership<NodeId, MemberNode> {
+        let voters: BTreeSet<NodeId> = nodes.iter().map(|(id, _)| *id).collect();
+        let nodes: BTreeMap<NodeId, MemberNode> = nodes
+            .iter()
+            .map(|(id, store)| (*id, node(&format!("127.0.0.1:{}", 7000 + id), store)))
+            .collect();
+        Membership::new(vec![voters], nodes)
     }
 
     #[test]
-    fn a_peer_is_known_by_the_first_store_it_presents_even_after_a_restart() {
-        let (dir, first) = identity();
-        first.admit(2, "aaaa").unwrap();
-        first.admit(2, "aaaa").unwrap();
-        let refused = first.admit(2, "bbbb").unwrap_err();
+    fn p1_a_peer_is_admitted_only_with_the_store_the_membership_names() {
+        let m = membership(&[(1, "aaaa"), (2, "bbbb"), (3, "cccc")]);
+        assert_eq!(check(&m, 2, "bbbb"), Ok(()));
         assert_eq!(
-            (refused.known.as_str(), refused.presented.as_str()),
-            ("aaaa", "bbbb")
+            check(&m, 2, "ffff"),
+            Err(Refused::ChangedStore { peer: 2 }),
+            "a wiped member (new store) is refused by every member, whether or not it ever \
+             talked to it"
         );
-        assert!(refused.to_string().contains("palisade cluster remove 2"));
-        let own = first.store().to_string();
-        drop(first);
-        let db = Arc::new(Database::open(dir.path().join("s.redb")).unwrap());
-        let reopened = Identity::open(db).unwrap();
-        assert_eq!(reopened.store(), own, "the store id is stable");
-        assert!(reopened.admit(2, "bbbb").is_err(), "remembered durably");
+        assert_eq!(check(&m, 4, "dddd"), Err(Refused::NotAMember { peer: 4 }));
+        assert_eq!(
+            check(&membership(&[(1, "aaaa"), (2, "")]), 2, ""),
+            Err(Refused::ChangedStore { peer: 2 }),
+            "a membership without a store id admits nobody under it"
+        );
     }
 
     #[test]
-    fn a_removed_member_may_come_back_with_a_new_store() {
-        let (_dir, identity) = identity();
-        identity.admit(2, "aaaa").unwrap();
-        identity.admit(3, "cccc").unwrap();
-        identity.retain_members(&[1, 3]);
-        identity.admit(2, "bbbb").unwrap();
-        assert!(identity.admit(3, "dddd").is_err());
+    fn p1_remove_and_add_in_one_batch_leaves_the_new_store() {
+        // A lagging member applies "remove 3" and "add 3 (new store)" together: what it checks
+        // against is the membership it ends with — no remembered id can outlive it.
+        let after = membership(&[(1, "aaaa"), (2, "bbbb"), (3, "3333")]);
+        assert_eq!(check(&after, 3, "3333"), Ok(()));
+        assert_eq!(
+            check(&after, 3, "cccc"),
+            Err(Refused::ChangedStore { peer: 3 })
+        );
+    }
+
+    #[test]
+    fn p1_p8_a_member_whose_own_store_was_replaced_sends_nothing() {
+        // A wiped member that took the leader's entries (so it holds a membership naming its
+        // old store) must not stand for election: its own vote is counted without crossing
+        // the network, and it lost the vote and the entries it acknowledged before.
+        let m = membership(&[(1, "aaaa"), (2, "bbbb"), (3, "cccc")]);
+        assert_eq!(own_store_named(&m, 2, "bbbb"), Ok(()));
+        assert_eq!(
+            own_store_named(&m, 2, "ffff"),
+            Err(Refused::Replaced { node: 2 })
+        );
+        assert_eq!(
+            own_store_named(&m, 4, "dddd"),
+            Ok(()),
+            "a learner being added"
+        );
+    }
+
+    #[test]
+    fn a_member_without_a_membership_admits_its_future_leader() {
+        let empty = Membership::<NodeId, MemberNode>::new(vec![BTreeSet::new()], BTreeMap::new());
+        assert_eq!(check(&empty, 1, "aaaa"), Ok(()));
+    }
+
+    #[test]
+    fn the_store_id_is_stable_across_restarts_and_new_with_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let first = Identity::open(&Database::create(&path).unwrap()).unwrap();
+        let again = Identity::open(&Database::create(&path).unwrap()).unwrap();
+        assert_eq!(first.store(), again.store());
+        assert_eq!(first.store().len(), 32);
+        let other = tempfile::tempdir().unwrap();
+        let fresh =
+            Identity::open(&Database::create(other.path().join("s.redb")).unwrap()).unwrap();
+        assert_ne!(fresh.store(), first.store());
+        assert_eq!(
+            fresh.admit(1, "x"),
+            Err(Refused::Starting),
+            "nothing is admitted before Raft runs"
+        );
     }
 }

@@ -18,7 +18,9 @@
 //!
 //! Every lease restarts at its full TTL when a new engine loads it (a TTL is a lower bound).
 
+mod error;
 pub mod identity;
+pub mod membership;
 pub mod network;
 pub mod runtime;
 pub mod storage;
@@ -29,21 +31,39 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::{BasicNode, ServerState};
+use openraft::ServerState;
 use palisade_core::{Changes, Epoch, Lease, LockName};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{DurableState, LeaseStore, PendingCommit, StoreError};
+pub use error::{ClusterError, MembershipError};
 use storage::SmState;
 
 /// A member's id (`--node-id`), 1 or more.
 pub type NodeId = u64;
+
+/// A member as the replicated membership knows it: where it is, and which store it is. Every
+/// member checks its peers' messages against the store ids here ([`identity`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberNode {
+    /// `HOST:PORT`: its client and Raft address.
+    pub addr: String,
+    /// Its store id (random, created with its store; a wiped member has a new one).
+    pub store: String,
+}
+
+impl std::fmt::Display for MemberNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (store {})", self.addr, self.store)
+    }
+}
 
 openraft::declare_raft_types!(
     /// openraft's type configuration for the coordinator.
     pub TypeConfig:
         D = Command,
         R = Applied,
+        Node = MemberNode,
         AsyncRuntime = runtime::Runtime,
 );
 
@@ -362,14 +382,6 @@ pub fn node_status(raft: &RaftNode, serving: bool) -> NodeStatus {
     }
 }
 
-/// The membership as openraft wants it.
-pub fn basic_nodes(members: &BTreeMap<NodeId, String>) -> BTreeMap<NodeId, BasicNode> {
-    members
-        .iter()
-        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
-        .collect()
-}
-
 /// A started cluster member.
 pub struct Member {
     /// The Raft node.
@@ -380,8 +392,10 @@ pub struct Member {
     pub state: Arc<Mutex<SmState>>,
     /// Its store's identity, which its Raft traffic presents and checks.
     pub identity: identity::Identity,
+    /// Its membership changes (`cluster add|remove`; they succeed while it leads).
+    pub changes: Arc<membership::Changes>,
     /// The supervisor; ends on shutdown, or with the fatal error that stopped Raft.
-    pub supervisor: tokio::task::JoinHandle<Result<(), String>>,
+    pub supervisor: tokio::task::JoinHandle<Result<(), ClusterError>>,
 }
 
 /// Opens the cluster store in `dir`, checks the membership, starts Raft (initialising a new
@@ -392,19 +406,18 @@ pub async fn start_member(
     signer: &palisade_core::TokenSigner,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: tokio::sync::watch::Receiver<bool>,
-) -> Result<Member, crate::ServerError> {
-    use crate::ServerError;
+) -> Result<Member, ClusterError> {
     let single = dir.join(crate::STORE_FILE);
     let path = dir.join(CLUSTER_STORE_FILE);
     if single.exists() && !path.exists() {
-        return Err(ServerError::Cluster(format!(
+        return Err(ClusterError::DataDirectory(format!(
             "{} holds a single-node coordinator ({}); a cluster member needs a data directory \
              of its own (starting a cluster over it would forget its epochs)",
             dir.display(),
             single.display()
         )));
     }
-    let stores = storage::open(&path).map_err(ServerError::Cluster)?;
+    let stores = storage::open(&path)?;
     let network = network::Network::new(config.node_id, stores.1.identity());
     let start = MemberStart {
         config,
@@ -414,6 +427,7 @@ pub async fn start_member(
         signer,
         metrics,
         shutdown,
+        introducer: Arc::new(network::GrpcIntroducer),
     };
     start.run(network).await
 }
@@ -434,67 +448,87 @@ pub struct MemberStart<'a> {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Stops its supervisor (and the engine) when set.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Asks other nodes who they are (founding a cluster, `cluster add`).
+    pub introducer: Arc<dyn membership::Introducer>,
 }
 
 impl MemberStart<'_> {
     /// Checks the membership, starts Raft over `network` (initialising a new cluster when every
     /// member starts empty) and the supervisor.
-    pub async fn run<N>(self, network: N) -> Result<Member, crate::ServerError>
+    pub async fn run<N>(self, network: N) -> Result<Member, ClusterError>
     where
         N: openraft::RaftNetworkFactory<TypeConfig>,
     {
-        use crate::ServerError;
         let config = self.config;
         let (log, sm) = self.stores;
         let state = sm.shared();
         let identity = sm.identity();
-        let raft = openraft::Raft::new(
-            config.node_id,
-            Arc::new(
-                self.raft_config
-                    .validate()
-                    .map_err(|e| ServerError::Cluster(e.to_string()))?,
-            ),
-            network,
-            log,
-            sm,
-        )
-        .await
-        .map_err(|e| ServerError::Cluster(format!("raft did not start: {e}")))?;
-        let initialized = raft
-            .is_initialized()
+        // Elections start switched off: the supervisor switches them on once the membership
+        // names this member with its own store (see `identity`: a member that lost its data
+        // must not campaign, and a rejoining one must not while it replays old memberships).
+        let raft_config = openraft::Config {
+            enable_elect: false,
+            ..self.raft_config
+        }
+        .validate()
+        .map_err(|e| ClusterError::Config(e.to_string()))?;
+        let raft = openraft::Raft::new(config.node_id, Arc::new(raft_config), network, log, sm)
             .await
-            .map_err(|e| ServerError::Cluster(e.to_string()))?;
-        if initialized {
-            let membership = raft.metrics().borrow().membership_config.clone();
-            let stored: BTreeMap<NodeId, String> = membership
-                .nodes()
-                .map(|(id, node)| (*id, node.addr.clone()))
-                .collect();
-            if stored != config.members {
+            .map_err(|e| ClusterError::Raft(format!("raft did not start: {e}")))?;
+        // The membership its storage holds, from Raft itself (its published metrics may not
+        // show it yet); peers are checked only once the metrics do.
+        let stored = raft
+            .with_raft_state(|st| st.membership_state.effective().clone())
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        raft.wait(Some(Duration::from_secs(10)))
+            .metrics(
+                |m| m.membership_config.log_id() == stored.log_id(),
+                "the metrics show the stored membership",
+            )
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        identity.attach(raft.metrics());
+        let holds_membership = stored.membership().nodes().next().is_some();
+        // A member may have voted in the founder's first election without receiving its first
+        // entry (openraft calls it initialised): with no membership yet, it waits like a new one.
+        if holds_membership {
+            if let Err(error) =
+                check_stored_membership(stored.membership(), config, &self.store_name)
+            {
                 let _ = raft.shutdown().await;
-                return Err(ServerError::Cluster(format!(
-                    "--cluster {} disagrees with the membership stored in {}: {}. Start with \
-                     the stored list; change membership with `palisade cluster add|remove`",
-                    format_members(&config.members),
-                    self.store_name,
-                    format_members(&stored)
-                )));
+                return Err(error);
             }
-        } else if !config.join {
-            // Every member of a new cluster initialises with the same membership: the same
-            // first log entry everywhere, so no manual step and no race between members.
-            match raft.initialize(basic_nodes(&config.members)).await {
-                Ok(()) => {
-                    tracing::info!(members = %format_members(&config.members), "initialised a new cluster")
-                }
-                Err(error) => tracing::info!(%error, "not initialising (already initialised)"),
-            }
-        } else {
+        } else if config.join {
             tracing::info!(
                 "waiting to be added to a cluster (`palisade cluster add` on its leader)"
             );
+        } else {
+            let founder = *config
+                .members
+                .keys()
+                .next()
+                .expect("--cluster lists a member");
+            if founder == config.node_id {
+                tokio::spawn(membership::found(
+                    raft.clone(),
+                    (config.node_id, identity.store().to_owned()),
+                    config.members.clone(),
+                    self.introducer.clone(),
+                    self.shutdown.clone(),
+                ));
+            } else {
+                tracing::info!(
+                    founder,
+                    "waiting for node {founder} to found the cluster (it does once every member \
+                     has started)"
+                );
+            }
         }
+        let changes = Arc::new(membership::Changes::new(
+            raft.clone(),
+            self.introducer.clone(),
+        ));
         let (serving, serving_signal) = tokio::sync::watch::channel(
             crate::gateway::Serving::Unavailable("starting: no leader known yet".into()),
         );
@@ -502,6 +536,7 @@ impl MemberStart<'_> {
         let supervisor = supervisor::Supervisor {
             raft: raft.clone(),
             node_id: config.node_id,
+            store: identity.store().to_owned(),
             state: state.clone(),
             key: (
                 self.signer.key_id().to_string(),
@@ -517,9 +552,39 @@ impl MemberStart<'_> {
             gateway,
             state,
             identity,
+            changes,
             supervisor,
         })
     }
+}
+
+/// A member that holds a cluster starts only with the `--cluster` list its log holds, and only
+/// if that membership names every member's store.
+fn check_stored_membership(
+    membership: &openraft::Membership<NodeId, MemberNode>,
+    config: &ClusterConfig,
+    store_name: &str,
+) -> Result<(), ClusterError> {
+    let stored: BTreeMap<NodeId, String> = membership
+        .nodes()
+        .map(|(id, node)| (*id, node.addr.clone()))
+        .collect();
+    if stored != config.members {
+        return Err(ClusterError::Config(format!(
+            "--cluster {} disagrees with the membership stored in {store_name}: {}. Start with \
+             the stored list; change membership with `palisade cluster add|remove`",
+            format_members(&config.members),
+            format_members(&stored)
+        )));
+    }
+    if let Some((id, _)) = membership.nodes().find(|(_, node)| node.store.is_empty()) {
+        return Err(ClusterError::DataDirectory(format!(
+            "{store_name} holds a membership without store ids (node {id} has none): it was \
+             written by an older Palisade that trusted a peer's first message. Found the \
+             cluster anew, or re-add each member with `palisade cluster remove` / `add`"
+        )));
+    }
+    Ok(())
 }
 
 /// `1=HOST:PORT,2=HOST:PORT`.

@@ -16,7 +16,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use palisade_proto::v1 as pb;
 use pb::raft_client::RaftClient;
 use pb::raft_server::{Raft as RaftRpc, RaftServer};
@@ -26,7 +25,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::identity::{Identity, FROM_METADATA, STORE_METADATA};
-use super::{NodeId, RaftNode, TypeConfig};
+use super::membership::{Introducer, Introducing, Introduction, INTRODUCE_TIMEOUT};
+use super::{MemberNode, NodeId, RaftNode, TypeConfig};
 
 /// Largest Raft message accepted (entries are batched by `max_payload_entries`, snapshots are
 /// sent in chunks far below this).
@@ -58,7 +58,7 @@ impl Network {
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+    async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerClient {
         let channel = match self.channels.get(&target) {
             Some((addr, channel)) if *addr == node.addr => channel.clone(),
             _ => {
@@ -93,7 +93,7 @@ pub struct PeerClient {
     client: RaftClient<Channel>,
 }
 
-type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+type RpcResult<T, E> = Result<T, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>;
 
 impl PeerClient {
     async fn call<Req, Resp, E>(
@@ -107,6 +107,11 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        // A member whose own store is not the one its membership names sends nothing.
+        if let Err(replaced) = self.identity.may_send() {
+            self.log_refusal(&replaced.to_string());
+            return Err(RPCError::Unreachable(Unreachable::new(&replaced)));
+        }
         let mut message = Request::new(pb::RaftPayload {
             json: serde_json::to_vec(request).expect("raft messages serialize"),
         });
@@ -135,11 +140,6 @@ impl PeerClient {
             Ok(reply) => reply,
             Err(status) if status.code() == Code::Unavailable => {
                 return Err(RPCError::Unreachable(Unreachable::new(&status)))
-            }
-            Err(status) if status.code() == Code::FailedPrecondition => {
-                // The peer refuses this member (its store changed under the peer's eyes).
-                self.log_refusal(status.message());
-                return Err(RPCError::Unreachable(Unreachable::new(&status)));
             }
             Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
         };
@@ -251,35 +251,39 @@ pub fn check_append_entries(
 
 /// The server side: hands each message from an admitted peer to the local Raft node.
 pub struct RaftService {
+    node: NodeId,
     raft: RaftNode,
     identity: Identity,
 }
 
-/// The gRPC service of Raft traffic for `raft`, whose store is `identity`.
-pub fn service(raft: RaftNode, identity: Identity) -> RaftServer<RaftService> {
-    RaftServer::new(RaftService { raft, identity })
-        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+/// The gRPC service of Raft traffic for member `node`'s `raft`, whose store is `identity`.
+pub fn service(node: NodeId, raft: RaftNode, identity: Identity) -> RaftServer<RaftService> {
+    RaftServer::new(RaftService {
+        node,
+        raft,
+        identity,
+    })
+    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
 }
 
 impl RaftService {
-    /// Admits a message by its sender's node id and store id, and decodes it.
+    /// Decodes a message. Its sender's node id and store id are required (they name the
+    /// sender in logs); which store counts is the requester's check on the answer
+    /// ([`super::identity`]), and who may send at all is the transport's.
     fn admit<T: DeserializeOwned>(&self, request: Request<pb::RaftPayload>) -> Result<T, Status> {
         let metadata = request.metadata();
-        let from: NodeId = metadata
+        metadata
             .get(FROM_METADATA)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
+            .and_then(|v| v.parse::<NodeId>().ok())
             .ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
-        let store = metadata
+        metadata
             .get(STORE_METADATA)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| {
                 Status::invalid_argument("raft message without its sender's store id")
             })?;
-        self.identity
-            .admit(from, store)
-            .map_err(|refused| Status::failed_precondition(refused.to_string()))?;
         serde_json::from_slice(&request.into_inner().json)
             .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
     }
@@ -324,6 +328,42 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: InstallSnapshotRequest<TypeConfig> = self.admit(request)?;
         self.encode(&self.raft.install_snapshot(request).await)
+    }
+
+    async fn identify(
+        &self,
+        _request: Request<pb::RaftPayload>,
+    ) -> Result<Response<pb::RaftPayload>, Status> {
+        let holds_log = self.raft.metrics().borrow().last_log_index.is_some();
+        self.encode(&Introduction {
+            node_id: self.node,
+            store: self.identity.store().to_owned(),
+            holds_log,
+        })
+    }
+}
+
+/// Asks nodes who they are over gRPC (`Identify`), one short-lived connection per question.
+pub struct GrpcIntroducer;
+
+impl Introducer for GrpcIntroducer {
+    fn introduce(&self, addr: &str) -> Introducing {
+        let url = format!("http://{addr}");
+        Box::pin(async move {
+            let channel = Endpoint::from_shared(url)
+                .map_err(|e| e.to_string())?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .timeout(INTRODUCE_TIMEOUT)
+                .connect()
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let reply = RaftClient::new(channel)
+                .identify(pb::RaftPayload { json: Vec::new() })
+                .await
+                .map_err(|status| format!("{}: {}", status.code(), status.message()))?;
+            serde_json::from_slice(&reply.into_inner().json)
+                .map_err(|e| format!("an answer that is not an introduction: {e}"))
+        })
     }
 }
 

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::identity::Identity;
-use super::{Applied, Command, NodeId, TypeConfig};
+use super::{Applied, ClusterError, Command, NodeId, TypeConfig};
 
 /// Log index → JSON of the entry.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -49,7 +49,7 @@ const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 /// `current`: JSON of [`StoredSnapshot`].
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_snapshot");
 
-type Membership = StoredMembership<NodeId, openraft::BasicNode>;
+type Membership = StoredMembership<NodeId, super::MemberNode>;
 type Result<T> = std::result::Result<T, StorageError<NodeId>>;
 
 /// Longest a purge waits for the state machine to apply (durably) what it purges. It only waits
@@ -90,7 +90,7 @@ struct SnapshotData {
 
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    meta: SnapshotMeta<NodeId, super::MemberNode>,
     data: Vec<u8>,
 }
 
@@ -121,13 +121,15 @@ fn from_json<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T> {
 
 /// Opens (or creates) the cluster's store at `path`: the log side and the state machine side.
 /// Fails loudly on a file that is locked, unreadable or corrupt.
-pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), String> {
+pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let created = !path.exists();
-    let db = Database::create(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    let db = Database::create(path)
+        .map_err(|e| ClusterError::Store(format!("open {}: {e}", path.display())))?;
     if created {
         // The file's entry in its directory must survive a power cut too.
-        crate::keys::sync_parent_dir(path)
-            .map_err(|e| format!("fsync the directory of {}: {e}", path.display()))?;
+        crate::keys::sync_parent_dir(path).map_err(|e| {
+            ClusterError::Store(format!("fsync the directory of {}: {e}", path.display()))
+        })?;
     }
     open_database(db)
 }
@@ -135,25 +137,27 @@ pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), String
 /// [`open`] over another redb backend (a simulation's crashable memory).
 pub fn open_backend(
     backend: impl redb::StorageBackend,
-) -> std::result::Result<(LogStore, StateMachine), String> {
+) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let db = Database::builder()
         .create_with_backend(backend)
-        .map_err(|e| format!("open the store: {e}"))?;
+        .map_err(|e| ClusterError::Store(format!("open the store: {e}")))?;
     open_database(db)
 }
 
-fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), String> {
+fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let db = Arc::new(db);
-    let txn = db.begin_write().map_err(|e| e.to_string())?;
+    let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
+    let txn = db.begin_write().map_err(|e| store_error(&e))?;
     for table in [RAFT_META, SM_META, SNAPSHOT, SM_LEASES] {
-        txn.open_table(table).map_err(|e| e.to_string())?;
+        txn.open_table(table).map_err(|e| store_error(&e))?;
     }
-    txn.open_table(LOG).map_err(|e| e.to_string())?;
-    txn.commit().map_err(|e| e.to_string())?;
-    let state = load_state(&db).map_err(|e| format!("corrupt state machine: {e}"))?;
+    txn.open_table(LOG).map_err(|e| store_error(&e))?;
+    txn.commit().map_err(|e| store_error(&e))?;
+    let state =
+        load_state(&db).map_err(|e| ClusterError::Store(format!("corrupt state machine: {e}")))?;
     let (applied_tx, applied) = watch::channel(state.header.last_applied);
     let state = Arc::new(Mutex::new(state));
-    let identity = Identity::open(db.clone())?;
+    let identity = Identity::open(&db)?;
     Ok((
         LogStore {
             db: db.clone(),
@@ -429,12 +433,6 @@ impl StateMachine {
         self.identity.clone()
     }
 
-    /// After a membership is applied: peers no longer in it are forgotten.
-    fn retain_members(&self, membership: &Membership) {
-        let members: Vec<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
-        self.identity.retain_members(&members);
-    }
-
     fn snapshot_now(&mut self) -> Result<Snapshot<TypeConfig>> {
         let state = self.state.lock().expect("not poisoned").clone();
         self.snapshot_seq += 1;
@@ -462,7 +460,7 @@ impl StateMachine {
 
     fn store_snapshot(
         &self,
-        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        meta: &SnapshotMeta<NodeId, super::MemberNode>,
         data: &[u8],
     ) -> Result<()> {
         let stored = StoredSnapshot {
@@ -557,7 +555,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut next = self.state.lock().expect("not poisoned").clone();
         let mut changed = Vec::new();
-        let mut membership_changed = false;
         let mut replies = Vec::new();
         for entry in entries {
             next.header.last_applied = Some(entry.log_id);
@@ -570,7 +567,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     })?,
                 EntryPayload::Membership(membership) => {
                     next.header.membership = StoredMembership::new(Some(entry.log_id), membership);
-                    membership_changed = true;
                 }
             }
             replies.push(Applied {
@@ -601,9 +597,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .map_err(write_err)?;
         }
         txn.commit().map_err(write_err)?;
-        if membership_changed {
-            self.retain_members(&next.header.membership);
-        }
         let applied = next.header.last_applied;
         *self.state.lock().expect("not poisoned") = next;
         self.applied.send_replace(applied);
@@ -626,7 +619,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        meta: &SnapshotMeta<NodeId, super::MemberNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<()> {
         let bytes = snapshot.into_inner();
@@ -664,7 +657,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .map_err(write_err)?;
         }
         txn.commit().map_err(write_err)?;
-        self.retain_members(&data.header.membership);
         let applied = data.header.last_applied;
         {
             let mut state = self.state.lock().expect("not poisoned");

@@ -15,7 +15,9 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use super::storage::SmState;
-use super::{Command, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT, QUORUM_LOSS_MS};
+use super::{
+    ClusterError, Command, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT, QUORUM_LOSS_MS,
+};
 use crate::engine::{self, LeaderHint, Transition};
 use crate::gateway::Serving;
 use crate::metrics::Metrics;
@@ -30,6 +32,8 @@ pub struct Supervisor {
     pub raft: RaftNode,
     /// This node.
     pub node_id: NodeId,
+    /// Its store id.
+    pub store: String,
     /// The applied state.
     pub state: Arc<Mutex<SmState>>,
     /// This node's token key: id and base64url public key.
@@ -50,6 +54,14 @@ struct Running {
 }
 
 impl Running {
+    fn view(&self) -> EngineView {
+        EngineView {
+            term: self.term,
+            age_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            finished: self.task.is_finished(),
+        }
+    }
+
     async fn stop(self, why: &str) {
         tracing::info!(term = self.term, why, "stopping the leader engine");
         let _ = self.stop.send(true);
@@ -61,16 +73,90 @@ impl Running {
     }
 }
 
+/// What the supervisor sees of Raft at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    /// This node leads (openraft's state, and it names itself leader).
+    pub leader: bool,
+    /// The current term.
+    pub term: u64,
+    /// A majority acknowledged this leader within [`QUORUM_LOSS_MS`] (or it has no figure).
+    pub quorum: bool,
+}
+
+/// What the supervisor sees of the running engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineView {
+    /// The term it was started in.
+    pub term: u64,
+    /// How long it has run, ms.
+    pub age_ms: u64,
+    /// Its task ended (a commit failed).
+    pub finished: bool,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Keep the running engine.
+    Keep,
+    /// Stop the running engine, for this reason (then decide again).
+    Stop(&'static str),
+    /// Lead: commit the barrier and start an engine.
+    Start,
+    /// Follow: refuse with `not leader` and the leader's URL.
+    Follow,
+}
+
+/// Whether this member may stand for election: its membership names it with its own store.
+/// A member that lost its data (its old store is named) must not campaign — openraft raises
+/// its term for every attempt, and a member that answers a leader with a higher term deposes
+/// it — and neither must a rejoining member replaying old memberships that name its old store.
+pub fn may_elect(metrics: &openraft::RaftMetrics<NodeId, super::MemberNode>, store: &str) -> bool {
+    metrics
+        .membership_config
+        .membership()
+        .get_node(&metrics.id)
+        .is_some_and(|node| node.store == store)
+}
+
+/// The supervisor's decision, with no I/O: an engine runs exactly while this node leads in
+/// the engine's term and hears from a majority; a node that cannot commit never keeps
+/// answering as if it could.
+pub fn decide(view: View, engine: Option<EngineView>) -> Action {
+    match engine {
+        Some(engine) => {
+            if !view.leader {
+                Action::Stop("no longer the leader")
+            } else if engine.term != view.term {
+                Action::Stop("the term changed")
+            } else if !view.quorum && engine.age_ms > QUORUM_LOSS_MS {
+                // openraft publishes this figure with its metrics, which can be older than
+                // the engine: judge it only once the engine has run for that long.
+                Action::Stop("no majority heard from")
+            } else if engine.finished {
+                Action::Stop("the engine stopped (a commit failed)")
+            } else {
+                Action::Keep
+            }
+        }
+        // Starting needs no quorum check: the barrier commits only with a majority.
+        None if view.leader => Action::Start,
+        None => Action::Follow,
+    }
+}
+
 impl Supervisor {
     /// Runs until `shutdown`, or until Raft stops. Raft stopping on a fatal error (a storage
     /// failure: disk full, I/O error, corrupt data) is returned, so that the server exits
     /// loudly instead of lingering without a working log.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), String> {
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), ClusterError> {
         let mut metrics = self.raft.metrics();
         let mut running: Option<Running> = None;
         let mut tick = tokio::time::interval(CHECK_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut outcome = Ok(());
+        let mut electing = false;
         loop {
             let mut closed = false;
             tokio::select! {
@@ -83,80 +169,50 @@ impl Supervisor {
             if let Err(fatal) = &m.running_state {
                 if !matches!(fatal, openraft::error::Fatal::Stopped) {
                     tracing::error!(%fatal, "raft stopped on a fatal error; this member stops");
-                    outcome = Err(format!("raft stopped on a fatal error: {fatal}"));
+                    outcome = Err(ClusterError::RaftStopped(fatal.to_string()));
                 }
                 break;
             }
             if closed {
                 break;
             }
-            let leader = m.state == ServerState::Leader && m.current_leader == Some(self.node_id);
-            let quorum = m
-                .millis_since_quorum_ack
-                .is_none_or(|ms| ms < QUORUM_LOSS_MS);
-            if let Some(engine) = running.take() {
-                let why = if !leader {
-                    Some("no longer the leader")
-                } else if engine.term != m.current_term {
-                    Some("the term changed")
-                } else if !quorum
-                    && engine.started.elapsed().as_millis() > u128::from(QUORUM_LOSS_MS)
-                {
-                    // openraft publishes this figure with its metrics, which can be older than
-                    // the engine: judge it only once the engine has run for that long.
-                    Some("no majority heard from")
-                } else if engine.task.is_finished() {
-                    Some("the engine stopped (a commit failed)")
+            let may_elect = may_elect(&m, &self.store);
+            if may_elect != electing {
+                electing = may_elect;
+                self.raft.runtime_config().elect(may_elect);
+                if may_elect {
+                    tracing::info!("the membership names this member's store: elections on");
                 } else {
-                    None
-                };
-                match why {
-                    Some(why) => {
-                        let _ = self.serving.send(Serving::Unavailable(format!(
-                            "node {} is changing roles: {why}",
-                            self.node_id
-                        )));
-                        engine.stop(why).await;
-                    }
-                    None => running = Some(engine),
+                    tracing::warn!(
+                        "elections off: {}",
+                        super::identity::Refused::Replaced { node: self.node_id }
+                    );
                 }
             }
-            if running.is_some() {
-                continue;
-            }
-            // Starting needs no quorum check: the barrier commits only with a majority.
-            if leader {
+            let view = View {
+                leader: m.state == ServerState::Leader && m.current_leader == Some(self.node_id),
+                term: m.current_term,
+                quorum: m
+                    .millis_since_quorum_ack
+                    .is_none_or(|ms| ms < QUORUM_LOSS_MS),
+            };
+            let mut action = decide(view, running.as_ref().map(Running::view));
+            if let Action::Stop(why) = action {
                 let _ = self.serving.send(Serving::Unavailable(format!(
-                    "node {} was elected and is loading the replicated state",
+                    "node {} is changing roles: {why}",
                     self.node_id
                 )));
-                match self.start_engine(m.current_term).await {
-                    Ok(engine) => running = Some(engine),
-                    Err(error) => {
-                        tracing::warn!(%error, "could not start deciding as leader; will retry");
-                        let _ = self.serving.send(Serving::Unavailable(format!(
-                            "node {} leads but could not commit with a majority: {error}",
-                            self.node_id
-                        )));
-                    }
-                }
-            } else {
-                let hint = m.current_leader.and_then(|id| {
-                    m.membership_config
-                        .membership()
-                        .get_node(&id)
-                        .map(|node| LeaderHint {
-                            id,
-                            url: format!("http://{}", node.addr),
-                        })
-                });
-                self.serving.send_if_modified(|serving| {
-                    let same = matches!(serving, Serving::NotLeader(current) if *current == hint);
-                    if !same {
-                        *serving = Serving::NotLeader(hint.clone());
-                    }
-                    !same
-                });
+                running
+                    .take()
+                    .expect("stop a running engine")
+                    .stop(why)
+                    .await;
+                action = decide(view, None);
+            }
+            match action {
+                Action::Keep | Action::Stop(_) => {}
+                Action::Start => running = self.lead(view.term).await,
+                Action::Follow => self.follow(&m),
             }
         }
         let _ = self
@@ -168,8 +224,47 @@ impl Supervisor {
         outcome
     }
 
+    /// Starts deciding in `term`, or says why not (retried on the next check).
+    async fn lead(&self, term: u64) -> Option<Running> {
+        let _ = self.serving.send(Serving::Unavailable(format!(
+            "node {} was elected and is loading the replicated state",
+            self.node_id
+        )));
+        match self.start_engine(term).await {
+            Ok(engine) => Some(engine),
+            Err(error) => {
+                tracing::warn!(%error, "could not start deciding as leader; will retry");
+                let _ = self.serving.send(Serving::Unavailable(format!(
+                    "node {} leads but could not commit with a majority: {error}",
+                    self.node_id
+                )));
+                None
+            }
+        }
+    }
+
+    /// Refuses with `not leader`, naming the leader this node knows of.
+    fn follow(&self, m: &openraft::RaftMetrics<NodeId, super::MemberNode>) {
+        let hint = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| LeaderHint {
+                    id,
+                    url: format!("http://{}", node.addr),
+                })
+        });
+        self.serving.send_if_modified(|serving| {
+            let same = matches!(serving, Serving::NotLeader(current) if *current == hint);
+            if !same {
+                *serving = Serving::NotLeader(hint.clone());
+            }
+            !same
+        });
+    }
+
     /// Commits the barrier, loads the applied state, starts an engine over Raft.
-    async fn start_engine(&self, term: u64) -> Result<Running, String> {
+    async fn start_engine(&self, term: u64) -> Result<Running, ClusterError> {
         let barrier = Command::LeaderStart {
             node: self.node_id,
             key_id: self.key.0.clone(),
@@ -177,8 +272,12 @@ impl Supervisor {
         };
         match tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(barrier)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => return Err(format!("leader barrier: {error}")),
-            Err(_) => return Err("leader barrier did not commit in time".into()),
+            Ok(Err(error)) => return Err(ClusterError::Raft(format!("leader barrier: {error}"))),
+            Err(_) => {
+                return Err(ClusterError::Raft(
+                    "leader barrier did not commit in time".into(),
+                ))
+            }
         }
         let store = RaftLeaseStore::new(self.raft.clone(), self.state.clone());
         let (stop, stop_signal) = watch::channel(false);
@@ -188,7 +287,7 @@ impl Supervisor {
             stop_signal,
             self.transitions.clone(),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ClusterError::Raft(format!("the leader engine: {e}")))?;
         tracing::info!(
             node = self.node_id,
             term,
@@ -201,5 +300,62 @@ impl Supervisor {
             stop,
             task,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEADING: View = View {
+        leader: true,
+        term: 4,
+        quorum: true,
+    };
+
+    fn engine(term: u64, age_ms: u64, finished: bool) -> Option<EngineView> {
+        Some(EngineView {
+            term,
+            age_ms,
+            finished,
+        })
+    }
+
+    #[test]
+    fn p8_an_engine_runs_only_while_its_node_leads_its_term_with_a_majority() {
+        assert_eq!(decide(LEADING, None), Action::Start);
+        assert_eq!(decide(LEADING, engine(4, 10, false)), Action::Keep);
+        let deposed = View {
+            leader: false,
+            ..LEADING
+        };
+        assert_eq!(
+            decide(deposed, engine(4, 10, false)),
+            Action::Stop("no longer the leader")
+        );
+        assert_eq!(decide(deposed, None), Action::Follow);
+        let next_term = View { term: 5, ..LEADING };
+        assert_eq!(
+            decide(next_term, engine(4, 10, false)),
+            Action::Stop("the term changed")
+        );
+        assert_eq!(
+            decide(LEADING, engine(4, 10, true)),
+            Action::Stop("the engine stopped (a commit failed)")
+        );
+    }
+
+    #[test]
+    fn p8_a_leader_that_hears_from_no_majority_stops_once_its_engine_is_old_enough_to_judge() {
+        let alone = View {
+            quorum: false,
+            ..LEADING
+        };
+        assert_eq!(
+            decide(alone, engine(4, QUORUM_LOSS_MS + 1, false)),
+            Action::Stop("no majority heard from")
+        );
+        // The figure may predate a fresh engine: not judged yet.
+        assert_eq!(decide(alone, engine(4, 5, false)), Action::Keep);
     }
 }
