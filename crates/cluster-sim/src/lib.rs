@@ -740,4 +740,49 @@ mod tests {
             cluster.shutdown().await;
         });
     }
+
+    /// The Raft store of cluster mode under the `LeaseStore` conformance suite: a 3-member
+    /// simulated cluster; a restart is a power cut of every member (unsynced writes lost) and
+    /// a store over the new leader once it serves (its `LeaderStart` applied).
+    struct RaftHarness(Option<world::Cluster>);
+
+    impl RaftHarness {
+        fn new() -> Self {
+            Self(None)
+        }
+
+        async fn leader_store(
+            cluster: &world::Cluster,
+        ) -> palisade_server::cluster::RaftLeaseStore {
+            let leader = eventually(10_000, || cluster.serving_leader())
+                .await
+                .expect("a serving leader");
+            cluster.lease_store(leader).expect("the leader runs")
+        }
+    }
+
+    impl palisade_server::store_conformance::Harness for RaftHarness {
+        type Store = palisade_server::cluster::RaftLeaseStore;
+
+        async fn open(&mut self) -> Self::Store {
+            let mut cluster = world::Cluster::new(41, &ClusterSimConfig::default());
+            cluster.form().await.unwrap();
+            let store = Self::leader_store(&cluster).await;
+            self.0 = Some(cluster);
+            store
+        }
+
+        async fn restart(&mut self, store: Self::Store) -> Self::Store {
+            drop(store);
+            let cluster = self.0.as_mut().expect("opened");
+            cluster.power_cut().await.unwrap();
+            Self::leader_store(cluster).await
+        }
+    }
+
+    mod raft_store {
+        use super::*;
+        palisade_server::lease_store_suite!(RaftHarness::new(), |case| paused_runtime()
+            .block_on(case));
+    }
 }

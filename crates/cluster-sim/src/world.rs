@@ -525,6 +525,31 @@ impl Cluster {
         Some((running.member.changes.clone(), running.member.raft.clone()))
     }
 
+    /// The engine's store of cluster mode over member `id`'s Raft and applied state.
+    #[cfg(test)]
+    pub(crate) fn lease_store(
+        &self,
+        id: NodeId,
+    ) -> Option<palisade_server::cluster::RaftLeaseStore> {
+        let running = self.members[self.index(id)].running.as_ref()?;
+        Some(palisade_server::cluster::RaftLeaseStore::new(
+            running.member.raft.clone(),
+            running.member.state.clone(),
+        ))
+    }
+
+    /// Every member loses power at once, then starts again.
+    #[cfg(test)]
+    pub(crate) async fn power_cut(&mut self) -> Result<(), String> {
+        for id in self.ids() {
+            self.crash(id).await;
+        }
+        for id in self.ids() {
+            self.start(id).await?;
+        }
+        Ok(())
+    }
+
     /// Wipes `id` and brings it back the documented way (remove, `--join`, add).
     #[cfg(test)]
     pub(crate) async fn wipe_and_readd(&mut self, id: NodeId) -> Result<(), String> {

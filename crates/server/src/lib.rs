@@ -17,6 +17,7 @@ pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod store;
+pub mod store_conformance;
 
 use std::future::IntoFuture as _;
 use std::io;

@@ -269,6 +269,57 @@ fn decode_lease(lock: &str, bytes: &[u8]) -> Result<Lease, StoreError> {
 }
 
 #[cfg(test)]
+mod conformance {
+    use super::*;
+    use crate::store_conformance::Harness;
+
+    /// The redb store in a temporary directory; a restart drops it and opens the file again.
+    struct Redb(tempfile::TempDir);
+
+    impl Harness for Redb {
+        type Store = RedbLeaseStore;
+        async fn open(&mut self) -> RedbLeaseStore {
+            RedbLeaseStore::open(&self.0.path().join("db")).unwrap()
+        }
+        async fn restart(&mut self, store: RedbLeaseStore) -> RedbLeaseStore {
+            drop(store);
+            self.open().await
+        }
+    }
+
+    /// The in-memory store; a restart is a new store over the same shared state.
+    struct Memory(MemoryLeaseStore);
+
+    impl Harness for Memory {
+        type Store = MemoryLeaseStore;
+        async fn open(&mut self) -> MemoryLeaseStore {
+            self.0.clone()
+        }
+        async fn restart(&mut self, store: MemoryLeaseStore) -> MemoryLeaseStore {
+            drop(store);
+            self.0.clone()
+        }
+    }
+
+    fn run(case: impl std::future::Future<Output = ()>) {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(case);
+    }
+
+    mod redb_store {
+        use super::*;
+        crate::lease_store_suite!(Redb(tempfile::tempdir().unwrap()), run);
+    }
+
+    mod memory_store {
+        use super::*;
+        crate::lease_store_suite!(Memory(MemoryLeaseStore::default()), run);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

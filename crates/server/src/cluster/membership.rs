@@ -168,7 +168,13 @@ impl Changes {
     /// it again if it does not within the deadline (it never voted).
     async fn wait_caught_up(&self, id: NodeId, addr: &str) -> Result<(), MembershipError> {
         let me = self.raft.metrics().borrow().id;
-        let added = self.raft.metrics().borrow().membership_config.log_id().to_owned();
+        let added = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .log_id()
+            .to_owned();
         let waited = self
             .raft
             .wait(Some(self.catch_up))

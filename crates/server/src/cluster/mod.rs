@@ -277,12 +277,24 @@ impl RaftLeaseStore {
         &self,
         changes: &Changes,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        // Refused here, before it is proposed: the state machine would refuse it too, but by
+        // stopping the member (an applied entry cannot be taken back).
+        let applied = self.state.lock().expect("not poisoned").header.last_epoch;
+        let lower = (changes.last_epoch < applied).then(|| {
+            StoreError::Corrupt(format!(
+                "epoch counter would go back from {applied} to {}",
+                changes.last_epoch
+            ))
+        });
         let command = Command::Apply {
             last_epoch: changes.last_epoch,
             locks: changes.locks.clone(),
         };
         let raft = self.raft.clone();
         async move {
+            if let Some(lower) = lower {
+                return Err(lower);
+            }
             match tokio::time::timeout(COMMIT_TIMEOUT, raft.client_write(command)).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(error)) => Err(StoreError::Replication(error.to_string())),
