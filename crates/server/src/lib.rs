@@ -22,7 +22,7 @@ pub mod store_conformance;
 use std::future::IntoFuture as _;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,82 +181,101 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
     let (api, raft_service, core) = match &config.cluster {
-        None => {
-            let cluster_store = dir.join(cluster::CLUSTER_STORE_FILE);
-            if cluster_store.exists() {
-                return Err(ServerError::Cluster(cluster::ClusterError::DataDirectory(
-                    format!(
-                    "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
-                    dir.display(),
-                    cluster_store.display()
-                ),
-                )));
-            }
-            let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
-            let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
-            let (handle, engine) = engine::start_with(
-                store,
-                metrics.clone(),
-                shutdown_signal.clone(),
-                transitions.clone(),
-            )?;
-            let api = Api {
-                coordinator: Gateway::fixed(handle, transitions),
-                signer,
-                metrics,
-                cluster: None,
-            };
-            let core: Core = Box::pin(async move {
-                // The engine ends on shutdown or on a storage failure.
-                engine
-                    .await
-                    .expect("the engine does not panic")
-                    .map_err(ServerError::from)
-            });
-            (api, None, core)
-        }
+        None => start_single(dir, signer, metrics, shutdown_signal.clone())?,
         Some(cluster) => {
-            let member = cluster::start_member(
-                cluster,
-                dir,
-                &signer,
-                metrics.clone(),
-                shutdown_signal.clone(),
-            )
-            .await?;
-            let api = Api {
-                coordinator: member.gateway,
-                signer,
-                metrics,
-                cluster: Some(ClusterMember {
-                    raft: member.raft.clone(),
-                    node_id: cluster.node_id,
-                    state: member.state,
-                    changes: member.changes,
-                }),
-            };
-            let raft = member.raft.clone();
-            let supervisor = member.supervisor;
-            let core: Core = Box::pin(async move {
-                // Ends on shutdown, or when Raft stopped on a storage failure: then the member
-                // stops serving and the server exits with the error.
-                let outcome = supervisor.await.expect("the supervisor does not panic");
-                if let Err(error) = raft.shutdown().await {
-                    tracing::warn!(%error, "raft did not stop cleanly");
-                }
-                outcome.map_err(ServerError::Cluster)
-            });
-            (
-                api,
-                Some(cluster::network::service(
-                    cluster.node_id,
-                    member.raft,
-                    member.identity,
-                )),
-                core,
-            )
+            start_cluster(cluster, dir, signer, metrics, shutdown_signal.clone()).await?
         }
     };
+    serve(&config, api, raft_service, core, shutdown, shutdown_signal).await
+}
+
+/// A single node: the engine over `coordinator.redb`.
+fn start_single(
+    dir: &Path,
+    signer: Arc<palisade_core::TokenSigner>,
+    metrics: Arc<Metrics>,
+    shutdown_signal: watch::Receiver<bool>,
+) -> Result<(Api, Option<RaftService>, Core), ServerError> {
+    let cluster_store = dir.join(cluster::CLUSTER_STORE_FILE);
+    if cluster_store.exists() {
+        return Err(ServerError::Cluster(cluster::ClusterError::DataDirectory(
+            format!(
+                "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
+                dir.display(),
+                cluster_store.display()
+            ),
+        )));
+    }
+    let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
+    let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
+    let (handle, engine) =
+        engine::start_with(store, metrics.clone(), shutdown_signal, transitions.clone())?;
+    let api = Api {
+        coordinator: Gateway::fixed(handle, transitions),
+        signer,
+        metrics,
+        cluster: None,
+    };
+    let core: Core = Box::pin(async move {
+        // The engine ends on shutdown or on a storage failure.
+        engine
+            .await
+            .expect("the engine does not panic")
+            .map_err(ServerError::from)
+    });
+    Ok((api, None, core))
+}
+
+/// A cluster member: Raft over `cluster.redb`, and the supervisor that runs an engine while
+/// this member leads.
+async fn start_cluster(
+    cluster: &ClusterConfig,
+    dir: &Path,
+    signer: Arc<palisade_core::TokenSigner>,
+    metrics: Arc<Metrics>,
+    shutdown_signal: watch::Receiver<bool>,
+) -> Result<(Api, Option<RaftService>, Core), ServerError> {
+    let member =
+        cluster::start_member(cluster, dir, &signer, metrics.clone(), shutdown_signal).await?;
+    let api = Api {
+        coordinator: member.gateway,
+        signer,
+        metrics,
+        cluster: Some(ClusterMember {
+            raft: member.raft.clone(),
+            node_id: cluster.node_id,
+            state: member.state,
+            changes: member.changes,
+        }),
+    };
+    let raft = member.raft.clone();
+    let supervisor = member.supervisor;
+    let core: Core = Box::pin(async move {
+        // Ends on shutdown, or when Raft stopped on a storage failure: then the member stops
+        // serving and the server exits with the error.
+        let outcome = supervisor.await.expect("the supervisor does not panic");
+        if let Err(error) = raft.shutdown().await {
+            tracing::warn!(%error, "raft did not stop cleanly");
+        }
+        outcome.map_err(ServerError::Cluster)
+    });
+    let service = cluster::network::service(cluster.node_id, member.raft, member.identity);
+    Ok((api, Some(service), core))
+}
+
+/// The Raft gRPC service of a cluster member.
+type RaftService = palisade_proto::v1::raft_server::RaftServer<cluster::network::RaftService>;
+
+/// Serves HTTP and gRPC (and Raft traffic) on `config.listen` until the core ends; then stops
+/// the front ends within the grace period.
+async fn serve(
+    config: &ServerConfig,
+    api: Api,
+    raft_service: Option<RaftService>,
+    core: Core,
+    shutdown: Arc<watch::Sender<bool>>,
+    shutdown_signal: watch::Receiver<bool>,
+) -> Result<RunningServer, ServerError> {
     // The HTTP router (with its JSON 404 fallback) plus the gRPC services' path prefixes.
     let mut routes =
         tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
@@ -268,7 +287,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
     let local_addr = listener.local_addr().map_err(io("local address".into()))?;
-    tracing::info!(%local_addr, data_dir = %dir.display(), "coordinator serving gRPC and HTTP");
+    tracing::info!(
+        %local_addr,
+        data_dir = %config.data_dir.display(),
+        "coordinator serving gRPC and HTTP"
+    );
     let listener = listener.tap_io(|tcp| {
         // Small request/response messages: never wait for Nagle's algorithm.
         let _ = tcp.set_nodelay(true);
