@@ -164,8 +164,7 @@ async fn start_cluster(
     let list = palisade_server::cluster::format_members(&addrs);
     let mut servers = Vec::new();
     for (id, addr) in &addrs {
-        let cluster = palisade_server::cluster::ClusterConfig::parse(*id, &list, false)
-            .map_err(anyhow::Error::msg)?;
+        let cluster = palisade_server::cluster::ClusterConfig::parse(*id, &list, false)?;
         servers.push(
             palisade_server::start(ServerConfig {
                 data_dir: dir.join(format!("node{id}")),

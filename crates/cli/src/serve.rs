@@ -12,10 +12,7 @@ use crate::ServeArgs;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let cluster = match (args.node_id, &args.cluster) {
-        (Some(node_id), Some(list)) => Some(
-            ClusterConfig::parse(node_id, list, args.join)
-                .map_err(|e| anyhow::anyhow!("invalid cluster flags: {e}"))?,
-        ),
+        (Some(node_id), Some(list)) => Some(ClusterConfig::parse(node_id, list, args.join)?),
         _ => None,
     };
     let listen = match (args.listen, &cluster) {

@@ -136,7 +136,11 @@ pub struct ClusterConfig {
 
 impl ClusterConfig {
     /// Parses `--node-id N --cluster 1=HOST:PORT,2=HOST:PORT,...`.
-    pub fn parse(node_id: NodeId, cluster: &str, join: bool) -> Result<Self, String> {
+    pub fn parse(node_id: NodeId, cluster: &str, join: bool) -> Result<Self, ClusterError> {
+        Self::parse_list(node_id, cluster, join).map_err(ClusterError::Config)
+    }
+
+    fn parse_list(node_id: NodeId, cluster: &str, join: bool) -> Result<Self, String> {
         let mut members = BTreeMap::new();
         for part in cluster.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (id, addr) = part

@@ -480,6 +480,11 @@ impl StateMachine {
     }
 }
 
+/// A committed entry the state machine must not apply (it stops the member instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RefusedEntry(String);
+
 /// Applies one command to the state, noting the locks whose rows changed.
 ///
 /// Refuses (and so stops the member, before anything is written) a command that would move
@@ -490,7 +495,7 @@ fn apply_command(
     state: &mut SmState,
     command: Command,
     changed: &mut Vec<LockName>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RefusedEntry> {
     match command {
         Command::LeaderStart {
             key_id, public_key, ..
@@ -500,22 +505,22 @@ fn apply_command(
         }
         Command::Apply { last_epoch, locks } => {
             if last_epoch < state.header.last_epoch {
-                return Err(format!(
+                return Err(RefusedEntry(format!(
                     "a committed change carries epoch counter {last_epoch}, below the applied \
                      counter {}",
                     state.header.last_epoch
-                ));
+                )));
             }
             if let Some((lock, lease)) = locks
                 .iter()
                 .filter_map(|(lock, lease)| Some((lock, lease.as_ref()?)))
                 .find(|(_, lease)| lease.epoch > last_epoch)
             {
-                return Err(format!(
+                return Err(RefusedEntry(format!(
                     "a committed change grants {lock} epoch {} above its own counter \
                      {last_epoch}",
                     lease.epoch
-                ));
+                )));
             }
             state.header.last_epoch = last_epoch;
             for (lock, lease) in locks {
