@@ -681,6 +681,66 @@ mod tests {
         });
     }
 
+    /// The configurations of `raft`'s membership: one when uniform, two when joint.
+    fn configs(raft: &palisade_server::cluster::RaftNode) -> Vec<Vec<u64>> {
+        raft.metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_joint_config()
+            .iter()
+            .map(|config| config.iter().copied().collect())
+            .collect()
+    }
+
+    #[test]
+    fn p8_a_joint_membership_left_by_a_deposed_leader_is_finished_by_the_next() {
+        // openraft commits a change in two steps; a leader deposed between them leaves the
+        // cluster joint, where every decision needs a majority of both configurations. Seed
+        // 9,000,792 (--wipe) lost a third member in that state and could never commit again:
+        // an `add` retried after the joint step saw the node among the voters and returned.
+        // Now the next leader finishes the change and `add` counts only uniform voters.
+        paused_runtime().block_on(async {
+            let config = ClusterSimConfig::for_members(5);
+            let mut cluster = world::Cluster::new(41, &config);
+            cluster.form().await.unwrap();
+            // Past the founding elections.
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            let leader = eventually(5_000, || cluster.serving_leader().filter(|l| *l != 5))
+                .await
+                .expect("seed 41 elects a leader other than 5");
+            let (changes, raft) = cluster.member(leader).unwrap();
+            let before = raft.metrics().borrow().last_log_index.unwrap_or(0);
+            let removal = tokio::spawn(async move { changes.remove(5).await });
+            // The moment the joint step (the next entry) is applied on the leader, it is cut
+            // off: the second step never commits under it.
+            let joint = raft
+                .wait(Some(std::time::Duration::from_secs(5)))
+                .applied_index_at_least(Some(before + 1), "the joint step applied")
+                .await;
+            assert!(joint.is_ok(), "the removal reached its joint step");
+            cluster.isolate_member(leader);
+            let others: Vec<u64> = (1..=5).filter(|id| *id != leader).collect();
+            let (_, follower) = cluster.member(others[0]).unwrap();
+            assert!(
+                removal.await.unwrap().is_err(),
+                "the second step did not commit under the deposed leader"
+            );
+            let finished = eventually(10_000, || {
+                (configs(&follower) == vec![vec![1, 2, 3, 4]]
+                    && cluster.serving_leader().is_some_and(|l| l != leader))
+                .then_some(())
+            })
+            .await;
+            assert!(
+                finished.is_some(),
+                "the next leader finished the removal: {:?}",
+                configs(&follower)
+            );
+            cluster.shutdown().await;
+        });
+    }
+
     #[test]
     fn p1_a_member_that_missed_a_remove_and_add_admits_the_new_store() {
         // Member 5 is cut off while member 3 loses its disk and is removed and added back with

@@ -193,3 +193,16 @@ fn p8_regression_a_retried_acquire_never_leaves_two_holders() {
     let reports = run_all_seeds(&[5_000_095, 5_000_136], ClusterSimConfig::for_members(3));
     assert_eq!(reports.len(), 2);
 }
+
+#[test]
+fn p8_regression_a_joint_membership_is_never_left_behind() {
+    // With lost data directories: an `add` retried after a leader change found its node in a
+    // joint membership's voters and returned; the joint stayed, a second member lost its data,
+    // and no majority of both configurations was left to commit anything again.
+    let config = ClusterSimConfig {
+        wipe_on_crash: true,
+        ..ClusterSimConfig::for_members(3)
+    };
+    let reports = run_all_seeds(&[9_000_792], config);
+    assert_eq!(reports.len(), 1);
+}

@@ -117,7 +117,9 @@ impl Changes {
                 if self.is_voter(id) {
                     return Ok(self.membership().voter_ids().collect());
                 }
-                tracing::info!(id, addr, "resuming the addition of a learner");
+                // A learner, or a voter of a joint membership whose second step was lost with
+                // a leader: both resume (catching up is quick, the last step finishes it).
+                tracing::info!(id, addr, "resuming the addition of node {id}");
             }
             Some(known) => {
                 return Err(MembershipError::Conflict(format!(
@@ -140,9 +142,37 @@ impl Changes {
         Ok(self.membership().voter_ids().collect())
     }
 
-    /// True when `id` votes in the membership this member holds.
+    /// True when `id` votes in the membership this member holds and that membership is
+    /// uniform. In a joint membership (`[{1,2},{1,2,3}]`: an addition whose second step has
+    /// not committed) node 3 is not yet a voter that the cluster can count on.
     pub fn is_voter(&self, id: NodeId) -> bool {
-        self.membership().voter_ids().any(|voter| voter == id)
+        let membership = self.membership();
+        let configs = membership.get_joint_config();
+        configs.len() == 1 && configs[0].contains(&id)
+    }
+
+    /// Finishes a joint membership a deposed leader left behind: openraft commits a change in
+    /// two steps (joint, then uniform), and a leader that loses its term between them leaves
+    /// the cluster joint, where every decision needs a majority of *both* configurations, so
+    /// one more lost member can stop it for good and no `remove` can help. Proposes the
+    /// joint's last configuration (the change's target), which is always safe once the joint
+    /// entry committed (openraft refuses until it has). Returns whether there was one to
+    /// finish; `Busy` while an operator's change runs (it finishes its own joint).
+    pub async fn finish_joint(&self) -> Result<bool, MembershipError> {
+        let _one_at_a_time = self.running.try_lock().map_err(|_| MembershipError::Busy)?;
+        let membership = self.membership();
+        let configs = membership.get_joint_config();
+        if configs.len() < 2 {
+            return Ok(false);
+        }
+        let target = configs[configs.len() - 1].clone();
+        tracing::warn!(
+            joint = ?configs,
+            ?target,
+            "finishing the joint membership a previous leader left behind"
+        );
+        self.change(ChangeMembers::ReplaceAllVoters(target)).await?;
+        Ok(true)
     }
 
     /// A node that is not a member yet may join: its address is free and the cluster has room.
@@ -228,7 +258,13 @@ impl Changes {
         }
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let change = if voters.contains(&id) {
-            if voters.len() == 1 {
+            // The target is computed from the last configuration (the one a joint moves to).
+            let target = membership
+                .get_joint_config()
+                .last()
+                .cloned()
+                .unwrap_or_default();
+            if target.len() == 1 && target.contains(&id) {
                 return Err(MembershipError::Invalid(
                     "cannot remove the last voter".into(),
                 ));

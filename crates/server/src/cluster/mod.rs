@@ -561,6 +561,7 @@ impl MemberStart<'_> {
             metrics: self.metrics,
             serving,
             transitions,
+            changes: changes.clone(),
         };
         let supervisor = tokio::spawn(supervisor.run(self.shutdown));
         Ok(Member {

@@ -26,6 +26,9 @@ use crate::store::StoreError;
 /// How often the supervisor re-checks the quorum without a metrics change.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// How long a leader waits between attempts to finish a joint membership.
+const FINISH_JOINT_INTERVAL: Duration = Duration::from_millis(500);
+
 /// What the supervisor needs.
 pub struct Supervisor {
     /// The Raft member.
@@ -44,6 +47,8 @@ pub struct Supervisor {
     pub serving: watch::Sender<Serving>,
     /// The channel every engine publishes on.
     pub transitions: broadcast::Sender<Transition>,
+    /// Membership changes: the leader finishes a joint membership its predecessor left.
+    pub changes: Arc<super::membership::Changes>,
 }
 
 struct Running {
@@ -157,6 +162,8 @@ impl Supervisor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut outcome = Ok(());
         let mut electing = false;
+        let mut finishing: Option<JoinHandle<()>> = None;
+        let mut finish_after = tokio::time::Instant::now();
         loop {
             let mut closed = false;
             tokio::select! {
@@ -214,6 +221,23 @@ impl Supervisor {
                 Action::Start => running = self.lead(view.term).await,
                 Action::Follow => self.follow(&m),
             }
+            let joint = m.membership_config.membership().get_joint_config().len() > 1;
+            let idle = finishing.as_ref().is_none_or(JoinHandle::is_finished);
+            if running.is_some() && joint && idle && finish_after <= tokio::time::Instant::now() {
+                // In its own task: the loop must stay free to stop the engine at once. Spaced
+                // out: every attempt makes openraft publish metrics, which wakes this loop.
+                finish_after = tokio::time::Instant::now() + FINISH_JOINT_INTERVAL;
+                let changes = self.changes.clone();
+                finishing = Some(tokio::spawn(async move {
+                    if let Err(error) = changes.finish_joint().await {
+                        // Busy (an operator's change runs) or not committed yet: next check.
+                        tracing::debug!(%error, "the joint membership is not finished yet");
+                    }
+                }));
+            }
+        }
+        if let Some(task) = finishing {
+            task.abort();
         }
         let _ = self
             .serving
