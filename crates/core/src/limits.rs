@@ -32,3 +32,42 @@ pub const MAX_TOKEN_TEXT_BYTES: usize = 1_024;
 
 /// Longest request id of an acquire (see `RequestId`).
 pub const MAX_REQUEST_ID_BYTES: usize = 64;
+
+/// Most client connections a server holds open at once, before the process's descriptor limit
+/// lowers it (see `palisade-listener`): each costs a descriptor and buffers.
+pub const MAX_CONNECTIONS: usize = 4_096;
+
+/// Descriptors a server keeps for itself (store files, logs, peers) when it derives its
+/// connection limit from the process's descriptor limit.
+pub const RESERVED_DESCRIPTORS: usize = 64;
+
+/// Longest time a client may take to send a request's headers, and longest time an HTTP/1
+/// connection may sit idle between requests. A header drip or an idle socket then costs a
+/// descriptor for at most this long.
+pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+
+/// Longest time a request body (a JSON document, a stored value) may take to arrive.
+pub const BODY_READ_TIMEOUT_MS: u64 = 10_000;
+
+/// A connection with no bytes either way for this long is asked to close (gracefully: a
+/// request still running finishes first). HTTP/2 pings count as bytes.
+pub const IDLE_TIMEOUT_MS: u64 = 120_000;
+
+/// HTTP/2 ping interval; a peer that does not answer within [`KEEPALIVE_TIMEOUT_MS`] is gone.
+pub const KEEPALIVE_INTERVAL_MS: u64 = 20_000;
+
+/// How long an HTTP/2 ping may wait for its answer.
+pub const KEEPALIVE_TIMEOUT_MS: u64 = 10_000;
+
+/// Most requests at once on one HTTP/2 connection (gRPC streams included).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+
+/// At the connection limit, a new connection evicts the one that has been silent longest,
+/// if it has been silent at least this long; otherwise the newcomer waits for a free slot.
+pub const EVICT_SILENT_MS: u64 = 1_000;
+
+/// How long a new connection waits for a free slot at the limit before it is closed.
+pub const ADMISSION_WAIT_MS: u64 = 2_000;
+
+/// How long a connection asked to close may take to finish before it is dropped.
+pub const CLOSE_GRACE_MS: u64 = 1_000;

@@ -51,7 +51,7 @@ impl State {
 }
 
 pub fn router(state: State) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/kv/{lock}/{key}", get(read).put(write))
         .route("/v1/fences/{lock}", get(fence))
         .route("/v1/fences/{lock}/activate", post(activate))
@@ -61,7 +61,14 @@ pub fn router(state: State) -> Router {
         .route("/readyz", get(readyz))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(MAX_VALUE_BYTES))
-        .with_state(state)
+        .with_state(state);
+    // Declared-oversized values refused before they are read; stalled ones after a timeout.
+    palisade_listener::bounded_bodies(
+        router,
+        MAX_VALUE_BYTES,
+        "value_too_large",
+        std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS),
+    )
 }
 
 /// A JSON error answer `{"error": CODE, "message", …}`, small enough to return by value.

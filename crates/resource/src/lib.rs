@@ -13,13 +13,11 @@ mod http;
 mod keys;
 mod metrics;
 
-use std::future::IntoFuture as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt as _;
 use palisade_fence::{FenceError, FenceMode, Verifier};
 use palisade_fence_redb::RedbFence;
 use tokio::net::TcpListener;
@@ -103,24 +101,14 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         .map_err(io(format!("listen on {}", config.listen)))?;
     let local_addr = listener.local_addr().map_err(io("local address".into()))?;
     tracing::info!(%local_addr, mode = %config.mode, "fenced store serving HTTP");
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let (shutdown, mut signal) = watch::channel(false);
+    let (shutdown, signal) = watch::channel(false);
     let mut grace_signal = shutdown.subscribe();
     let task = tokio::spawn(async move {
-        let serve = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = signal.wait_for(|stop| *stop).await;
-            })
-            .into_future();
+        let serve =
+            palisade_listener::serve(listener, app, palisade_listener::Limits::default(), signal);
         tokio::pin!(serve);
         tokio::select! {
-            result = &mut serve => {
-                if let Err(error) = result {
-                    tracing::error!(%error, "HTTP server failed");
-                }
-            }
+            () = &mut serve => {}
             () = async { let _ = grace_signal.wait_for(|stop| *stop).await; } => {
                 if tokio::time::timeout(SHUTDOWN_GRACE, serve).await.is_err() {
                     tracing::warn!("connections still open after the grace period; closing");

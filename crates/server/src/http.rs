@@ -28,7 +28,7 @@ pub const DEFAULT_HOLDER: &str = "anonymous";
 
 /// The HTTP routes.
 pub fn router(api: Api) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/locks", get(list_locks))
         .route("/v1/locks/{name}", get(show_lock))
         .route("/v1/locks/{name}/acquire", post(acquire))
@@ -46,7 +46,14 @@ pub fn router(api: Api) -> Router {
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(api)
+        .with_state(api);
+    // Declared-oversized bodies refused before they are read; stalled ones after a timeout.
+    palisade_listener::bounded_bodies(
+        router,
+        MAX_BODY_BYTES,
+        "body_too_large",
+        std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS),
+    )
 }
 
 /// A JSON error response.

@@ -19,14 +19,12 @@ pub mod metrics;
 pub mod store;
 pub mod store_conformance;
 
-use std::future::IntoFuture as _;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -292,26 +290,19 @@ async fn serve(
         data_dir = %config.data_dir.display(),
         "coordinator serving gRPC and HTTP"
     );
-    let listener = listener.tap_io(|tcp| {
-        // Small request/response messages: never wait for Nagle's algorithm.
-        let _ = tcp.set_nodelay(true);
-    });
-    let mut http_shutdown = shutdown_signal;
-    let http = tokio::spawn(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_shutdown.wait_for(|stop| *stop).await;
-            })
-            .into_future(),
-    );
+    let http = tokio::spawn(palisade_listener::serve(
+        listener,
+        app,
+        palisade_listener::Limits::default(),
+        shutdown_signal,
+    ));
     let stopper = shutdown.clone();
     let task = tokio::spawn(async move {
         // The core ends on shutdown or on a storage failure; either way the front ends stop.
         let core_result = core.await;
         let _ = stopper.send(true);
         match tokio::time::timeout(SHUTDOWN_GRACE, http).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(error))) => tracing::warn!(%error, "HTTP server error while stopping"),
+            Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(%error, "HTTP server task failed"),
             Err(_) => tracing::warn!("connections still open after the grace period; closing"),
         }

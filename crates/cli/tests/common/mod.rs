@@ -25,8 +25,24 @@ impl ServerProcess {
 
     /// Starts `palisade ARGS --data-dir DATA_DIR` and waits until it listens.
     pub fn start_with(args: &[&str], data_dir: &Path) -> Self {
-        let mut child = Command::new(BINARY)
-            .args(args)
+        let mut command = Command::new(BINARY);
+        command.args(args);
+        Self::start_command(command, data_dir)
+    }
+
+    /// Starts `palisade serve` with at most `descriptors` open files (`ulimit -n`).
+    pub fn start_with_descriptor_limit(descriptors: u32, data_dir: &Path) -> Self {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -n {descriptors} && exec \"$0\" \"$@\""))
+            .args([BINARY, "serve", "--listen", "127.0.0.1:0"]);
+        Self::start_command(command, data_dir)
+    }
+
+    /// Runs `command --data-dir DATA_DIR` (a `palisade serve`) and waits until it listens.
+    fn start_command(mut command: Command, data_dir: &Path) -> Self {
+        let mut child = command
             .arg("--data-dir")
             .arg(data_dir)
             .env("RUST_LOG", "warn")

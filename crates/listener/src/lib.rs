@@ -1,0 +1,434 @@
+//! Serves a router on a TCP listener with the limits a server reachable by untrusted clients
+//! needs. `axum::serve` has none of them: a client that drips its headers, stalls its body, or
+//! just opens sockets and says nothing holds a descriptor for ever, and once the process's
+//! descriptor limit is reached nobody can acquire a lock.
+//!
+//! Every connection here is bounded:
+//! - **count**: at most [`Limits::max_connections`] at once (derived from the descriptor
+//!   limit). At the limit a newcomer evicts the connection that has been silent longest (if it
+//!   has been silent for [`limits::EVICT_SILENT_MS`]); otherwise it waits up to
+//!   [`limits::ADMISSION_WAIT_MS`] for a slot and is closed.
+//! - **time**: request headers within [`Limits::header_read`] (also the longest HTTP/1
+//!   keep-alive idle time); a connection with no bytes either way for [`Limits::idle`] is asked
+//!   to close gracefully (a request still running finishes first: a long acquire wait is not
+//!   cut); HTTP/2 peers must answer pings.
+//! - **size** (HTTP routes, through [`bounded_bodies`]): a declared `Content-Length` over the
+//!   limit is refused before a byte of the body is read (413), a body must arrive within
+//!   [`Limits::body_read`] (408), and is never buffered past the limit.
+//!
+//! On shutdown the listener stops accepting and every connection closes gracefully; dropping
+//! the [`serve`] future drops every connection.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http::StatusCode;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use palisade_core::limits;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// The bounds of one server's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Longest time to receive a request's headers; longest HTTP/1 idle time between requests.
+    pub header_read: Duration,
+    /// Longest time to receive a request body (HTTP routes wrapped by [`bounded_bodies`]).
+    pub body_read: Duration,
+    /// A connection silent this long both ways is asked to close.
+    pub idle: Duration,
+}
+
+impl Default for Limits {
+    /// The named limits of `palisade_core::limits`, with the connection count lowered to what
+    /// this process's descriptor limit allows.
+    fn default() -> Self {
+        Self {
+            max_connections: connection_limit(),
+            header_read: Duration::from_millis(limits::HEADER_READ_TIMEOUT_MS),
+            body_read: Duration::from_millis(limits::BODY_READ_TIMEOUT_MS),
+            idle: Duration::from_millis(limits::IDLE_TIMEOUT_MS),
+        }
+    }
+}
+
+/// [`limits::MAX_CONNECTIONS`], or three quarters of the descriptors the process may open
+/// beyond [`limits::RESERVED_DESCRIPTORS`] when that is lower (never below 16).
+pub fn connection_limit() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| usize::try_from(soft).unwrap_or(usize::MAX))
+        .unwrap_or(limits::MAX_CONNECTIONS);
+    let by_descriptors = soft.saturating_sub(limits::RESERVED_DESCRIPTORS) / 4 * 3;
+    by_descriptors.clamp(16, limits::MAX_CONNECTIONS)
+}
+
+/// Wraps `router` so that a body declared or found larger than `max_bytes` is refused (413
+/// with error code `too_large`; before reading when it is declared) and a body that does not
+/// arrive within `body_read` is refused (408 `request_timeout`). Handlers then see the whole
+/// body. Not for streaming routes (gRPC): it reads the body before calling the handler.
+pub fn bounded_bodies(
+    router: Router,
+    max_bytes: usize,
+    too_large: &'static str,
+    body_read: Duration,
+) -> Router {
+    router.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| {
+            read_bounded(request, next, max_bytes, too_large, body_read)
+        },
+    ))
+}
+
+async fn read_bounded(
+    request: Request,
+    next: Next,
+    max_bytes: usize,
+    too_large: &'static str,
+    body_read: Duration,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max_bytes as u64) {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            too_large,
+            format!("the body is declared larger than {max_bytes} bytes"),
+        );
+    }
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(body_read, axum::body::to_bytes(body, max_bytes)).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(_)) => refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            too_large,
+            format!("the body is larger than {max_bytes} bytes (or broke off)"),
+        ),
+        Err(_) => refuse(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the body did not arrive within {body_read:?}"),
+        ),
+    }
+}
+
+/// A JSON error in the shape every Palisade server uses.
+fn refuse(status: StatusCode, code: &str, message: String) -> Response {
+    let body = serde_json::json!({ "error": code, "message": message });
+    (status, axum::Json(body)).into_response()
+}
+
+/// What one open connection shares with the accept loop.
+struct Conn {
+    /// When a byte last went either way, ms since the listener started.
+    last_io_ms: AtomicU64,
+    /// Asks the connection to close (it is evicted).
+    evict: Notify,
+}
+
+/// The open connections, for eviction.
+struct Registry {
+    started: Instant,
+    open: Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+impl Registry {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Asks the connection silent longest to close, if it has been silent long enough.
+    fn evict_silentest(&self) -> bool {
+        let now = self.now_ms();
+        let open = self.open.lock().expect("not poisoned");
+        let silentest = open
+            .values()
+            .map(|conn| (conn.last_io_ms.load(Ordering::Relaxed), conn))
+            .filter(|(last, _)| now.saturating_sub(*last) >= limits::EVICT_SILENT_MS)
+            .min_by_key(|(last, _)| *last);
+        match silentest {
+            Some((_, conn)) => {
+                conn.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown` turns true, then closes every
+/// connection gracefully and returns once they are all closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let registry = Arc::new(Registry {
+        started: Instant::now(),
+        open: Mutex::new(HashMap::new()),
+    });
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_millis(limits::KEEPALIVE_INTERVAL_MS))
+        .keep_alive_timeout(Duration::from_millis(limits::KEEPALIVE_TIMEOUT_MS))
+        .max_concurrent_streams(limits::MAX_STREAMS_PER_CONNECTION);
+    let builder = Arc::new(builder);
+    let mut connections = JoinSet::new();
+    let mut pressure = Pressure::default();
+    let mut next_id = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(error) => {
+                // Out of descriptors (EMFILE) or a connection reset before accept: wait a
+                // little instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let evicted = registry.evict_silentest();
+                let wait = tokio::time::timeout(
+                    Duration::from_millis(limits::ADMISSION_WAIT_MS),
+                    slots.clone().acquire_owned(),
+                );
+                let admitted = tokio::select! {
+                    biased;
+                    _ = shutdown.wait_for(|stop| *stop) => break,
+                    waited = wait => waited.ok().and_then(Result::ok),
+                };
+                pressure.record(evicted, admitted.is_some(), limits.max_connections);
+                match admitted {
+                    Some(permit) => permit,
+                    None => continue, // dropping `tcp` closes it
+                }
+            }
+        };
+        let _ = tcp.set_nodelay(true); // small messages: never wait for Nagle
+        next_id += 1;
+        let id = next_id;
+        let conn = Arc::new(Conn {
+            last_io_ms: AtomicU64::new(registry.now_ms()),
+            evict: Notify::new(),
+        });
+        registry
+            .open
+            .lock()
+            .expect("not poisoned")
+            .insert(id, conn.clone());
+        let (registry, builder, app, shutdown) = (
+            registry.clone(),
+            builder.clone(),
+            app.clone(),
+            shutdown.clone(),
+        );
+        connections.spawn(async move {
+            let io = Watched {
+                inner: tcp,
+                conn: conn.clone(),
+                registry: registry.clone(),
+            };
+            run_connection(&builder, io, app, &conn, &registry, &limits, shutdown).await;
+            registry.open.lock().expect("not poisoned").remove(&id);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Every connection saw `shutdown` and is closing gracefully.
+    while connections.join_next().await.is_some() {}
+}
+
+/// Serves one connection until it ends, closing it when it is evicted, idle or shut down.
+async fn run_connection(
+    builder: &auto::Builder<TokioExecutor>,
+    io: Watched,
+    app: Router,
+    conn: &Conn,
+    registry: &Registry,
+    limits: &Limits,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let service = TowerToHyperService::new(app);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let mut asked_to_close = false;
+    let mut drop_at: Option<Instant> = None;
+    let mut idle_check = tokio::time::interval(limits.idle / 4);
+    idle_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let close = tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(error) = served {
+                    tracing::debug!(%error, "connection ended with an error");
+                }
+                return;
+            }
+            _ = shutdown.wait_for(|stop| *stop), if !asked_to_close => true,
+            () = conn.evict.notified() => {
+                drop_at = Some(Instant::now() + Duration::from_millis(limits::CLOSE_GRACE_MS));
+                !asked_to_close
+            }
+            () = sleep_until(drop_at) => {
+                tracing::debug!("evicted connection did not close in time; dropped");
+                return;
+            }
+            _ = idle_check.tick() => {
+                let last = conn.last_io_ms.load(Ordering::Relaxed);
+                let silent = registry.now_ms().saturating_sub(last);
+                !asked_to_close && silent >= duration_ms(limits.idle)
+            }
+        };
+        if close {
+            asked_to_close = true;
+            connection.as_mut().graceful_shutdown();
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Warns about the connection limit at most every ten seconds, with counts.
+#[derive(Default)]
+struct Pressure {
+    evicted: u64,
+    refused: u64,
+    warned: Option<Instant>,
+}
+
+impl Pressure {
+    fn record(&mut self, evicted: bool, admitted: bool, limit: usize) {
+        self.evicted += u64::from(evicted);
+        self.refused += u64::from(!admitted);
+        if self
+            .warned
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            tracing::warn!(
+                limit,
+                evicted = self.evicted,
+                refused = self.refused,
+                "at the connection limit: silent connections evicted, newcomers refused \
+                 when none was silent (counts since the last warning)"
+            );
+            self.warned = Some(Instant::now());
+            self.evicted = 0;
+            self.refused = 0;
+        }
+    }
+}
+
+/// A TCP stream that records when bytes last went either way.
+struct Watched {
+    inner: TcpStream,
+    conn: Arc<Conn>,
+    registry: Arc<Registry>,
+}
+
+impl Watched {
+    fn touch(&self) {
+        self.conn
+            .last_io_ms
+            .store(self.registry.now_ms(), Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
