@@ -219,7 +219,11 @@ pub struct MalformedAppend(String);
 pub fn check_append_entries(
     request: &AppendEntriesRequest<TypeConfig>,
 ) -> Result<(), MalformedAppend> {
-    let first_index = request.prev_log_id.map_or(0, |prev| prev.index + 1);
+    // The index the next entry must have; `None` after u64::MAX (no entry can follow: a
+    // forged message, whose `+ 1` would panic in a debug build and wrap to 0 in a release one).
+    let mut expected = request
+        .prev_log_id
+        .map_or(Some(0), |prev| prev.index.checked_add(1));
     let mut previous_term = request.prev_log_id.map_or(0, |prev| prev.leader_id.term);
     let vote_term = request.vote.leader_id().term;
     if previous_term > vote_term {
@@ -231,14 +235,16 @@ pub fn check_append_entries(
             request.vote
         )));
     }
-    for (expected_index, entry) in (first_index..).zip(&request.entries) {
+    for entry in &request.entries {
         let log_id = entry.log_id;
-        if log_id.index != expected_index {
+        if Some(log_id.index) != expected {
             return Err(MalformedAppend(format!(
-                "entry {log_id} where entry {expected_index} must come next (prev_log_id {:?})",
+                "entry {log_id} where entry {} must come next (prev_log_id {:?})",
+                expected.map_or_else(|| "none".to_owned(), |i| i.to_string()),
                 request.prev_log_id
             )));
         }
+        expected = log_id.index.checked_add(1);
         if log_id.leader_id.term < previous_term || log_id.leader_id.term > vote_term {
             return Err(MalformedAppend(format!(
                 "entry {log_id} has a term outside [{previous_term}, {vote_term}]"
@@ -382,6 +388,91 @@ mod tests {
                 .iter()
                 .map(|(term, index)| blank_ent::<TypeConfig>(*term, 1, *index))
                 .collect(),
+        }
+    }
+
+    mod fuzz {
+        //! Raft message decoding against arbitrary bytes and arbitrary log ids (P1, P8: no
+        //! message a client can send stops a member). `PALISADE_FUZZ_CASES` cases (default
+        //! 1,000, fixed seed); `scripts/fuzz` runs many more.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn config() -> ProptestConfig {
+            ProptestConfig {
+                cases: std::env::var("PALISADE_FUZZ_CASES")
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1_000),
+                rng_seed: std::env::var("PROPTEST_RNG_SEED")
+                    .ok()
+                    .and_then(|seed| seed.parse().ok())
+                    .map_or(
+                        proptest::test_runner::RngSeed::Fixed(0x7261_6674),
+                        proptest::test_runner::RngSeed::Fixed,
+                    ),
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// Arbitrary bytes (and a real message cut or altered in one byte) never panic the
+            /// decoder; whatever decodes never panics the append check.
+            #[test]
+            fn p8_arbitrary_bytes_never_panic_the_raft_decoder(
+                bytes in proptest::collection::vec(any::<u8>(), 0..512),
+                at in any::<prop::sample::Index>(),
+                with in any::<u8>(),
+            ) {
+                let _ = serde_json::from_slice::<AppendEntriesRequest<TypeConfig>>(&bytes);
+                let _ = serde_json::from_slice::<VoteRequest<NodeId>>(&bytes);
+                let _ = serde_json::from_slice::<InstallSnapshotRequest<TypeConfig>>(&bytes);
+                let mut real = serde_json::to_vec(&request(Some(24), &[(2, 25), (3, 26)])).unwrap();
+                let i = at.index(real.len());
+                real[i] = with;
+                if let Ok(decoded) = serde_json::from_slice::<AppendEntriesRequest<TypeConfig>>(&real) {
+                    let _ = check_append_entries(&decoded);
+                }
+            }
+
+            /// Any log ids at all, up to u64::MAX, are judged without a panic (overflow
+            /// included), and what passes the check is a run with no gap whose terms never go
+            /// back and never pass the sender's vote.
+            #[test]
+            fn p1_p8_any_log_ids_are_judged_without_a_panic(
+                vote_term in any::<u64>(),
+                prev in proptest::option::of((any::<u64>(), prop_oneof![any::<u64>(), Just(u64::MAX)])),
+                entries in proptest::collection::vec((any::<u64>(), prop_oneof![any::<u64>(), Just(u64::MAX)]), 0..4),
+            ) {
+                let request = AppendEntriesRequest::<TypeConfig> {
+                    vote: Vote::new_committed(vote_term, 1),
+                    prev_log_id: prev.map(|(term, index)| log_id(term, 1, index)),
+                    leader_commit: None,
+                    entries: entries
+                        .iter()
+                        .map(|(term, index)| blank_ent::<TypeConfig>(*term, 1, *index))
+                        .collect(),
+                };
+                if check_append_entries(&request).is_ok() {
+                    let mut expected = request.prev_log_id.map(|p| p.index.checked_add(1));
+                    let mut term = request.prev_log_id.map_or(0, |p| p.leader_id.term);
+                    prop_assert!(term <= vote_term);
+                    for entry in &request.entries {
+                        if let Some(next) = expected {
+                            prop_assert_eq!(Some(entry.log_id.index), next);
+                        } else {
+                            prop_assert_eq!(entry.log_id.index, 0);
+                        }
+                        prop_assert!(entry.log_id.leader_id.term >= term);
+                        prop_assert!(entry.log_id.leader_id.term <= vote_term);
+                        term = entry.log_id.leader_id.term;
+                        expected = Some(entry.log_id.index.checked_add(1));
+                    }
+                }
+            }
         }
     }
 
