@@ -369,6 +369,9 @@ impl FencedResource for PostgresFence {
         lock: &'a LockName,
         key: &'a str,
     ) -> Result<Option<Stored>, FenceError> {
+        if !palisade_fence::key_is_storable(key) {
+            return Ok(None); // never written: every write of it is refused
+        }
         let client = self.client().await?;
         let row = client
             .query_opt(sql::READ_VALUE, &[&lock.as_str(), &key])

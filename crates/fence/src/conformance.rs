@@ -45,6 +45,7 @@ macro_rules! conformance_suite {
             concurrent_strict_writers_respect_the_fence,
             concurrent_activated_owners_respect_the_fence,
             concurrent_sequenced_writers_respect_the_fence,
+            fuzzed_writes_are_applied_or_rejected_never_failed,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
@@ -697,5 +698,149 @@ mod tests {
     fn concurrent_writes_may_be_accepted_in_either_order() {
         let history = [entry(0, 3, 5, true), entry(1, 2, 4, true)];
         assert_eq!(check_history(&history, Some((5, 0, vec![5])), false), Ok(2));
+    }
+}
+
+/// A small deterministic generator for [`fuzzed_writes_are_applied_or_rejected_never_failed`]
+/// (SplitMix64: no dependency for the library).
+struct Fuzz(u64);
+
+impl Fuzz {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Text mixing what breaks storage layers: NUL and control characters, quotes,
+    /// backslashes, SQL and LIKE metacharacters, multi-byte characters, long runs.
+    fn text(&mut self, max_chars: u64) -> String {
+        const PIECES: &[&str] = &[
+            "\0",
+            "\u{1}",
+            "\n",
+            "'",
+            "\"",
+            "\\",
+            "%",
+            "_",
+            ";",
+            "--",
+            "' OR '1'='1",
+            "é",
+            "ß",
+            "日本",
+            "🦀",
+            "\u{202e}",
+            "\u{feff}",
+            "a",
+            "k",
+            "/",
+            " ",
+        ];
+        let n = self.below(max_chars + 1);
+        (0..n)
+            .map(|_| PIECES[self.below(PIECES.len() as u64) as usize])
+            .collect()
+    }
+}
+
+/// P2, P4 and the contract's error rule under arbitrary input: keys of any characters (NUL,
+/// quotes, SQL metacharacters, multi-byte) and lengths, values of any bytes and sizes, tokens
+/// valid, altered in one byte, from an untrusted key, or arbitrary text, sequence numbers
+/// present or not. Every write is `Accepted` or `Rejected` (never a storage failure), nothing
+/// but an exact trusted token is accepted, an accepted write reads back exactly, and the fence
+/// never moves below what was accepted. `PALISADE_FUZZ_CASES` writes (default 200; fixed seed
+/// unless `PROPTEST_RNG_SEED` is set, as for the other fuzz tests).
+pub async fn fuzzed_writes_are_applied_or_rejected_never_failed(factory: &impl Factory) {
+    let cases: u64 = std::env::var("PALISADE_FUZZ_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let seed: u64 = std::env::var("PROPTEST_RNG_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x6675_7a7a);
+    for mode in [FenceMode::Strict, FenceMode::Sequenced] {
+        let h = Harness::new();
+        let r = factory.make(mode, h.verifier.clone()).await;
+        let lock = h.lock("fuzz");
+        let mut fuzz = Fuzz(seed ^ mode as u64);
+        let mut epoch = 1u64;
+        let mut highest_accepted = 0u64;
+        for _ in 0..cases {
+            let key = match fuzz.below(4) {
+                0 => "k".to_owned(),
+                1 => fuzz.text(8),
+                _ => fuzz.text(300),
+            };
+            let size = match fuzz.below(10) {
+                0 => crate::MAX_VALUE_BYTES + fuzz.below(2) as usize,
+                _ => fuzz.below(256) as usize,
+            };
+            let value: Vec<u8> = (0..size).map(|_| fuzz.next() as u8).collect();
+            if fuzz.below(3) == 0 {
+                epoch += 1;
+            }
+            let valid = h.token(&lock, epoch);
+            let (token, trusted) = match fuzz.below(5) {
+                0 | 1 => (valid, true),
+                2 => {
+                    let mut bytes = URL_SAFE_NO_PAD.decode(&valid[4..]).unwrap();
+                    let at = fuzz.below(bytes.len() as u64) as usize;
+                    bytes[at] ^= 1 << fuzz.below(8);
+                    (format!("pt1.{}", URL_SAFE_NO_PAD.encode(bytes)), false)
+                }
+                3 => (h.stranger_token(&lock, epoch), false),
+                _ => (fuzz.text(40), false),
+            };
+            let seq = match (mode, fuzz.below(6)) {
+                (_, 0) => None,
+                (_, 1) => Some(fuzz.next()),
+                (FenceMode::Sequenced, _) => Some(1 + fuzz.below(1_000)),
+                _ => None,
+            };
+            let write = Write {
+                lock: &lock,
+                key: &key,
+                token: &token,
+                seq,
+                value: &value,
+            };
+            let outcome = r.write(write).await.unwrap_or_else(|error| {
+                panic!(
+                    "{mode}: a storage failure for input {key:?} ({} bytes): {error}",
+                    value.len()
+                )
+            });
+            if let Outcome::Accepted {
+                epoch: accepted, ..
+            } = outcome
+            {
+                assert!(
+                    trusted,
+                    "{mode}: P4: an untrusted token was accepted: {token}"
+                );
+                assert!(
+                    accepted.0 >= highest_accepted,
+                    "{mode}: P2: accepted below the fence"
+                );
+                highest_accepted = accepted.0;
+                let stored = r.read(&lock, &key).await.expect("read").expect("stored");
+                assert_eq!(stored.value, value, "{mode}: the accepted value reads back");
+                assert_eq!(stored.epoch, accepted);
+            }
+        }
+        let fence = r.fence(&lock).await.expect("fence");
+        assert_eq!(
+            fence.0, highest_accepted,
+            "{mode}: the fence is the highest accepted epoch"
+        );
     }
 }

@@ -5,6 +5,12 @@ use palisade_core::{Epoch, LockName};
 
 use crate::{FenceMode, Rejection, Verifier, Write, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
+/// True when every adapter can store `key` (no NUL): a key that is not can never have been
+/// written, so a read of it finds nothing.
+pub fn key_is_storable(key: &str) -> bool {
+    !key.contains('\0')
+}
+
 /// Checks a write; returns the token's verified epoch.
 pub fn precheck_write(
     verifier: &Verifier,
@@ -15,6 +21,13 @@ pub fn precheck_write(
         return Err(Rejection::InvalidRequest(format!(
             "key must be 1 to {MAX_KEY_BYTES} bytes"
         )));
+    }
+    if !key_is_storable(write.key) {
+        // PostgreSQL text cannot hold NUL: refused alike by every adapter, never a storage
+        // failure (found by the conformance fuzz case).
+        return Err(Rejection::InvalidRequest(
+            "key must not contain the NUL character".into(),
+        ));
     }
     if write.value.len() > MAX_VALUE_BYTES {
         return Err(Rejection::InvalidRequest(format!(
