@@ -659,48 +659,6 @@ pub async fn concurrent_sequenced_writers_respect_the_fence(factory: &impl Facto
     concurrent_case(factory, FenceMode::Sequenced).await;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(invoked: u64, completed: u64, epoch: u64, accepted: bool) -> HistoryEntry {
-        HistoryEntry {
-            invoked,
-            completed,
-            pair: (epoch, 0),
-            value: vec![epoch as u8],
-            accepted,
-        }
-    }
-
-    #[test]
-    fn the_history_check_finds_a_stale_acceptance() {
-        let history = [entry(0, 1, 5, true), entry(2, 3, 4, true)];
-        assert!(check_history(&history, Some((5, 0, vec![5])), false).is_err());
-    }
-
-    #[test]
-    fn the_history_check_finds_an_equal_epoch_accepted_twice_in_strict_mode() {
-        let history = [entry(0, 1, 5, true), entry(2, 3, 5, true)];
-        assert!(check_history(&history, Some((5, 0, vec![5])), false).is_err());
-        assert!(check_history(&history, Some((5, 0, vec![5])), true).is_ok());
-    }
-
-    #[test]
-    fn the_history_check_finds_a_lost_highest_write() {
-        let history = [entry(0, 1, 5, true), entry(0, 3, 7, true)];
-        assert!(check_history(&history, Some((5, 0, vec![5])), false).is_err());
-        assert!(check_history(&history, Some((7, 0, vec![9])), false).is_err());
-        assert_eq!(check_history(&history, Some((7, 0, vec![7])), false), Ok(2));
-    }
-
-    #[test]
-    fn concurrent_writes_may_be_accepted_in_either_order() {
-        let history = [entry(0, 3, 5, true), entry(1, 2, 4, true)];
-        assert_eq!(check_history(&history, Some((5, 0, vec![5])), false), Ok(2));
-    }
-}
-
 /// A small deterministic generator for [`fuzzed_writes_are_applied_or_rejected_never_failed`]
 /// (SplitMix64: no dependency for the library).
 struct Fuzz(u64);
@@ -842,5 +800,47 @@ pub async fn fuzzed_writes_are_applied_or_rejected_never_failed(factory: &impl F
             fence.0, highest_accepted,
             "{mode}: the fence is the highest accepted epoch"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(invoked: u64, completed: u64, epoch: u64, accepted: bool) -> HistoryEntry {
+        HistoryEntry {
+            invoked,
+            completed,
+            pair: (epoch, 0),
+            value: vec![epoch as u8],
+            accepted,
+        }
+    }
+
+    #[test]
+    fn the_history_check_finds_a_stale_acceptance() {
+        let history = [entry(0, 1, 5, true), entry(2, 3, 4, true)];
+        assert!(check_history(&history, Some((5, 0, vec![5])), false).is_err());
+    }
+
+    #[test]
+    fn the_history_check_finds_an_equal_epoch_accepted_twice_in_strict_mode() {
+        let history = [entry(0, 1, 5, true), entry(2, 3, 5, true)];
+        assert!(check_history(&history, Some((5, 0, vec![5])), false).is_err());
+        assert!(check_history(&history, Some((5, 0, vec![5])), true).is_ok());
+    }
+
+    #[test]
+    fn the_history_check_finds_a_lost_highest_write() {
+        let history = [entry(0, 1, 5, true), entry(0, 3, 7, true)];
+        assert!(check_history(&history, Some((5, 0, vec![5])), false).is_err());
+        assert!(check_history(&history, Some((7, 0, vec![9])), false).is_err());
+        assert_eq!(check_history(&history, Some((7, 0, vec![7])), false), Ok(2));
+    }
+
+    #[test]
+    fn concurrent_writes_may_be_accepted_in_either_order() {
+        let history = [entry(0, 3, 5, true), entry(1, 2, 4, true)];
+        assert_eq!(check_history(&history, Some((5, 0, vec![5])), false), Ok(2));
     }
 }
