@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use palisade_client::{AcquireOptions, Client, ClientError};
+use palisade_client::{AcquireOptions, Client, ClientError, Credentials};
 use palisade_core::LockClass;
 use palisade_server::ServerConfig;
 use serde::Serialize;
@@ -46,6 +46,43 @@ pub struct AcquireBenchArgs {
     /// measure it right after the single node, in the same run.
     #[arg(long, conflicts_with = "endpoint")]
     cluster: Option<usize>,
+    /// Also measure the embedded single node with authentication on (a principal, its bearer
+    /// secret and an ACL) right after the open one, in the same run.
+    #[arg(long, conflicts_with_all = ["endpoint", "cluster"])]
+    with_auth: bool,
+    /// With --endpoint: the bearer secret to authenticate with (else PALISADE_TOKEN).
+    #[arg(long, requires = "endpoint")]
+    token_file: Option<std::path::PathBuf>,
+}
+
+/// How the bench clients authenticate: `None` = an open coordinator.
+fn bench_credentials(args: &AcquireBenchArgs) -> anyhow::Result<Credentials> {
+    let secret = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?,
+        ),
+        None => std::env::var("PALISADE_TOKEN").ok(),
+    };
+    match secret.filter(|s| !s.trim().is_empty()) {
+        Some(secret) => Ok(Credentials::bearer(&secret)?),
+        None => Ok(Credentials::default()),
+    }
+}
+
+/// Auth and ACL files for one bench principal with `acquire` on `bench/`; returns the policy
+/// and the client's credentials.
+fn bench_auth(dir: &Path) -> anyhow::Result<(palisade_server::auth::Auth, Credentials)> {
+    let secret = "bench-secret-not-for-production-0123456789abcdef";
+    let auth_file = dir.join("auth");
+    let acl_file = dir.join("acl");
+    std::fs::write(
+        &auth_file,
+        format!("bench {}\n", palisade_server::auth::hash_secret(secret)),
+    )?;
+    std::fs::write(&acl_file, "bench acquire bench/\n")?;
+    let auth = palisade_server::auth::Auth::from_files(&auth_file, &acl_file)?;
+    Ok((auth, Credentials::bearer(secret)?))
 }
 
 /// One acquire+release cycle as one client saw it.
@@ -119,8 +156,27 @@ async fn node_commit_counters(endpoint: &str) -> Option<(f64, f64)> {
 pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<()> {
     anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.locks >= 1, "--locks must be at least 1");
+    if args.with_auth {
+        let open = measure(&args, None, false).await?;
+        let auth = measure(&args, None, true).await?;
+        let ratio = auth.ops_per_sec / open.ops_per_sec.max(f64::MIN_POSITIVE);
+        if json {
+            print_json(&serde_json::json!({
+                "open": open,
+                "auth": auth,
+                "auth_vs_open": ratio,
+            }));
+        } else {
+            println!("open (no authentication):");
+            print_report(&open, false);
+            println!("\nbearer secret + ACL (same run):");
+            print_report(&auth, false);
+            println!("\nauth / open: {ratio:.2}× the cycles per second");
+        }
+        return Ok(());
+    }
     let Some(members) = args.cluster else {
-        let report = measure(&args, None).await?;
+        let report = measure(&args, None, false).await?;
         print_report(&report, json);
         return Ok(());
     };
@@ -129,8 +185,8 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         "--cluster takes 1 to {} members",
         palisade_server::cluster::MAX_MEMBERS
     );
-    let single = measure(&args, None).await?;
-    let cluster = measure(&args, Some(members)).await?;
+    let single = measure(&args, None, false).await?;
+    let cluster = measure(&args, Some(members), false).await?;
     let ratio = cluster.ops_per_sec / single.ops_per_sec.max(f64::MIN_POSITIVE);
     if json {
         print_json(&serde_json::json!({
@@ -170,6 +226,7 @@ async fn start_cluster(
                 data_dir: dir.join(format!("node{id}")),
                 listen: addr.parse()?,
                 cluster: Some(cluster),
+                ..Default::default()
             })
             .await?,
         );
@@ -178,9 +235,14 @@ async fn start_cluster(
     Ok((servers, urls))
 }
 
-/// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`) or an
-/// embedded cluster.
-async fn measure(args: &AcquireBenchArgs, cluster: Option<usize>) -> anyhow::Result<Report> {
+/// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`; with
+/// `auth`, with a principal and an ACL) or an embedded cluster.
+async fn measure(
+    args: &AcquireBenchArgs,
+    cluster: Option<usize>,
+    auth: bool,
+) -> anyhow::Result<Report> {
+    let mut credentials = bench_credentials(args)?;
     let mut servers = Vec::new();
     let mut fsyncs_per_sec = None;
     // Lives until the servers have stopped.
@@ -207,11 +269,17 @@ async fn measure(args: &AcquireBenchArgs, cluster: Option<usize>) -> anyhow::Res
                     urls
                 }
                 None => {
-                    let config = ServerConfig {
+                    let mut config = ServerConfig {
                         data_dir: dir.path().join("data"),
                         listen: "127.0.0.1:0".parse().expect("valid address"),
                         cluster: None,
+                        ..Default::default()
                     };
+                    if auth {
+                        let (policy, bearer) = bench_auth(dir.path())?;
+                        config.auth = std::sync::Arc::new(policy);
+                        credentials = bearer;
+                    }
                     let server = palisade_server::start(config).await?;
                     let url = format!("http://{}", server.local_addr);
                     servers.push(server);
@@ -227,7 +295,7 @@ async fn measure(args: &AcquireBenchArgs, cluster: Option<usize>) -> anyhow::Res
     let deadline = started + args.duration;
     let mut tasks = Vec::with_capacity(args.clients);
     for index in 0..args.clients {
-        let client = Client::connect(&endpoints).await?;
+        let client = Client::connect_with(&endpoints, credentials.clone()).await?;
         tasks.push(tokio::spawn(client_loop(
             client, index, args.locks, deadline,
         )));
@@ -281,7 +349,7 @@ async fn client_loop(
         };
         let granted = Instant::now();
         let release_sent = Instant::now();
-        if client.release(grant.lease_id).await.is_err() {
+        if client.release(&grant.lease_id).await.is_err() {
             errors += 1;
             continue;
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use palisade_core::token::encode_public_key;
-use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_core::{Epoch, HolderId, LockName, TokenSigner, TokenVerifier};
 use palisade_fence::{FenceMode, Outcome, Verifier};
 use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
 use palisade_resource::{KeySource, ResourceConfig};
@@ -51,7 +51,13 @@ struct Row {
 
 fn token(signer: &TokenSigner, lock: &LockName, epoch: u64) -> String {
     let holder = HolderId::new("bench").unwrap();
-    signer.sign(lock, Epoch(epoch), LeaseId(epoch), &holder, 0)
+    signer.sign(
+        lock,
+        Epoch(epoch),
+        &holder,
+        &palisade_core::Principal::anonymous(),
+        0,
+    )
 }
 
 pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result<()> {
@@ -291,6 +297,7 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
         listen: "127.0.0.1:0".parse()?,
         mode: FenceMode::Strict,
         keys: KeySource::File(key_file),
+        principals: Vec::new(),
     };
     let resource = palisade_resource::start(config).await?;
     let base = format!("http://{}", resource.local_addr);

@@ -48,11 +48,15 @@ const CHANGE_RETRY_BUDGET: Duration = Duration::from_secs(10);
 
 pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::Status { endpoint } => status(&endpoint.endpoint, json_output).await,
+        ClusterCommand::Status { endpoint } => {
+            let bearer = endpoint.bearer()?;
+            status(&endpoint.endpoint, bearer.as_deref(), json_output).await
+        }
         ClusterCommand::Add { id, addr, endpoint } => {
             let body = json!({"id": id, "addr": addr});
             let reply = change(
                 &endpoint.endpoint,
+                endpoint.bearer()?.as_deref(),
                 reqwest::Method::POST,
                 "/v1/cluster/members",
                 Some(body),
@@ -62,7 +66,15 @@ pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<(
         }
         ClusterCommand::Remove { id, endpoint } => {
             let path = format!("/v1/cluster/members/{id}");
-            let reply = change(&endpoint.endpoint, reqwest::Method::DELETE, &path, None).await?;
+            let bearer = endpoint.bearer()?;
+            let reply = change(
+                &endpoint.endpoint,
+                bearer.as_deref(),
+                reqwest::Method::DELETE,
+                &path,
+                None,
+            )
+            .await?;
             report(&reply, json_output, &format!("node {id} removed"))
         }
     }
@@ -77,12 +89,21 @@ fn report(reply: &Value, json_output: bool, done: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn http(timeout: Duration) -> reqwest::Client {
-    reqwest::Client::builder()
+/// An HTTP client that sends `bearer` (the secret) with every request.
+fn http(timeout: Duration, bearer: Option<&str>) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(secret) = bearer {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {secret}"))
+            .context("the token must be printable ASCII")?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
         .timeout(timeout)
         .connect_timeout(Duration::from_secs(2))
         .build()
-        .expect("a default HTTP client builds")
+        .expect("a default HTTP client builds"))
 }
 
 async fn get_status(client: &reqwest::Client, base: &str) -> Result<Value, String> {
@@ -91,8 +112,12 @@ async fn get_status(client: &reqwest::Client, base: &str) -> Result<Value, Strin
     reply.json::<Value>().await.map_err(|e| e.to_string())
 }
 
-async fn status(endpoints: &[String], json_output: bool) -> anyhow::Result<()> {
-    let client = http(STATUS_TIMEOUT);
+async fn status(
+    endpoints: &[String],
+    bearer: Option<&str>,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    let client = http(STATUS_TIMEOUT, bearer)?;
     // Every node's own view: role, term, last applied. Members found in any view are asked too.
     let mut views: BTreeMap<u64, Value> = BTreeMap::new();
     let mut addrs: BTreeMap<u64, String> = BTreeMap::new();
@@ -193,13 +218,14 @@ async fn status(endpoints: &[String], json_output: bool) -> anyhow::Result<()> {
 /// member again is harmless, so the retry is safe.
 async fn change(
     endpoints: &[String],
+    bearer: Option<&str>,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<Value> {
     let started = std::time::Instant::now();
     loop {
-        match change_once(endpoints, method.clone(), path, body.clone()).await {
+        match change_once(endpoints, bearer, method.clone(), path, body.clone()).await {
             Err(error)
                 if started.elapsed() < CHANGE_RETRY_BUDGET
                     && matches!(
@@ -218,11 +244,12 @@ async fn change(
 /// One attempt: finds the leader through any endpoint's status and sends it the change.
 async fn change_once(
     endpoints: &[String],
+    bearer: Option<&str>,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<Value> {
-    let probe = http(STATUS_TIMEOUT);
+    let probe = http(STATUS_TIMEOUT, bearer)?;
     let mut leader_url = None;
     let mut errors = Vec::new();
     for base in endpoints {
@@ -252,7 +279,7 @@ async fn change_once(
             errors.join("; ")
         ))));
     };
-    let client = http(CHANGE_TIMEOUT);
+    let client = http(CHANGE_TIMEOUT, bearer)?;
     let mut request = client.request(method, format!("{leader_url}{path}"));
     if let Some(body) = body {
         request = request.json(&body);

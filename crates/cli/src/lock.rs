@@ -1,6 +1,5 @@
 //! `palisade lock acquire|renew|release|list|show`.
 
-use anyhow::Context as _;
 use palisade_client::proto::{LockClass as ProtoClass, LockInfo};
 use palisade_client::{AcquireOptions, Client};
 use palisade_core::LockClass;
@@ -37,6 +36,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                     "lease_id": grant.lease_id,
                     "ttl_ms": grant.ttl_ms,
                     "holder": grant.holder,
+                    "principal": grant.principal,
                     "class": grant.class,
                     "token": grant.token,
                 }));
@@ -44,16 +44,17 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                 print_fields(&[
                     ("lock", grant.lock),
                     ("epoch", grant.epoch.to_string()),
-                    ("lease_id", grant.lease_id.to_string()),
+                    ("lease_id", grant.lease_id),
                     ("ttl", millis(grant.ttl_ms)),
                     ("holder", grant.holder),
+                    ("principal", grant.principal),
                     ("class", grant.class.to_string()),
                     ("token", grant.token),
                 ]);
             }
         }
         LockCommand::Renew { lease_id, endpoint } => {
-            let renewed = connect(&endpoint).await?.renew(lease_id).await?;
+            let renewed = connect(&endpoint).await?.renew(&lease_id).await?;
             if json {
                 print_json(&json!({
                     "lease_id": renewed.lease_id,
@@ -65,7 +66,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             }
         }
         LockCommand::Release { lease_id, endpoint } => {
-            connect(&endpoint).await?.release(lease_id).await?;
+            connect(&endpoint).await?.release(&lease_id).await?;
             if json {
                 print_json(&json!({"lease_id": lease_id, "released": true}));
             } else {
@@ -85,8 +86,8 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                     &[
                         "LOCK",
                         "EPOCH",
-                        "LEASE",
                         "HOLDER",
+                        "PRINCIPAL",
                         "CLASS",
                         "REMAINING",
                         "WAITERS",
@@ -104,13 +105,17 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                 let keys = [
                     "lock",
                     "epoch",
-                    "lease_id",
                     "holder",
+                    "principal",
                     "class",
                     "remaining",
                     "waiters",
                 ];
-                let fields: Vec<(&str, String)> = keys.into_iter().zip(row).collect();
+                let mut fields: Vec<(&str, String)> = keys.into_iter().zip(row).collect();
+                // Shown only to the lease's principal or an admin.
+                if !info.lease_id.is_empty() {
+                    fields.insert(2, ("lease_id", info.lease_id.clone()));
+                }
                 print_fields(&fields);
             } else {
                 println!("{name} is free ({} waiting)", info.waiters);
@@ -121,12 +126,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
 }
 
 async fn connect(endpoint: &EndpointArgs) -> anyhow::Result<Client> {
-    Client::connect(&endpoint.endpoint).await.with_context(|| {
-        format!(
-            "cannot reach the coordinator at {}",
-            endpoint.endpoint.join(",")
-        )
-    })
+    endpoint.connect().await
 }
 
 fn class_name(class: i32) -> &'static str {
@@ -141,8 +141,8 @@ fn lock_row(info: &LockInfo) -> Vec<String> {
     vec![
         info.lock.clone(),
         info.epoch.to_string(),
-        info.lease_id.to_string(),
         info.holder.clone(),
+        info.principal.clone(),
         class_name(info.class).into(),
         millis(info.remaining_ms),
         info.waiters.to_string(),
@@ -153,17 +153,22 @@ fn lock_json(info: &LockInfo) -> serde_json::Value {
     if !info.held {
         return json!({"lock": info.lock, "held": false, "waiters": info.waiters});
     }
-    json!({
+    let mut value = json!({
         "lock": info.lock,
         "held": true,
         "epoch": info.epoch,
-        "lease_id": info.lease_id,
         "holder": info.holder,
+        "principal": info.principal,
         "ttl_ms": info.ttl_ms,
         "remaining_ms": info.remaining_ms,
         "class": class_name(info.class),
         "waiters": info.waiters,
-    })
+    });
+    // Shown only to the lease's principal or an admin.
+    if !info.lease_id.is_empty() {
+        value["lease_id"] = json!(info.lease_id);
+    }
+    value
 }
 
 pub fn print_json(value: &serde_json::Value) {

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use palisade_client::ClientError;
 
@@ -45,6 +46,9 @@ enum Command {
     /// Run or use the reference fenced store.
     #[command(subcommand)]
     Resource(resource::ResourceCommand),
+    /// Make bearer secrets and the lines of `--auth-file` for them.
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Measure the coordinator.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -76,6 +80,18 @@ struct ServeArgs {
     /// Cluster mode: do not initialise; wait to be added with `palisade cluster add`.
     #[arg(long, requires = "cluster")]
     join: bool,
+    /// Principals and the SHA-256 of their bearer secrets (`palisade auth new` makes a
+    /// line); reloaded on SIGHUP. Needs --acl-file.
+    #[arg(long, requires = "acl_file")]
+    auth_file: Option<PathBuf>,
+    /// Rights: lines `PRINCIPAL read|acquire|admin PREFIX` (PREFIX: lock-name prefix or *);
+    /// reloaded on SIGHUP. Needs --auth-file.
+    #[arg(long, requires = "auth_file")]
+    acl_file: Option<PathBuf>,
+    /// Serve without authentication on a non-loopback address (anyone who can reach it may
+    /// acquire, release and change the membership).
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// Where the coordinator is.
@@ -89,6 +105,47 @@ struct EndpointArgs {
         value_delimiter = ','
     )]
     endpoint: Vec<String>,
+    /// File holding the bearer secret to authenticate with (else the environment variable
+    /// PALISADE_TOKEN, else none).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+impl EndpointArgs {
+    /// The bearer secret: from --token-file, else from PALISADE_TOKEN, else none.
+    fn bearer(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.token_file {
+            let secret = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?;
+            let secret = secret.trim();
+            anyhow::ensure!(
+                !secret.is_empty(),
+                "the token file {} is empty",
+                path.display()
+            );
+            return Ok(Some(secret.to_owned()));
+        }
+        Ok(std::env::var("PALISADE_TOKEN")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty()))
+    }
+
+    /// Connects a client that authenticates with [`Self::bearer`].
+    async fn connect(&self) -> anyhow::Result<palisade_client::Client> {
+        let credentials = match self.bearer()? {
+            Some(secret) => palisade_client::Credentials::bearer(&secret)?,
+            None => palisade_client::Credentials::default(),
+        };
+        palisade_client::Client::connect_with(&self.endpoint, credentials)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot reach the coordinator at {}",
+                    self.endpoint.join(",")
+                )
+            })
+    }
 }
 
 #[derive(Subcommand)]
@@ -119,14 +176,14 @@ enum LockCommand {
     /// Renew a lease by its full TTL.
     Renew {
         /// The lease id printed by acquire.
-        lease_id: u64,
+        lease_id: String,
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
     /// Release a lease.
     Release {
         /// The lease id printed by acquire.
-        lease_id: u64,
+        lease_id: String,
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
@@ -142,6 +199,21 @@ enum LockCommand {
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// A new random bearer secret (256 bits) for PRINCIPAL: writes the secret to --secret-file
+    /// (mode 0600; give it to the client as --token-file) and prints the auth-file line.
+    New {
+        /// The principal's name: 1–128 of [A-Za-z0-9._@:-].
+        principal: String,
+        /// Where to write the secret (refused if it exists).
+        #[arg(long)]
+        secret_file: PathBuf,
+    },
+    /// The auth-file hash (`sha256:HEX`) of a secret read from standard input.
+    Hash,
 }
 
 #[derive(Subcommand)]
@@ -187,6 +259,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(command) => cluster::run(command, json).await,
         Command::Lock(command) => lock::run(command, json).await,
         Command::Resource(command) => resource::run(command, json).await,
+        Command::Auth(command) => auth(command, json),
         Command::Drill(args) => drill::run_drill(args, json).await,
         Command::Simulate(args) => drill::run_simulate(args, json),
         Command::DrillWorker(args) => drill::run_worker(args).await,
@@ -196,6 +269,53 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+fn auth(command: AuthCommand, json: bool) -> anyhow::Result<()> {
+    use base64::Engine as _;
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    match command {
+        AuthCommand::New {
+            principal,
+            secret_file,
+        } => {
+            let principal = palisade_core::Principal::new(principal)?;
+            let mut bytes = [0u8; 32];
+            getrandom::fill(&mut bytes)
+                .map_err(|e| anyhow::anyhow!("no randomness for the secret: {e}"))?;
+            let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&secret_file)
+                .with_context(|| format!("cannot create {}", secret_file.display()))?;
+            writeln!(file, "{secret}")?;
+            file.sync_all()?;
+            let line = format!(
+                "{principal} {}",
+                palisade_server::auth::hash_secret(&secret)
+            );
+            if json {
+                lock::print_json(&serde_json::json!({
+                    "principal": principal.as_str(),
+                    "auth_line": line,
+                    "secret_file": secret_file,
+                }));
+            } else {
+                println!("{line}");
+            }
+        }
+        AuthCommand::Hash => {
+            let mut secret = String::new();
+            std::io::stdin().read_to_string(&mut secret)?;
+            anyhow::ensure!(!secret.trim().is_empty(), "no secret on standard input");
+            println!("{}", palisade_server::auth::hash_secret(&secret));
+        }
+    }
+    Ok(())
+}
+
 fn exit_code(error: &anyhow::Error) -> u8 {
     if let Some(failure) = error.downcast_ref::<resource::ResourceFailure>() {
         return failure.exit_code();
@@ -203,6 +323,7 @@ fn exit_code(error: &anyhow::Error) -> u8 {
     match error.downcast_ref::<ClientError>() {
         Some(ClientError::Held(_)) => 3,
         Some(ClientError::Unavailable(_)) => 4,
+        Some(ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_)) => 6,
         _ => 1,
     }
 }

@@ -78,6 +78,15 @@ pub struct ServeArgs {
     /// Trust the keys in this file (the JSON of GET /v1/keys, or one key per line).
     #[arg(long)]
     trust_key: Option<PathBuf>,
+    /// Accept tokens for locks under LOCK_PREFIX only from PRINCIPAL (repeatable; a trailing *
+    /// on PRINCIPAL matches a prefix; * as LOCK_PREFIX covers every lock). A valid token of
+    /// another principal is refused as invalid_token.
+    #[arg(long, value_name = "LOCK_PREFIX=PRINCIPAL", value_parser = parse_principal_rule)]
+    require_principal: Vec<palisade_fence::PrincipalRule>,
+}
+
+fn parse_principal_rule(text: &str) -> Result<palisade_fence::PrincipalRule, String> {
+    palisade_fence::PrincipalRule::parse(text).map_err(|e| e.0)
 }
 
 /// Where the reference store is.
@@ -227,6 +236,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         mode,
         keys,
+        principals: args.require_principal,
     };
     let resource = palisade_resource::start(config)
         .await

@@ -2,8 +2,10 @@
 //! SIGTERM.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context as _;
+use palisade_server::auth::Auth;
 use palisade_server::cluster::ClusterConfig;
 use palisade_server::ServerConfig;
 use tokio::signal::unix::{signal, SignalKind};
@@ -22,21 +24,47 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .parse()
             .expect("a valid default address"),
     };
+    let auth = match (&args.auth_file, &args.acl_file) {
+        (Some(auth_file), Some(acl_file)) => {
+            Auth::from_files(auth_file, acl_file).context("cannot load the auth and ACL files")?
+        }
+        _ => Auth::open(),
+    };
+    let auth = Arc::new(auth);
+    // Listen for SIGHUP before serving, so no reload request is lost to the default action
+    // (which would end the process).
+    let mut hangup = signal(SignalKind::hangup())?;
     let server = palisade_server::start(ServerConfig {
         data_dir: args.data_dir,
         listen,
         cluster,
+        auth: auth.clone(),
+        insecure: args.insecure,
     })
     .await
     .context("cannot start the coordinator")?;
     eprintln!("palisade coordinator listening on {}", server.local_addr);
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
-        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
-        // Resolves only if the server stops by itself (a storage failure).
-        () = server.stopping() => {}
+    loop {
+        tokio::select! {
+            _ = hangup.recv() => {
+                match auth.reload() {
+                    Ok((principals, rules)) => tracing::info!(
+                        principals, rules, "SIGHUP: auth and ACL files reloaded"
+                    ),
+                    Err(error) => tracing::error!(
+                        %error, "SIGHUP: the files were not reloaded; the previous policy stays"
+                    ),
+                }
+                continue;
+            }
+            _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+            // Resolves only if the server stops by itself (a storage failure).
+            () = server.stopping() => {}
+        }
+        break;
     }
     server
         .shutdown()

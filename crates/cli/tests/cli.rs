@@ -25,7 +25,7 @@ fn acquire_renew_release_list_show() {
         assert!(!acquired[field].is_null(), "{field} missing: {acquired}");
     }
     assert_eq!(acquired["ttl_ms"], 30_000);
-    let lease = acquired["lease_id"].to_string();
+    let lease = acquired["lease_id"].as_str().unwrap().to_owned();
 
     // Held with no wait left: non-zero exit (3) and a message on stderr.
     let held = server.cli(&["lock", "acquire", "report/7"]);

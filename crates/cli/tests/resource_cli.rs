@@ -18,7 +18,7 @@ fn acquire(coordinator: &ServerProcess, lock: &str) -> (u64, String, String) {
     (
         grant["epoch"].as_u64().unwrap(),
         token,
-        grant["lease_id"].to_string(),
+        grant["lease_id"].as_str().unwrap().to_owned(),
     )
 }
 

@@ -18,6 +18,14 @@ pub enum ClientError {
     /// The lease is unknown, released or expired.
     #[error("{0}")]
     UnknownLease(String),
+    /// No credentials, or credentials the coordinator does not know (`--token-file`,
+    /// `PALISADE_TOKEN`).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The credentials are known but lack the right (the ACL), or the lease belongs to
+    /// another principal.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The coordinator cannot answer now (down, stopping, unreachable, timed out); the
     /// outcome of a state-changing request is unknown.
     #[error("coordinator unavailable: {0}")]
@@ -35,6 +43,8 @@ impl From<Status> for ClientError {
             Code::AlreadyExists => ClientError::Held(message),
             Code::ResourceExhausted => ClientError::TooManyWaiters(message),
             Code::NotFound => ClientError::UnknownLease(message),
+            Code::Unauthenticated => ClientError::Unauthenticated(message),
+            Code::PermissionDenied => ClientError::PermissionDenied(message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 ClientError::Unavailable(message)
             }

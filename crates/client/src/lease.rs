@@ -51,7 +51,7 @@ impl LeaseHandle {
         let (stop_keepalive, stop) = oneshot::channel();
         let keepalive = Keepalive {
             client: client.clone(),
-            lease_id: grant.lease_id,
+            lease_id: grant.lease_id.clone(),
             ttl,
             valid_until,
             state: state_sender,
@@ -83,8 +83,8 @@ impl LeaseHandle {
     }
 
     /// The lease id.
-    pub fn lease_id(&self) -> u64 {
-        self.grant.lease_id
+    pub fn lease_id(&self) -> &str {
+        &self.grant.lease_id
     }
 
     /// The holder's current view of the lease.
@@ -128,7 +128,7 @@ impl LeaseHandle {
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.stop_keepalive.take();
         self.released = true;
-        self.client.release(self.grant.lease_id).await
+        self.client.release(&self.grant.lease_id).await
     }
 }
 
@@ -142,10 +142,10 @@ impl Drop for LeaseHandle {
         // simply expires after its TTL.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
-            let lease_id = self.grant.lease_id;
+            let lease_id = self.grant.lease_id.clone();
             runtime.spawn(async move {
-                if let Err(error) = client.release(lease_id).await {
-                    tracing::debug!(lease_id, %error, "release on drop failed");
+                if let Err(error) = client.release(&lease_id).await {
+                    tracing::debug!(%error, "release on drop failed");
                 }
             });
         }
@@ -155,7 +155,7 @@ impl Drop for LeaseHandle {
 /// The background renewal loop of one lease.
 struct Keepalive {
     client: Client,
-    lease_id: u64,
+    lease_id: String,
     ttl: Duration,
     valid_until: Instant,
     state: watch::Sender<LeaseState>,
@@ -192,12 +192,17 @@ impl Keepalive {
                     });
                     delay = interval;
                 }
-                Ok(Err(ClientError::UnknownLease(reason))) => {
+                // Final answers: the lease is gone, or this client may not keep it.
+                Ok(Err(
+                    ClientError::UnknownLease(reason)
+                    | ClientError::PermissionDenied(reason)
+                    | ClientError::Unauthenticated(reason),
+                )) => {
                     self.lose(reason);
                     return;
                 }
                 Ok(Err(error)) => {
-                    tracing::debug!(lease_id = self.lease_id, %error, "renewal failed; retrying");
+                    tracing::debug!(%error, "renewal failed; retrying");
                     self.stream = None;
                     delay = interval / RETRY_SPEEDUP;
                 }
@@ -219,11 +224,15 @@ impl Keepalive {
     async fn renew(&mut self) -> Result<(), ClientError> {
         match self.renew_on_stream().await {
             Ok(()) => Ok(()),
-            Err(ClientError::UnknownLease(reason)) => Err(ClientError::UnknownLease(reason)),
+            Err(
+                error @ (ClientError::UnknownLease(_)
+                | ClientError::PermissionDenied(_)
+                | ClientError::Unauthenticated(_)),
+            ) => Err(error),
             Err(error) => {
-                tracing::debug!(lease_id = self.lease_id, %error, "keepalive stream failed");
+                tracing::debug!(%error, "keepalive stream failed");
                 self.stream = None;
-                self.client.renew(self.lease_id).await.map(|_| ())
+                self.client.renew(&self.lease_id).await.map(|_| ())
             }
         }
     }
@@ -242,7 +251,7 @@ impl Keepalive {
         }
         let (sender, responses) = self.stream.as_mut().expect("opened above");
         let request = pb::RenewRequest {
-            lease_id: self.lease_id,
+            lease_id: self.lease_id.clone(),
         };
         if sender.send(request).await.is_err() {
             return Err(ClientError::Unavailable("keepalive stream closed".into()));

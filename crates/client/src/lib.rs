@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use palisade_core::LockClass;
 use palisade_proto::v1 as pb;
 use pb::coordinator_client::CoordinatorClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
@@ -88,12 +90,15 @@ pub struct Grant {
     pub lock: String,
     /// The ownership epoch.
     pub epoch: u64,
-    /// The lease id (for renew and release).
-    pub lease_id: u64,
+    /// The lease id (for renew and release; keep it private: it is the capability to end the
+    /// lease).
+    pub lease_id: String,
     /// The lease TTL.
     pub ttl_ms: u64,
     /// The holder recorded in the lease.
     pub holder: String,
+    /// The authenticated principal the lease belongs to.
+    pub principal: String,
     /// The signed token to present to resources.
     pub token: String,
     /// The lock's class.
@@ -119,7 +124,49 @@ struct Endpoints {
     targets: Vec<(String, Channel)>,
     /// Index of the endpoint requests go to.
     current: AtomicUsize,
+    /// Sent with every call.
+    credentials: Credentials,
 }
+
+/// The bearer secret a client sends as gRPC metadata `authorization` (none: an open
+/// coordinator). Its `Debug` form never shows the secret.
+#[derive(Clone, Default)]
+pub struct Credentials(Option<MetadataValue<Ascii>>);
+
+impl Credentials {
+    /// Credentials for bearer `secret` (surrounding whitespace, as from a file, is dropped).
+    pub fn bearer(secret: &str) -> Result<Self, ClientError> {
+        let value = format!("Bearer {}", secret.trim());
+        let value = MetadataValue::try_from(value.as_str()).map_err(|_| {
+            ClientError::InvalidArgument("the token must be printable ASCII".into())
+        })?;
+        Ok(Self(Some(value)))
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Credentials(bearer)"
+        } else {
+            "Credentials(none)"
+        })
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// The gRPC client of one endpoint, with the credentials attached.
+pub(crate) type Grpc = CoordinatorClient<InterceptedService<Channel, Credentials>>;
 
 /// How long a call keeps looking for a leader across endpoints (an election takes well under
 /// a second; a cluster without a majority stays unavailable).
@@ -134,6 +181,14 @@ impl Client {
     /// Connects to `endpoints` (URLs like `http://127.0.0.1:7420`): the first one reachable
     /// becomes the target. Several endpoints are the members of one cluster.
     pub async fn connect(endpoints: &[impl AsRef<str>]) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, Credentials::default()).await
+    }
+
+    /// [`connect`](Self::connect), sending `credentials` with every call.
+    pub async fn connect_with(
+        endpoints: &[impl AsRef<str>],
+        credentials: Credentials,
+    ) -> Result<Self, ClientError> {
         let mut targets = Vec::new();
         for url in endpoints {
             let url = url.as_ref().trim().trim_end_matches('/');
@@ -173,6 +228,7 @@ impl Client {
             inner: Arc::new(Endpoints {
                 targets,
                 current: AtomicUsize::new(first),
+                credentials,
             }),
         })
     }
@@ -187,7 +243,7 @@ impl Client {
     /// again, for up to [`FAILOVER_BUDGET`]. With one endpoint there is no retry.
     async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(CoordinatorClient<Channel>) -> Fut,
+        F: FnMut(Grpc) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let started = Instant::now();
@@ -195,7 +251,7 @@ impl Client {
         let mut failures_in_round = 0;
         loop {
             let index = endpoints.current.load(Ordering::Relaxed);
-            let client = CoordinatorClient::new(endpoints.targets[index].1.clone());
+            let client = self.grpc_at(index);
             let status = match call(client).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
@@ -267,6 +323,7 @@ impl Client {
             lease_id: reply.lease_id,
             ttl_ms: reply.ttl_ms,
             holder: reply.holder,
+            principal: reply.principal,
             token: reply.token,
             class: if reply.class == pb::LockClass::Efficiency as i32 {
                 LockClass::Efficiency
@@ -277,8 +334,9 @@ impl Client {
     }
 
     /// Renews a lease by its full TTL.
-    pub async fn renew(&self, lease_id: u64) -> Result<pb::RenewResponse, ClientError> {
+    pub async fn renew(&self, lease_id: &str) -> Result<pb::RenewResponse, ClientError> {
         self.call(|mut client| async move {
+            let lease_id = lease_id.to_owned();
             client
                 .renew(with_timeout(pb::RenewRequest { lease_id }))
                 .await
@@ -288,11 +346,12 @@ impl Client {
 
     /// Releases a lease. After an ambiguous failure (the first attempt may have been applied),
     /// a retry that finds the lease unknown counts as released.
-    pub async fn release(&self, lease_id: u64) -> Result<(), ClientError> {
+    pub async fn release(&self, lease_id: &str) -> Result<(), ClientError> {
         let mut attempts = 0;
         let result = self
             .call(|mut client| {
                 attempts += 1;
+                let lease_id = lease_id.to_owned();
                 async move {
                     client
                         .release(with_timeout(pb::ReleaseRequest { lease_id }))
@@ -343,9 +402,15 @@ impl Client {
         .await
     }
 
-    pub(crate) fn grpc(&self) -> CoordinatorClient<Channel> {
-        let index = self.inner.current.load(Ordering::Relaxed);
-        CoordinatorClient::new(self.inner.targets[index].1.clone())
+    pub(crate) fn grpc(&self) -> Grpc {
+        self.grpc_at(self.inner.current.load(Ordering::Relaxed))
+    }
+
+    fn grpc_at(&self, index: usize) -> Grpc {
+        CoordinatorClient::with_interceptor(
+            self.inner.targets[index].1.clone(),
+            self.inner.credentials.clone(),
+        )
     }
 }
 

@@ -13,6 +13,7 @@ async fn server() -> (RunningServer, Client, tempfile::TempDir) {
         data_dir: dir.path().join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
         cluster: None,
+        ..Default::default()
     };
     let server = palisade_server::start(config).await.unwrap();
     let client = Client::connect(&[format!("http://{}", server.local_addr)])
@@ -99,7 +100,10 @@ async fn errors_are_typed() {
         .await
         .unwrap_err();
     assert!(matches!(err, ClientError::InvalidArgument(_)), "{err:?}");
-    let err = client.renew(123_456).await.unwrap_err();
+    let err = client
+        .renew("0123456789abcdef0123456789abcdef")
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::UnknownLease(_)), "{err:?}");
     let unreachable = Client::connect(&["http://127.0.0.1:1"]).await.unwrap_err();
     assert!(

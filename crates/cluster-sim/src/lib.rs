@@ -375,6 +375,7 @@ mod tests {
         palisade_core::AcquireRequest {
             lock: palisade_core::LockName::new(lock).unwrap(),
             holder: palisade_core::HolderId::new("h").unwrap(),
+            principal: palisade_core::Principal::anonymous(),
             ttl_ms: 1_000,
             wait_ms: 0,
             class: palisade_core::LockClass::Critical,

@@ -150,6 +150,7 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
         let request = AcquireRequest {
             lock: lock.clone(),
             holder: holder.clone(),
+            principal: palisade_core::Principal::anonymous(),
             ttl_ms: TTL_MS,
             wait_ms: 0,
             class: LockClass::Critical,
@@ -226,7 +227,7 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
             let id = lease.id;
             for _ in 0..3 {
                 let node = believed_leader.unwrap_or_else(|| shared.random_node());
-                match call(&shared, node, |g| async move { g.release(id).await }).await {
+                match call(&shared, node, |g| async move { g.release(id, None).await }).await {
                     Answer::Ok(_) | Answer::Refused => break,
                     Answer::NotLeader(hint) => believed_leader = hint,
                     Answer::Unknown => believed_leader = None,
@@ -290,7 +291,7 @@ async fn hold(
         }
         let node = believed_leader.unwrap_or_else(|| shared.random_node());
         let id = lease.id;
-        match call(shared, node, |g| async move { g.renew(id).await }).await {
+        match call(shared, node, |g| async move { g.renew(id, None).await }).await {
             Answer::Ok(renewed) => {
                 debug_assert_eq!(renewed.epoch, lease.epoch);
                 valid_until = sent + TTL_MS;
@@ -836,6 +837,7 @@ impl Cluster {
         let probe = AcquireRequest {
             lock: LockName::new("sim/probe").expect("valid"),
             holder: HolderId::new("probe").expect("valid"),
+            principal: palisade_core::Principal::anonymous(),
             ttl_ms: TTL_MS,
             wait_ms: 0,
             class: LockClass::Critical,

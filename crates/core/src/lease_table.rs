@@ -19,8 +19,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{MAX_TTL_MS, MAX_WAITERS_PER_LOCK, MAX_WAIT_MS, MIN_TTL_MS};
+use sha2::{Digest as _, Sha256};
+
 use crate::types::{
-    Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, RequestId,
+    Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, Principal, RequestId,
 };
 
 /// The id of a queued acquire, unique within one run of a lease table (waiters are not durable:
@@ -33,8 +35,11 @@ pub struct WaiterId(pub u64);
 pub struct AcquireRequest {
     /// The lock to acquire.
     pub lock: LockName,
-    /// Who asks; recorded in the lease and the token.
+    /// Who asks, as the client labels itself; recorded in the lease and the token.
     pub holder: HolderId,
+    /// Who asks, as authenticated: only this principal (or an admin) may renew or release the
+    /// lease, and the token names it.
+    pub principal: Principal,
     /// Lease TTL, `MIN_TTL_MS..=MAX_TTL_MS`.
     pub ttl_ms: u64,
     /// How long to wait for a held lock, `0..=MAX_WAIT_MS`; 0 fails at once.
@@ -49,12 +54,15 @@ pub struct AcquireRequest {
 /// A granted lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
-    /// The lease's id (equal to its epoch's value).
+    /// The lease's id: unguessable, drawn from the granting coordinator's secret.
     pub id: LeaseId,
     /// The lock it owns.
     pub lock: LockName,
-    /// Who holds it.
+    /// Who holds it (the client's label).
     pub holder: HolderId,
+    /// The authenticated principal that acquired it.
+    #[serde(default)]
+    pub principal: Principal,
     /// The ownership epoch it was granted at.
     pub epoch: Epoch,
     /// Its TTL; each renewal extends the lease to `now + ttl_ms`.
@@ -116,6 +124,10 @@ pub enum LeaseError {
     /// No live lease has this id: it never existed, was released, or expired.
     #[error("lease {0} is unknown, released or expired")]
     UnknownLease(LeaseId),
+    /// The lease belongs to another principal: only its holder or an admin may renew or
+    /// release it.
+    #[error("lease {0} belongs to another principal")]
+    NotHolder(LeaseId),
 }
 
 /// Something that happened to a lock, for delivery after the commit that made it durable.
@@ -181,6 +193,7 @@ pub struct LockSummary {
 struct Waiter {
     id: WaiterId,
     holder: HolderId,
+    principal: Principal,
     ttl_ms: u64,
     class: LockClass,
     request_id: Option<RequestId>,
@@ -190,6 +203,7 @@ struct Waiter {
 /// Who a grant goes to.
 struct Grantee {
     holder: HolderId,
+    principal: Principal,
     ttl_ms: u64,
     class: LockClass,
     request_id: Option<RequestId>,
@@ -225,6 +239,8 @@ pub struct LeaseTable {
     deadlines: BTreeSet<(Millis, Deadline)>,
     last_epoch: Epoch,
     last_waiter_id: u64,
+    /// Lease ids are derived from this secret and the epoch (see [`LeaseTable::lease_id_for`]).
+    lease_secret: [u8; 32],
     dirty: BTreeSet<LockName>,
     events: Vec<Event>,
 }
@@ -274,6 +290,27 @@ impl LeaseTable {
         table
     }
 
+    /// Sets the secret that lease ids are derived from. A coordinator draws a fresh random
+    /// secret at each start (ids stay unique: each grant takes a new epoch); a table left with
+    /// the default all-zero secret gives predictable ids, which only tests and simulations
+    /// want.
+    pub fn set_lease_secret(&mut self, secret: [u8; 32]) {
+        self.lease_secret = secret;
+    }
+
+    /// The id of the lease granted at `epoch`: 128 bits of SHA-256 over the secret and the
+    /// epoch, so that one id tells nothing about another.
+    fn lease_id_for(&self, epoch: Epoch) -> LeaseId {
+        let digest = Sha256::new()
+            .chain_update(b"palisade lease id v1")
+            .chain_update(self.lease_secret)
+            .chain_update(epoch.0.to_be_bytes())
+            .finalize();
+        let mut id = [0; 16];
+        id.copy_from_slice(&digest[..16]);
+        LeaseId(u128::from_be_bytes(id))
+    }
+
     /// The greatest epoch granted so far (0 before the first grant).
     pub fn last_epoch(&self) -> Epoch {
         self.last_epoch
@@ -313,6 +350,7 @@ impl LeaseTable {
                 &request.lock,
                 Grantee {
                     holder: request.holder,
+                    principal: request.principal,
                     ttl_ms: request.ttl_ms,
                     class: request.class,
                     request_id: request.request_id,
@@ -329,6 +367,7 @@ impl LeaseTable {
         if request.request_id.is_some()
             && current.request_id == request.request_id
             && current.holder == request.holder
+            && current.principal == request.principal
         {
             // A retry of the acquire this lease was granted to (its answer was lost to a
             // timeout or a leader change): the same lease, renewed now. The client counts
@@ -337,7 +376,7 @@ impl LeaseTable {
             // could be granted while it still writes (P8). The renewal is a change, so it is
             // committed before the answer, like any other.
             let id = current.id;
-            let lease = self.renew(id, now)?;
+            let lease = self.renew(id, None, now)?;
             return Ok(AcquireOutcome::Granted(lease));
         }
         if request.wait_ms == 0 {
@@ -358,6 +397,7 @@ impl LeaseTable {
         let waiter = Waiter {
             id: WaiterId(self.last_waiter_id),
             holder: request.holder,
+            principal: request.principal,
             ttl_ms: request.ttl_ms,
             class: request.class,
             request_id: request.request_id,
@@ -372,16 +412,19 @@ impl LeaseTable {
     }
 
     /// Extends a live lease to `now + ttl_ms`. Expired leases cannot be renewed, even when
-    /// the expiry has not been swept yet.
-    pub fn renew(&mut self, id: LeaseId, now: Millis) -> Result<Lease, LeaseError> {
+    /// the expiry has not been swept yet. `by`: the principal that asks, which must be the
+    /// lease's; `None` for an admin (or the coordinator itself).
+    pub fn renew(
+        &mut self,
+        id: LeaseId,
+        by: Option<&Principal>,
+        now: Millis,
+    ) -> Result<Lease, LeaseError> {
         self.expire_due(now);
-        let lock = self
-            .lease_locks
-            .get(&id)
-            .ok_or(LeaseError::UnknownLease(id))?;
+        let lock = self.lease_lock(id, by)?.clone();
         let state = self
             .locks
-            .get_mut(lock)
+            .get_mut(&lock)
             .expect("lease index points to a lock");
         let lease = state
             .lease
@@ -400,17 +443,34 @@ impl LeaseTable {
         Ok(lease)
     }
 
-    /// Ends a live lease and grants the lock to the next waiter, if any.
-    pub fn release(&mut self, id: LeaseId, now: Millis) -> Result<ReleaseOutcome, LeaseError> {
+    /// Ends a live lease and grants the lock to the next waiter, if any. `by` as for
+    /// [`renew`](Self::renew).
+    pub fn release(
+        &mut self,
+        id: LeaseId,
+        by: Option<&Principal>,
+        now: Millis,
+    ) -> Result<ReleaseOutcome, LeaseError> {
         self.expire_due(now);
-        let lock = self
-            .lease_locks
-            .get(&id)
-            .ok_or(LeaseError::UnknownLease(id))?
-            .clone();
+        let lock = self.lease_lock(id, by)?.clone();
         let released = self.end_lease(&lock, now, Ending::Released);
         self.check_invariants();
         Ok(ReleaseOutcome { released })
+    }
+
+    /// The lock of live lease `id`, if `by` may act on it.
+    fn lease_lock(&self, id: LeaseId, by: Option<&Principal>) -> Result<&LockName, LeaseError> {
+        let lock = self
+            .lease_locks
+            .get(&id)
+            .ok_or(LeaseError::UnknownLease(id))?;
+        if let Some(principal) = by {
+            let lease = self.locks.get(lock).and_then(|s| s.lease.as_ref());
+            if lease.is_some_and(|lease| lease.principal != *principal) {
+                return Err(LeaseError::NotHolder(id));
+            }
+        }
+        Ok(lock)
     }
 
     /// Withdraws a queued acquire (its client went away). Unknown ids are ignored: the waiter
@@ -503,6 +563,7 @@ impl LeaseTable {
     fn grant(&mut self, lock: &LockName, grantee: Grantee, now: Millis) -> Lease {
         let Grantee {
             holder,
+            principal,
             ttl_ms,
             class,
             request_id,
@@ -515,9 +576,10 @@ impl LeaseTable {
         );
         self.last_epoch = epoch;
         let lease = Lease {
-            id: LeaseId(epoch.0),
+            id: self.lease_id_for(epoch),
             lock: lock.clone(),
             holder,
+            principal,
             epoch,
             ttl_ms,
             class,
@@ -570,6 +632,7 @@ impl LeaseTable {
             }
             let grantee = Grantee {
                 holder: waiter.holder,
+                principal: waiter.principal,
                 ttl_ms: waiter.ttl_ms,
                 class: waiter.class,
                 request_id: waiter.request_id,

@@ -16,6 +16,7 @@ fn request(name: &str, holder: &str, ttl_ms: u64, wait_ms: u64) -> AcquireReques
     AcquireRequest {
         lock: lock(name),
         holder: HolderId::new(holder).unwrap(),
+        principal: Principal::anonymous(),
         ttl_ms,
         wait_ms,
         class: LockClass::Critical,
@@ -34,7 +35,7 @@ fn granted(outcome: AcquireOutcome) -> Lease {
 fn p1_epochs_increase_per_lock_across_release_and_expiry() {
     let mut table = LeaseTable::new();
     let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
-    table.release(a.id, 10).unwrap();
+    table.release(a.id, None, 10).unwrap();
     let b = granted(table.acquire(request("r/1", "b", 100, 0), 20).unwrap());
     assert!(b.epoch > a.epoch);
     table.expire_due(b.expires_at);
@@ -104,7 +105,7 @@ fn release_hands_the_lock_to_the_first_waiter_in_the_same_step() {
         panic!("expected to wait")
     };
     table.take_events();
-    table.release(a.id, 5).unwrap();
+    table.release(a.id, None, 5).unwrap();
     let events = table.take_events();
     // The release is reported before the hand-off it caused.
     assert!(matches!(events[0], Event::Released { .. }));
@@ -129,7 +130,7 @@ fn waits_time_out_and_are_skipped_on_hand_off() {
     assert_eq!(table.next_deadline(), Some(50));
     table.expire_due(50);
     assert!(matches!(table.take_events()[..], [Event::WaitEnded { .. }]));
-    table.release(a.id, 60).unwrap();
+    table.release(a.id, None, 60).unwrap();
     let lease = table.describe(&lock("r/1"), 60).lease.unwrap();
     assert_eq!(lease.holder.as_str(), "w2");
 }
@@ -168,9 +169,12 @@ fn limits_are_enforced() {
 fn expired_leases_cannot_be_renewed_or_released() {
     let mut table = LeaseTable::new();
     let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
-    assert_eq!(table.renew(a.id, 100), Err(LeaseError::UnknownLease(a.id)));
     assert_eq!(
-        table.release(a.id, 100),
+        table.renew(a.id, None, 100),
+        Err(LeaseError::UnknownLease(a.id))
+    );
+    assert_eq!(
+        table.release(a.id, None, 100),
         Err(LeaseError::UnknownLease(a.id))
     );
 }
@@ -179,7 +183,7 @@ fn expired_leases_cannot_be_renewed_or_released() {
 fn renewal_extends_from_now_by_the_full_ttl() {
     let mut table = LeaseTable::new();
     let a = granted(table.acquire(request("r/1", "a", 100, 0), 0).unwrap());
-    let renewed = table.renew(a.id, 90).unwrap();
+    let renewed = table.renew(a.id, None, 90).unwrap();
     assert_eq!(renewed.expires_at, 190);
     table.expire_due(189);
     assert!(table.lease(a.id).is_some());
@@ -195,7 +199,7 @@ fn p1_restore_restarts_leases_at_full_ttl_and_continues_the_epoch_counter() {
     let leases = changes.locks.into_iter().filter_map(|(_, lease)| lease);
     let mut restored = LeaseTable::restore(changes.last_epoch, leases, 5_000);
     assert_eq!(restored.lease(a.id).unwrap().expires_at, 5_100);
-    restored.release(a.id, 5_001).unwrap();
+    restored.release(a.id, None, 5_001).unwrap();
     let b = granted(
         restored
             .acquire(request("r/1", "b", 100, 0), 5_002)
@@ -211,6 +215,7 @@ fn restore_refuses_a_lease_above_the_counter() {
         id: LeaseId(9),
         lock: lock("r/1"),
         holder: HolderId::new("a").unwrap(),
+        principal: Principal::anonymous(),
         epoch: Epoch(9),
         ttl_ms: 100,
         class: LockClass::Critical,
@@ -218,6 +223,72 @@ fn restore_refuses_a_lease_above_the_counter() {
         request_id: None,
     };
     LeaseTable::restore(Epoch(3), [lease], 0);
+}
+
+fn request_as(name: &str, holder: &str, principal: &str) -> AcquireRequest {
+    AcquireRequest {
+        principal: Principal::new(principal).unwrap(),
+        ..request(name, holder, 100, 0)
+    }
+}
+
+#[test]
+fn p2_only_the_holding_principal_or_an_admin_renews_or_releases_a_lease() {
+    let mut table = LeaseTable::new();
+    let orders = Principal::new("orders").unwrap();
+    let mallory = Principal::new("mallory").unwrap();
+    let a = granted(table.acquire(request_as("r/1", "w", "orders"), 0).unwrap());
+    assert_eq!(a.principal, orders);
+    assert_eq!(
+        table.release(a.id, Some(&mallory), 1),
+        Err(LeaseError::NotHolder(a.id))
+    );
+    assert_eq!(
+        table.renew(a.id, Some(&mallory), 1),
+        Err(LeaseError::NotHolder(a.id))
+    );
+    // Nothing changed: the lease is still the holder's.
+    assert_eq!(table.lease(a.id).unwrap().expires_at, a.expires_at);
+    assert!(table.renew(a.id, Some(&orders), 2).is_ok());
+    // An admin (None) may end any lease.
+    assert!(table.release(a.id, None, 3).is_ok());
+}
+
+#[test]
+fn p2_a_retry_by_another_principal_is_not_handed_the_lease() {
+    // A request id and a holder label are client-chosen: another principal that replays them
+    // must not receive the live lease (and its token).
+    let mut table = LeaseTable::new();
+    let first = AcquireRequest {
+        request_id: Some(RequestId::new("job-7").unwrap()),
+        ..request_as("r/1", "w", "orders")
+    };
+    let a = granted(table.acquire(first.clone(), 0).unwrap());
+    let replay = AcquireRequest {
+        principal: Principal::new("mallory").unwrap(),
+        ..first.clone()
+    };
+    assert!(matches!(
+        table.acquire(replay, 1),
+        Err(LeaseError::Held { .. })
+    ));
+    assert_eq!(granted(table.acquire(first, 2).unwrap()).id, a.id);
+}
+
+#[test]
+fn lease_ids_come_from_the_secret_and_tell_nothing_about_each_other() {
+    let mut one = LeaseTable::new();
+    one.set_lease_secret([1; 32]);
+    let mut two = LeaseTable::new();
+    two.set_lease_secret([2; 32]);
+    let a1 = granted(one.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    let a2 = granted(one.acquire(request("r/2", "a", 100, 0), 0).unwrap());
+    let b1 = granted(two.acquire(request("r/1", "a", 100, 0), 0).unwrap());
+    assert_eq!(a1.epoch, b1.epoch);
+    assert_ne!(a1.id, b1.id, "same epoch, other secret: another id");
+    assert_ne!(a1.id, a2.id);
+    // Consecutive grants do not give neighbouring ids.
+    assert!(a1.id.0.abs_diff(a2.id.0) > u128::from(u64::MAX));
 }
 
 #[test]
@@ -229,7 +300,7 @@ fn cancelled_waiters_leave_no_entry_behind() {
     };
     table.cancel_wait(w);
     table.cancel_wait(w);
-    table.release(a.id, 1).unwrap();
+    table.release(a.id, None, 1).unwrap();
     assert!(table.list(10, 1).is_empty());
     assert_eq!(table.waiter_count(), 0);
 }
@@ -366,9 +437,9 @@ fn run_ops(ops: Vec<Op>) {
                 let (name, &(id, _, ttl)) = model.live.iter().nth(pick % model.live.len()).unwrap();
                 let (name, live) = (name.clone(), model.is_live(name, now));
                 let result = if matches!(op, Op::Renew { .. }) {
-                    table.renew(id, now).map(|_| ())
+                    table.renew(id, None, now).map(|_| ())
                 } else {
-                    table.release(id, now).map(|_| ())
+                    table.release(id, None, now).map(|_| ())
                 };
                 assert_eq!(
                     result.is_ok(),
@@ -380,7 +451,7 @@ fn run_ops(ops: Vec<Op>) {
                 }
             }
             Op::Renew { .. } | Op::Release { .. } => {
-                assert!(table.renew(LeaseId(u64::MAX), now).is_err());
+                assert!(table.renew(LeaseId(u128::MAX), None, now).is_err());
             }
             Op::Cancel { pick } if !model.waiters.is_empty() => {
                 table.cancel_wait(model.waiters[pick % model.waiters.len()]);

@@ -18,4 +18,6 @@ pub use lease_table::{
     ReleaseOutcome, WaiterId,
 };
 pub use token::{KeyId, TokenClaims, TokenError, TokenSigner, TokenVerifier};
-pub use types::{Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, RequestId};
+pub use types::{
+    Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, Principal, RequestId,
+};

@@ -6,6 +6,8 @@ pub const MAX_LOCK_NAME_BYTES: usize = 256;
 
 /// Longest holder id, in bytes. It is copied into every token and every log line.
 pub const MAX_HOLDER_BYTES: usize = 128;
+/// Longest principal name, in bytes.
+pub const MAX_PRINCIPAL_BYTES: usize = 128;
 
 /// Shortest lease TTL. A lease shorter than a disk commit and a network round trip would
 /// expire before its holder could use it.
@@ -27,7 +29,7 @@ pub const MAX_WAIT_MS: u64 = 300_000;
 /// sooner than a timeout does.
 pub const MAX_WAITERS_PER_LOCK: usize = 1_024;
 
-/// Most tokens bytes a verifier will look at. A valid token is under 700 bytes.
+/// Most token bytes a verifier will look at. A valid token is under 900 bytes.
 pub const MAX_TOKEN_TEXT_BYTES: usize = 1_024;
 
 /// Longest request id of an acquire (see `RequestId`).
@@ -71,3 +73,10 @@ pub const ADMISSION_WAIT_MS: u64 = 2_000;
 
 /// How long a connection asked to close may take to finish before it is dropped.
 pub const CLOSE_GRACE_MS: u64 = 1_000;
+
+/// Largest auth or ACL file the coordinator reads, in bytes (it is read at start and on every
+/// SIGHUP; a runaway file must not exhaust memory).
+pub const MAX_AUTH_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Most rules in an ACL file. Each request checks its caller's rules in order.
+pub const MAX_ACL_RULES: usize = 10_000;

@@ -5,11 +5,16 @@
 //! 64-byte signature covers the payload bytes exactly as sent (no re-encoding before verifying):
 //!
 //! ```text
-//! payload = version:u8 (=1) ‖ key_id:[u8;8] ‖ epoch:u64 ‖ lease_id:u64 ‖ issued_at_ms:u64
-//!           ‖ lock_len:u16 ‖ lock ‖ holder_len:u8 ‖ holder          (integers big-endian)
+//! payload = version:u8 (=2) ‖ key_id:[u8;8] ‖ epoch:u64 ‖ issued_at_ms:u64
+//!           ‖ lock_len:u16 ‖ lock ‖ holder_len:u8 ‖ holder
+//!           ‖ principal_len:u8 ‖ principal                         (integers big-endian)
 //! ```
 //!
-//! A token of the longest lock and holder is under 700 characters, so it fits an HTTP header.
+//! The principal is the authenticated identity that acquired the lease, so a resource can
+//! check offline *who* writes, not only *when*. The lease id is deliberately not in the token:
+//! tokens are shown to resources, and a lease id is the capability to renew or release.
+//! A token of the longest lock, holder and principal is under 900 characters, so it fits an
+//! HTTP header.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -20,10 +25,10 @@ use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use sha2::{Digest as _, Sha256};
 
 use crate::limits::MAX_TOKEN_TEXT_BYTES;
-use crate::types::{Epoch, HolderId, LeaseId, LockName};
+use crate::types::{Epoch, HolderId, LockName, Principal};
 
 const TEXT_PREFIX: &str = "pt1.";
-const PAYLOAD_VERSION: u8 = 1;
+const PAYLOAD_VERSION: u8 = 2;
 const SIGNATURE_BYTES: usize = 64;
 
 /// The id of a signing key: the first 8 bytes of the SHA-256 of its public key, shown as 16
@@ -56,10 +61,11 @@ pub struct TokenClaims {
     pub lock: LockName,
     /// The ownership epoch.
     pub epoch: Epoch,
-    /// The lease it was issued for.
-    pub lease_id: LeaseId,
-    /// The holder it was issued to.
+    /// The holder it was issued to (the client's label).
     pub holder: HolderId,
+    /// The authenticated principal that acquired the lease (`anonymous` on a coordinator
+    /// without authentication).
+    pub principal: Principal,
     /// Wall-clock issue time, milliseconds since the Unix epoch (informational; resources
     /// fence on the epoch, never on clocks).
     pub issued_at_ms: u64,
@@ -69,11 +75,11 @@ impl TokenClaims {
     fn encode(&self) -> Vec<u8> {
         let lock = self.lock.as_str().as_bytes();
         let holder = self.holder.as_str().as_bytes();
-        let mut out = Vec::with_capacity(36 + lock.len() + holder.len());
+        let principal = self.principal.as_str().as_bytes();
+        let mut out = Vec::with_capacity(29 + lock.len() + holder.len() + principal.len());
         out.push(PAYLOAD_VERSION);
         out.extend_from_slice(&self.key_id.0);
         out.extend_from_slice(&self.epoch.0.to_be_bytes());
-        out.extend_from_slice(&self.lease_id.0.to_be_bytes());
         out.extend_from_slice(&self.issued_at_ms.to_be_bytes());
         let lock_len = u16::try_from(lock.len()).expect("lock names are at most 256 bytes");
         out.extend_from_slice(&lock_len.to_be_bytes());
@@ -81,6 +87,10 @@ impl TokenClaims {
         let holder_len = u8::try_from(holder.len()).expect("holders are at most 128 bytes");
         out.push(holder_len);
         out.extend_from_slice(holder);
+        let principal_len =
+            u8::try_from(principal.len()).expect("principals are at most 128 bytes");
+        out.push(principal_len);
+        out.extend_from_slice(principal);
         out
     }
 
@@ -91,12 +101,13 @@ impl TokenClaims {
         }
         let key_id = KeyId(reader.take(8)?.try_into().expect("8 bytes"));
         let epoch = Epoch(reader.u64()?);
-        let lease_id = LeaseId(reader.u64()?);
         let issued_at_ms = reader.u64()?;
         let lock_len = u16::from_be_bytes(reader.take(2)?.try_into().expect("2 bytes"));
         let lock = reader.text(lock_len as usize)?;
         let holder_len = reader.take(1)?[0];
         let holder = reader.text(holder_len as usize)?;
+        let principal_len = reader.take(1)?[0];
+        let principal = reader.text(principal_len as usize)?;
         if !reader.0.is_empty() {
             return Err(TokenError::Malformed("trailing bytes after the claims"));
         }
@@ -104,8 +115,9 @@ impl TokenClaims {
             key_id,
             lock: LockName::new(lock).map_err(|_| TokenError::Malformed("invalid lock name"))?,
             epoch,
-            lease_id,
             holder: HolderId::new(holder).map_err(|_| TokenError::Malformed("invalid holder"))?,
+            principal: Principal::new(principal)
+                .map_err(|_| TokenError::Malformed("invalid principal"))?,
             issued_at_ms,
         })
     }
@@ -147,6 +159,15 @@ pub enum TokenError {
     /// The signature does not match the claims: the token was altered or forged.
     #[error("token signature is invalid")]
     BadSignature,
+    /// A valid token, but acquired by a principal the resource does not accept for this lock
+    /// (a service writing where only another may write).
+    #[error("token of principal {principal} is not accepted for lock {lock}")]
+    WrongPrincipal {
+        /// The lock.
+        lock: LockName,
+        /// The principal in the token.
+        principal: Principal,
+    },
     /// A valid token, but for another lock than the one it was presented for.
     #[error("token is for lock {actual}, not {expected}")]
     WrongLock {
@@ -190,22 +211,22 @@ impl TokenSigner {
         self.key.verifying_key()
     }
 
-    /// Signs the statement that `holder` owns `lock` at `epoch` under lease `lease_id`, and
-    /// returns the token's text form.
+    /// Signs the statement that `holder`, authenticated as `principal`, owns `lock` at `epoch`,
+    /// and returns the token's text form.
     pub fn sign(
         &self,
         lock: &LockName,
         epoch: Epoch,
-        lease_id: LeaseId,
         holder: &HolderId,
+        principal: &Principal,
         issued_at_ms: u64,
     ) -> String {
         let claims = TokenClaims {
             key_id: self.key_id,
             lock: lock.clone(),
             epoch,
-            lease_id,
             holder: holder.clone(),
+            principal: principal.clone(),
             issued_at_ms,
         };
         let mut bytes = claims.encode();
@@ -322,7 +343,7 @@ pub fn decode_public_key(text: &str) -> Result<VerifyingKey, TokenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::{MAX_HOLDER_BYTES, MAX_LOCK_NAME_BYTES};
+    use crate::limits::{MAX_HOLDER_BYTES, MAX_LOCK_NAME_BYTES, MAX_PRINCIPAL_BYTES};
 
     fn signer(seed: u8) -> TokenSigner {
         TokenSigner::from_secret_bytes(&[seed; 32])
@@ -333,8 +354,8 @@ mod tests {
         signer.sign(
             &lock,
             Epoch(42),
-            LeaseId(42),
             &HolderId::new("w1").unwrap(),
+            &Principal::new("orders").unwrap(),
             1_700,
         )
     }
@@ -347,6 +368,7 @@ mod tests {
         assert_eq!(claims.epoch, Epoch(42));
         assert_eq!(claims.lock.as_str(), "report/7");
         assert_eq!(claims.holder.as_str(), "w1");
+        assert_eq!(claims.principal.as_str(), "orders");
         assert_eq!(claims.key_id, signer.key_id());
         assert_eq!(claims.issued_at_ms, 1_700);
     }
@@ -382,8 +404,8 @@ mod tests {
             key_id: trusted.key_id(),
             lock: LockName::new("report/7").unwrap(),
             epoch: Epoch(u64::MAX),
-            lease_id: LeaseId(1),
             holder: HolderId::new("mallory").unwrap(),
+            principal: Principal::new("orders").unwrap(),
             issued_at_ms: 0,
         };
         let mut bytes = claims.encode();
@@ -405,6 +427,23 @@ mod tests {
     }
 
     #[test]
+    fn p4_a_token_of_the_previous_format_is_refused() {
+        // Version 1 carried no principal; a resource must not read one as principal-less.
+        let signer = signer(1);
+        let mut bytes = URL_SAFE_NO_PAD.decode(&sample(&signer)[4..]).unwrap();
+        bytes[0] = 1;
+        let payload_len = bytes.len() - SIGNATURE_BYTES;
+        let signature = signer.key.sign(&bytes[..payload_len]).to_bytes();
+        bytes[payload_len..].copy_from_slice(&signature);
+        let old = format!("pt1.{}", URL_SAFE_NO_PAD.encode(bytes));
+        let verifier = TokenVerifier::new([signer.verifying_key()]);
+        assert!(matches!(
+            verifier.verify(&old, None),
+            Err(TokenError::Malformed(_))
+        ));
+    }
+
+    #[test]
     fn rotation_accepts_every_trusted_key() {
         let verifier = TokenVerifier::new([signer(1).verifying_key(), signer(2).verifying_key()]);
         assert!(verifier.verify(&sample(&signer(1)), None).is_ok());
@@ -418,14 +457,7 @@ mod tests {
         let verifier = TokenVerifier::new([signer.verifying_key()]);
         let token = sample(&signer);
         let oversized = format!("pt1.{}", "A".repeat(2_000));
-        for bad in [
-            "",
-            "pt1.",
-            "pt2.AAAA",
-            "pt1.!!!!",
-            &token[..token.len() - 10],
-            &oversized,
-        ] {
+        for bad in ["", "pt1.", "pt2.AAAA", "pt1.!!!!", &token[..40], &oversized] {
             assert!(
                 matches!(verifier.verify(bad, None), Err(TokenError::Malformed(_))),
                 "{bad:?}"
@@ -438,8 +470,10 @@ mod tests {
         let signer = signer(1);
         let lock = LockName::new("l".repeat(MAX_LOCK_NAME_BYTES)).unwrap();
         let holder = HolderId::new("h".repeat(MAX_HOLDER_BYTES)).unwrap();
-        let token = signer.sign(&lock, Epoch(u64::MAX), LeaseId(u64::MAX), &holder, u64::MAX);
-        assert!(token.len() < 700, "{} bytes", token.len());
+        let principal = Principal::new("p".repeat(MAX_PRINCIPAL_BYTES)).unwrap();
+        let token = signer.sign(&lock, Epoch(u64::MAX), &holder, &principal, u64::MAX);
+        assert!(token.len() < 900, "{} bytes", token.len());
+        assert!(token.len() <= MAX_TOKEN_TEXT_BYTES, "{} bytes", token.len());
         let verifier = TokenVerifier::new([signer.verifying_key()]);
         assert_eq!(verifier.verify(&token, Some(&lock)).unwrap().holder, holder);
     }

@@ -4,7 +4,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{MAX_HOLDER_BYTES, MAX_LOCK_NAME_BYTES, MAX_REQUEST_ID_BYTES};
+use crate::limits::{
+    MAX_HOLDER_BYTES, MAX_LOCK_NAME_BYTES, MAX_PRINCIPAL_BYTES, MAX_REQUEST_ID_BYTES,
+};
 
 /// Milliseconds on the coordinator's monotonic clock. Only differences are meaningful; the
 /// origin is wherever the runtime started counting.
@@ -156,17 +158,114 @@ impl fmt::Display for Epoch {
     }
 }
 
-/// The id of one lease. A lease's id is the epoch it was granted at (one grant, one epoch, one
-/// lease), so ids are never reused either.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
-#[serde(transparent)]
-pub struct LeaseId(pub u64);
+/// The id of one lease: 128 bits the coordinator draws from its secret for each grant, so that
+/// nobody can guess a live lease's id from another (ids are capabilities: renew and release name
+/// one). Written as 32 lower-case hex digits in JSON, gRPC, the CLI and durable state.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LeaseId(pub u128);
 
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseId({self})")
+    }
+}
+
+impl std::str::FromStr for LeaseId {
+    type Err = InvalidInput;
+
+    /// Parses exactly 32 hex digits.
+    fn from_str(text: &str) -> Result<Self, InvalidInput> {
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(InvalidInput(format!(
+                "lease id {:?} is not 32 hex digits",
+                text.chars().take(64).collect::<String>()
+            )));
+        }
+        u128::from_str_radix(text, 16)
+            .map(LeaseId)
+            .map_err(|_| InvalidInput("lease id is not 32 hex digits".into()))
+    }
+}
+
+impl Serialize for LeaseId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LeaseId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// An authenticated identity: the name of a principal in the coordinator's auth file (or a
+/// client certificate's name). 1–128 bytes of `[A-Za-z0-9._@:-]`. Recorded with each lease (only
+/// that principal, or an admin, may renew or release it) and carried in its token, so that a
+/// resource can check who writes, not only when. With no authentication configured, every
+/// caller is [`Principal::anonymous`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Principal(String);
+
+impl Principal {
+    /// The principal of every caller when the coordinator runs without authentication.
+    pub const ANONYMOUS: &'static str = "anonymous";
+
+    /// Validates a principal name.
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidInput> {
+        let name = name.into();
+        if name.is_empty() || name.len() > MAX_PRINCIPAL_BYTES {
+            return Err(InvalidInput(format!(
+                "principal must be 1–{MAX_PRINCIPAL_BYTES} bytes, got {}",
+                name.len()
+            )));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@' | b':'))
+        {
+            return Err(InvalidInput(format!(
+                "principal {name:?} may contain only A-Z a-z 0-9 . _ - @ :"
+            )));
+        }
+        Ok(Self(name))
+    }
+
+    /// The caller of an unauthenticated coordinator.
+    pub fn anonymous() -> Self {
+        Self(Self::ANONYMOUS.into())
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Principal {
+    fn default() -> Self {
+        Self::anonymous()
+    }
+}
+
+impl<'de> Deserialize<'de> for Principal {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Principal::new(text).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -231,6 +330,31 @@ mod tests {
         assert!(HolderId::new("").is_err());
         assert!(HolderId::new("a\nb").is_err());
         assert!(HolderId::new("h".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn lease_ids_are_32_hex_digits_both_ways() {
+        let id = LeaseId(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        let text = id.to_string();
+        assert_eq!(text, "0123456789abcdef0011223344556677");
+        assert_eq!(text.parse::<LeaseId>().unwrap(), id);
+        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{text}\""));
+        assert!("12".parse::<LeaseId>().is_err());
+        assert!("+123456789abcdef0011223344556677"
+            .parse::<LeaseId>()
+            .is_err());
+        assert!("0123456789abcdef001122334455667g"
+            .parse::<LeaseId>()
+            .is_err());
+    }
+
+    #[test]
+    fn principals_are_bounded_names() {
+        assert!(Principal::new("orders-service@prod").is_ok());
+        assert!(Principal::new("").is_err());
+        assert!(Principal::new("a b").is_err());
+        assert!(Principal::new("p".repeat(129)).is_err());
+        assert_eq!(Principal::default().as_str(), "anonymous");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use palisade_core::token::{decode_public_key, decode_unverified};
-use palisade_core::{Epoch, HolderId, KeyId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_core::{Epoch, HolderId, KeyId, LockName, Principal, TokenSigner, TokenVerifier};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
@@ -39,8 +39,8 @@ fn valid_token(epoch: u64, lock: &str) -> String {
     signer().sign(
         &LockName::new(lock).unwrap(),
         Epoch(epoch),
-        LeaseId(epoch),
         &HolderId::new("worker-1").unwrap(),
+        &Principal::new("orders").unwrap(),
         1_700_000_000_000,
     )
 }

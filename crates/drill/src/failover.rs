@@ -193,7 +193,7 @@ pub async fn run(
                     outcome,
                 });
                 if let Ok(grant) = result {
-                    let _ = client.release(grant.lease_id).await;
+                    let _ = client.release(&grant.lease_id).await;
                 }
             }
         }));
@@ -234,7 +234,7 @@ pub async fn run(
                 completed: now_us(),
                 outcome: Outcome::Granted { epoch: grant.epoch },
             });
-            let _ = client.release(grant.lease_id).await;
+            let _ = client.release(&grant.lease_id).await;
             figures.unavailable_ms.push(unavailable.as_millis() as u64);
             // Restart the killed member; it must rejoin before the next kill.
             let node = nodes

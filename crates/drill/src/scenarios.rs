@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use palisade_client::AcquireOptions;
-use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner};
+use palisade_core::{Epoch, HolderId, LockName, TokenSigner};
 use palisade_fence::conformance::alter_epoch;
 use palisade_history::{Entry, History, Op, Outcome, TokenKind};
 use serde_json::Value;
@@ -173,7 +173,7 @@ async fn owner_b(
         };
         history.push(entry("B", lock, op, invoked, now_ns(), outcome(&result)));
     }
-    env.client.release(grant.lease_id).await?;
+    env.client.release(&grant.lease_id).await?;
     Ok((grant.epoch, grant.token))
 }
 
@@ -352,7 +352,7 @@ async fn duplicate_token(env: &DrillEnv, lock: &str, history: &mut History) -> a
     let (one, two) = tokio::join!(first.until("done"), second.until("done"));
     record_worker(history, "D1", lock, &one?, grant.epoch, TokenKind::Valid);
     record_worker(history, "D2", lock, &two?, grant.epoch, TokenKind::Valid);
-    env.client.release(grant.lease_id).await?;
+    env.client.release(&grant.lease_id).await?;
     // A newer owner writes; then the captured token is replayed.
     let target = target(env, false).await?;
     owner_b(env, lock, &target, false, history).await?;
@@ -381,7 +381,15 @@ async fn forged_token(env: &DrillEnv, lock: &str, history: &mut History) -> anyh
     let stranger = TokenSigner::from_secret_bytes(&[0x66; 32]);
     let name = LockName::new(lock)?;
     let holder = HolderId::new("mallory")?;
-    let forge = |epoch: u64| stranger.sign(&name, Epoch(epoch), LeaseId(epoch), &holder, 0);
+    let forge = |epoch: u64| {
+        stranger.sign(
+            &name,
+            Epoch(epoch),
+            &holder,
+            &palisade_core::Principal::anonymous(),
+            0,
+        )
+    };
     let forged = [
         (alter_epoch(&grant.token), grant.epoch ^ 0x40),
         (forge(u64::MAX / 2), u64::MAX / 2),
@@ -406,8 +414,8 @@ async fn forged_token(env: &DrillEnv, lock: &str, history: &mut History) -> anyh
         let events = worker.until("done").await?;
         record_worker(history, &process, lock, &events, *epoch, TokenKind::Forged);
     }
-    env.client.release(grant.lease_id).await?;
-    env.client.release(other.lease_id).await?;
+    env.client.release(&grant.lease_id).await?;
+    env.client.release(&other.lease_id).await?;
     // The fence did not move: the real next owner still writes.
     let target = target(env, false).await?;
     owner_b(env, lock, &target, false, history).await?;
@@ -477,7 +485,7 @@ async fn bypass(env: &DrillEnv, lock: &str, history: &mut History) -> anyhow::Re
             let created = guarded
                 .insert(fence, &name, &id, &grant.token, &"owner")
                 .await?;
-            env.client.release(grant.lease_id).await?;
+            env.client.release(&grant.lease_id).await?;
             anyhow::ensure!(
                 matches!(created, palisade_fence::Outcome::Accepted { .. }),
                 "the owner's fenced insert was refused: {created:?}"

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_core::{Epoch, HolderId, LockName, TokenSigner, TokenVerifier};
 use palisade_fence::{FenceMode, Outcome, Rejection, Verifier};
 use palisade_fence_postgres::{is_guard_violation, GuardedTable, PostgresFence, RowLock};
 use tokio_postgres::error::SqlState;
@@ -51,8 +51,13 @@ impl Fixture {
 
     fn token(&self, epoch: u64) -> String {
         let holder = HolderId::new("test").unwrap();
-        self.signer
-            .sign(&self.lock, Epoch(epoch), LeaseId(epoch), &holder, 0)
+        self.signer.sign(
+            &self.lock,
+            Epoch(epoch),
+            &holder,
+            &palisade_core::Principal::anonymous(),
+            0,
+        )
     }
 
     async fn update(&self, id: i64, epoch: u64, payload: &str) -> Outcome {
@@ -110,7 +115,13 @@ async fn p4_a_token_for_another_lock_cannot_update_the_table() {
     let f = Fixture::new("wronglock", false).await;
     let other = LockName::new("table/other").unwrap();
     let holder = HolderId::new("test").unwrap();
-    let token = f.signer.sign(&other, Epoch(50), LeaseId(50), &holder, 0);
+    let token = f.signer.sign(
+        &other,
+        Epoch(50),
+        &holder,
+        &palisade_core::Principal::anonymous(),
+        0,
+    );
     let outcome = f
         .table
         .update(&f.fence, &f.lock, &1i64, &token, &"evil")
@@ -573,7 +584,13 @@ async fn p2_p4_a_valid_token_of_another_lock_cannot_write_a_row_it_does_not_guar
     let f = Fixture::new("bound", false).await;
     let other = LockName::new("table/other").unwrap();
     let holder = HolderId::new("test").unwrap();
-    let token = f.signer.sign(&other, Epoch(50), LeaseId(50), &holder, 0);
+    let token = f.signer.sign(
+        &other,
+        Epoch(50),
+        &holder,
+        &palisade_core::Principal::anonymous(),
+        0,
+    );
     for outcome in [
         f.table
             .update(&f.fence, &other, &1i64, &token, &"evil")
@@ -637,8 +654,13 @@ async fn p2_p4_rows_that_name_their_lock_accept_only_that_locks_tokens() {
         LockName::new("rows/y").unwrap(),
     );
     let sign = |lock: &LockName, epoch: u64| {
-        f.signer
-            .sign(lock, Epoch(epoch), LeaseId(epoch), &holder, 0)
+        f.signer.sign(
+            lock,
+            Epoch(epoch),
+            &holder,
+            &palisade_core::Principal::anonymous(),
+            0,
+        )
     };
     let accepted = |o: &Outcome| matches!(o, Outcome::Accepted { .. });
     let wrong_lock = |o: &Outcome| {

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_core::{Epoch, HolderId, LockName, TokenSigner, TokenVerifier};
 use palisade_fence::{Activation, FenceError, FenceMode, FencedResource, Verifier, Write};
 use palisade_fence_postgres::PostgresFence;
 
@@ -38,8 +38,8 @@ async fn p2_a_lock_activated_by_one_adapter_is_refused_by_a_strict_adapter() {
         signer.sign(
             &lock,
             Epoch(epoch),
-            LeaseId(epoch),
             &HolderId::new("h").unwrap(),
+            &palisade_core::Principal::anonymous(),
             0,
         )
     };
@@ -81,8 +81,8 @@ async fn adapters_claiming_a_new_lock_at_once_all_see_its_mode() {
             let token = signer.sign(
                 &lock,
                 Epoch(epoch),
-                LeaseId(epoch),
                 &HolderId::new("h").unwrap(),
+                &palisade_core::Principal::anonymous(),
                 0,
             );
             let (fence, lock, start) = (fence.clone(), lock.clone(), start.clone());

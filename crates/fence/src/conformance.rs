@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use palisade_core::{Epoch, HolderId, LeaseId, LockName, TokenSigner, TokenVerifier};
+use palisade_core::{Epoch, HolderId, LockName, Principal, TokenSigner, TokenVerifier};
 
 use crate::{Activation, FenceMode, FencedResource, Outcome, Rejection, Verifier, Write};
 
@@ -113,7 +113,7 @@ impl Harness {
 
 fn sign(signer: &TokenSigner, lock: &LockName, epoch: u64) -> String {
     let holder = HolderId::new("conformance").unwrap();
-    signer.sign(lock, Epoch(epoch), LeaseId(epoch), &holder, 0)
+    signer.sign(lock, Epoch(epoch), &holder, &Principal::anonymous(), 0)
 }
 
 /// `token` with one bit of its epoch flipped (signature left as it was).

@@ -23,7 +23,7 @@ use std::future::Future;
 use palisade_core::{Epoch, LockName, TokenError};
 
 pub use precheck::{key_is_storable, precheck_activation, precheck_write};
-pub use verifier::Verifier;
+pub use verifier::{PrincipalRule, Verifier};
 
 /// Largest value a fenced write may carry: 1 MiB. Bigger payloads belong in a blob store,
 /// fenced by a small pointer record.

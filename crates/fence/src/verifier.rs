@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
 
-use palisade_core::{KeyId, LockName, TokenClaims, TokenError, TokenVerifier};
+use palisade_core::{
+    InvalidInput, KeyId, LockName, Principal, TokenClaims, TokenError, TokenVerifier,
+};
 
 /// Most verified tokens remembered. A full cache is emptied and refilled, which costs one
 /// verification per live owner.
@@ -22,6 +24,52 @@ pub const VERIFIED_TOKEN_CACHE: usize = 4_096;
 pub struct Verifier {
     keys: RwLock<TokenVerifier>,
     verified: Mutex<Cache>,
+    principals: RwLock<Vec<PrincipalRule>>,
+}
+
+/// Which principals a resource accepts tokens of, for locks under a prefix: a token is then
+/// refused (even with a valid signature and the newest epoch) unless the principal that
+/// acquired it matches one of the rules whose prefix covers the lock. Locks no rule covers
+/// accept any principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrincipalRule {
+    /// Lock-name prefix (empty: every lock).
+    pub lock_prefix: String,
+    /// A principal name, or a prefix of one followed by `*`.
+    pub principal: String,
+}
+
+impl PrincipalRule {
+    /// Parses `LOCK_PREFIX=PRINCIPAL` (`*` alone as the prefix: every lock; a trailing `*` on
+    /// the principal: any principal starting so), as `--require-principal` takes it.
+    pub fn parse(text: &str) -> Result<Self, InvalidInput> {
+        let (prefix, principal) = text
+            .split_once('=')
+            .ok_or_else(|| InvalidInput(format!("{text:?}: expected LOCK_PREFIX=PRINCIPAL")))?;
+        let lock_prefix = if prefix == "*" { "" } else { prefix };
+        if !lock_prefix.is_empty() {
+            LockName::new(lock_prefix)?;
+        }
+        let name = principal.strip_suffix('*').unwrap_or(principal);
+        if !(name.is_empty() && principal == "*") {
+            Principal::new(name)?;
+        }
+        Ok(Self {
+            lock_prefix: lock_prefix.to_owned(),
+            principal: principal.to_owned(),
+        })
+    }
+
+    fn covers(&self, lock: &LockName) -> bool {
+        lock.as_str().starts_with(&self.lock_prefix)
+    }
+
+    fn admits(&self, principal: &Principal) -> bool {
+        match self.principal.strip_suffix('*') {
+            Some(prefix) => principal.as_str().starts_with(prefix),
+            None => principal.as_str() == self.principal,
+        }
+    }
 }
 
 /// Verified tokens, valid for one set of trusted keys (one generation).
@@ -37,7 +85,13 @@ impl Verifier {
         Self {
             keys: RwLock::new(verifier),
             verified: Mutex::default(),
+            principals: RwLock::default(),
         }
+    }
+
+    /// Sets the principal rules (see [`PrincipalRule`]); empty: any principal.
+    pub fn require_principals(&self, rules: Vec<PrincipalRule>) {
+        *self.principals.write().expect("not poisoned") = rules;
     }
 
     /// Verifies `token` for `lock` (P4): signature by a trusted key, then the lock.
@@ -64,6 +118,15 @@ impl Verifier {
                 actual: claims.lock,
             });
         }
+        let rules = self.principals.read().expect("not poisoned");
+        let mut covering = rules.iter().filter(|rule| rule.covers(lock)).peekable();
+        if covering.peek().is_some() && !covering.any(|rule| rule.admits(&claims.principal)) {
+            return Err(TokenError::WrongPrincipal {
+                lock: lock.clone(),
+                principal: claims.principal,
+            });
+        }
+        drop(rules);
         Ok(claims)
     }
 
@@ -103,9 +166,46 @@ impl Verifier {
 
 #[cfg(test)]
 mod tests {
-    use palisade_core::{Epoch, HolderId, LeaseId, TokenSigner};
+    use palisade_core::{Epoch, HolderId, TokenSigner};
 
     use super::*;
+
+    #[test]
+    fn p4_a_valid_token_of_the_wrong_principal_is_refused_where_a_rule_covers_the_lock() {
+        let signer = TokenSigner::from_secret_bytes(&[1; 32]);
+        let holder = HolderId::new("h").unwrap();
+        let verifier = Verifier::new(TokenVerifier::new([signer.verifying_key()]));
+        verifier.require_principals(vec![
+            PrincipalRule::parse("billing/=billing").unwrap(),
+            PrincipalRule::parse("billing/=ops-*").unwrap(),
+        ]);
+        let billing = LockName::new("billing/7").unwrap();
+        let other = LockName::new("reports/7").unwrap();
+        let token = |lock: &LockName, principal: &str| {
+            signer.sign(
+                lock,
+                Epoch(9),
+                &holder,
+                &Principal::new(principal).unwrap(),
+                0,
+            )
+        };
+        assert!(verifier
+            .verify(&token(&billing, "billing"), &billing)
+            .is_ok());
+        assert!(verifier
+            .verify(&token(&billing, "ops-oncall"), &billing)
+            .is_ok());
+        assert!(matches!(
+            verifier.verify(&token(&billing, "orders"), &billing),
+            Err(TokenError::WrongPrincipal { .. })
+        ));
+        // A cached token is checked again (the rules may change while it is cached).
+        assert!(verifier.verify(&token(&other, "orders"), &other).is_ok());
+        assert!(PrincipalRule::parse("no-equals").is_err());
+        assert!(PrincipalRule::parse("a=bad principal").is_err());
+        assert!(PrincipalRule::parse("*=*").is_ok());
+    }
 
     #[test]
     fn p4_a_cached_token_is_still_checked_for_its_lock_and_forgotten_with_its_key() {
@@ -113,7 +213,7 @@ mod tests {
         let lock = LockName::new("a").unwrap();
         let other = LockName::new("b").unwrap();
         let holder = HolderId::new("h").unwrap();
-        let token = signer.sign(&lock, Epoch(3), LeaseId(3), &holder, 0);
+        let token = signer.sign(&lock, Epoch(3), &holder, &Principal::anonymous(), 0);
         let verifier = Verifier::new(TokenVerifier::new([signer.verifying_key()]));
         assert_eq!(verifier.verify(&token, &lock).unwrap().epoch, Epoch(3));
         assert!(matches!(
@@ -134,7 +234,8 @@ mod tests {
         // cached and the token of the removed key kept being accepted.
         let signer = TokenSigner::from_secret_bytes(&[1; 32]);
         let lock = LockName::new("a").unwrap();
-        let token = signer.sign(&lock, Epoch(3), LeaseId(3), &HolderId::new("h").unwrap(), 0);
+        let holder = HolderId::new("h").unwrap();
+        let token = signer.sign(&lock, Epoch(3), &holder, &Principal::anonymous(), 0);
         let old_keys = TokenVerifier::new([signer.verifying_key()]);
         let verifier = Verifier::new(TokenVerifier::new([signer.verifying_key()]));
         let started_in = verifier.verified.lock().unwrap().generation;

@@ -46,6 +46,8 @@ pub struct ResourceConfig {
     pub mode: FenceMode,
     /// Where trusted keys come from.
     pub keys: KeySource,
+    /// Which principals' tokens are accepted for which locks (empty: any principal).
+    pub principals: Vec<palisade_fence::PrincipalRule>,
 }
 
 /// Why the resource server could not start.
@@ -91,6 +93,7 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
     std::fs::create_dir_all(&config.data_dir)
         .map_err(io(format!("data directory {}", config.data_dir.display())))?;
     let verifier = Arc::new(Verifier::default());
+    verifier.require_principals(config.principals.clone());
     let keys = keys::KeyRing::new(config.keys.clone(), verifier.clone());
     keys.load_initial().await?;
     let store = RedbFence::open(&config.data_dir.join(STORE_FILE), config.mode, verifier)?;

@@ -133,6 +133,7 @@ async fn fuzz(mode: FenceMode) {
         data_dir: dir.path().join("coordinator"),
         listen: "127.0.0.1:0".parse().unwrap(),
         cluster: None,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -142,6 +143,7 @@ async fn fuzz(mode: FenceMode) {
         listen: "127.0.0.1:0".parse().unwrap(),
         mode,
         keys: KeySource::Coordinator(coordinator_url.clone()),
+        principals: Vec::new(),
     })
     .await
     .unwrap();

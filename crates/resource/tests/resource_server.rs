@@ -28,6 +28,7 @@ async fn start_resource(
         listen: "127.0.0.1:0".parse().unwrap(),
         mode,
         keys,
+        principals: Vec::new(),
     };
     palisade_resource::start(config).await.unwrap()
 }
@@ -37,6 +38,7 @@ async fn start_coordinator(dir: &std::path::Path, listen: SocketAddr) -> Running
         data_dir: dir.join("coordinator"),
         listen,
         cluster: None,
+        ..Default::default()
     };
     palisade_server::start(config).await.unwrap()
 }
@@ -63,7 +65,7 @@ impl Fixture {
     }
 
     /// Acquires `lock` (releasing `previous` first) and returns (epoch, token, lease id).
-    async fn acquire(&self, lock: &str, previous: Option<u64>) -> (u64, String, u64) {
+    async fn acquire(&self, lock: &str, previous: Option<String>) -> (u64, String, String) {
         if let Some(lease) = previous {
             let url = format!("{}/v1/leases/{lease}/release", self.coordinator_url);
             self.http.post(url).send().await.unwrap();
@@ -87,7 +89,7 @@ impl Fixture {
         (
             grant["epoch"].as_u64().unwrap(),
             token,
-            grant["lease_id"].as_u64().unwrap(),
+            grant["lease_id"].as_str().unwrap().to_owned(),
         )
     }
 
@@ -411,6 +413,7 @@ async fn a_store_refuses_to_reopen_in_another_mode() {
         listen: "127.0.0.1:0".parse().unwrap(),
         mode: FenceMode::Activated,
         keys,
+        principals: Vec::new(),
     };
     let error = palisade_resource::start(config)
         .await

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use palisade_core::token::encode_public_key;
-use palisade_core::{AcquireRequest, Lease, LeaseId, TokenSigner};
+use palisade_core::{AcquireRequest, Lease, LeaseId, Principal, TokenSigner};
 
 use crate::cluster::{NodeId, RaftNode};
 use crate::engine::CoordinatorError;
@@ -42,6 +42,8 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     /// In cluster mode: this member.
     pub cluster: Option<ClusterMember>,
+    /// Who may do what.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 /// A cluster member, for `/v1/cluster` and `/v1/keys`.
@@ -69,9 +71,13 @@ impl Api {
         Ok(Grant { lease, token })
     }
 
-    /// Renews a lease.
-    pub async fn renew(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
-        self.coordinator.renew(id).await
+    /// Renews a lease on behalf of `by` (`None`: an admin).
+    pub async fn renew(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.coordinator.renew(id, by).await
     }
 
     /// The token of a lease.
@@ -82,8 +88,8 @@ impl Api {
         self.signer.sign(
             &lease.lock,
             lease.epoch,
-            lease.id,
             &lease.holder,
+            &lease.principal,
             issued_at_ms,
         )
     }

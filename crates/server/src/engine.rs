@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use palisade_core::{
     AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseId, LeaseTable,
-    LockName, LockSummary, WaiterId,
+    LockName, LockSummary, Principal, WaiterId,
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -126,8 +126,8 @@ type Reply<T> = oneshot::Sender<Result<T, CoordinatorError>>;
 
 enum Request {
     Acquire(AcquireRequest, Reply<Lease>),
-    Renew(LeaseId, Reply<Lease>),
-    Release(LeaseId, Reply<Lease>),
+    Renew(LeaseId, Option<Principal>, Reply<Lease>),
+    Release(LeaseId, Option<Principal>, Reply<Lease>),
     Describe(LockName, Reply<LockSummary>),
     List(usize, Reply<Vec<LockSummary>>),
 }
@@ -146,14 +146,23 @@ impl CoordinatorHandle {
         self.call(|reply| Request::Acquire(request, reply)).await
     }
 
-    /// Renews a lease by its full TTL (durably).
-    pub async fn renew(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
-        self.call(|reply| Request::Renew(id, reply)).await
+    /// Renews a lease by its full TTL (durably). `by`: the principal that asks, which must
+    /// hold the lease; `None` for an admin.
+    pub async fn renew(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Renew(id, by, reply)).await
     }
 
-    /// Releases a lease (durably) and returns it.
-    pub async fn release(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
-        self.call(|reply| Request::Release(id, reply)).await
+    /// Releases a lease (durably) and returns it. `by` as for [`renew`](Self::renew).
+    pub async fn release(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Release(id, by, reply)).await
     }
 
     /// The durable state of one lock.
@@ -240,7 +249,8 @@ pub fn start_with<S: LeaseStore>(
 > {
     let durable = store.load()?;
     let start = Instant::now();
-    let table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
+    let mut table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
+    table.set_lease_secret(crate::cluster::runtime::lease_secret());
     tracing::info!(
         last_epoch = %table.last_epoch(),
         leases = table.lease_count(),
@@ -425,16 +435,16 @@ impl<S: LeaseStore> Engine<S> {
                 }
                 Err(error) => Some(Box::new(Answer(reply, Err(error.into())))),
             },
-            Request::Renew(id, reply) => {
-                let result = self.table.renew(id, now);
+            Request::Renew(id, by, reply) => {
+                let result = self.table.renew(id, by.as_ref(), now);
                 match &result {
                     Ok(_) => self.metrics.leases_renewed.inc(),
                     Err(_) => self.metrics.renewal_failures.inc(),
                 };
                 Some(Box::new(Answer(reply, result.map_err(Into::into))))
             }
-            Request::Release(id, reply) => {
-                let result = self.table.release(id, now).map(|o| o.released);
+            Request::Release(id, by, reply) => {
+                let result = self.table.release(id, by.as_ref(), now).map(|o| o.released);
                 Some(Box::new(Answer(reply, result.map_err(Into::into))))
             }
             Request::Describe(lock, reply) => {
@@ -487,7 +497,7 @@ impl<S: LeaseStore> Engine<S> {
                         self.waiting.remove(waiter);
                         vanished.insert(lease.id);
                         self.table
-                            .release(lease.id, now)
+                            .release(lease.id, None, now)
                             .expect("the lease was just granted");
                     }
                 }

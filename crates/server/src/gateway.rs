@@ -5,7 +5,7 @@
 //! quorum behind it (see `cluster::supervisor`); every other moment the gateway refuses,
 //! naming the leader when it knows one, so that **no follower ever grants**.
 
-use palisade_core::{AcquireRequest, Lease, LeaseId, LockName, LockSummary};
+use palisade_core::{AcquireRequest, Lease, LeaseId, LockName, LockSummary, Principal};
 use tokio::sync::{broadcast, watch};
 
 use crate::engine::{CoordinatorError, CoordinatorHandle, LeaderHint, Transition, WATCH_BUFFER};
@@ -70,13 +70,21 @@ impl Gateway {
     }
 
     /// See [`CoordinatorHandle::renew`].
-    pub async fn renew(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
-        self.engine()?.renew(id).await
+    pub async fn renew(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.engine()?.renew(id, by).await
     }
 
     /// See [`CoordinatorHandle::release`].
-    pub async fn release(&self, id: LeaseId) -> Result<Lease, CoordinatorError> {
-        self.engine()?.release(id).await
+    pub async fn release(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.engine()?.release(id, by).await
     }
 
     /// See [`CoordinatorHandle::describe`].

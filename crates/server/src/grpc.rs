@@ -14,6 +14,7 @@ use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::Api;
+use crate::auth::{Caller, Denied, Right};
 use crate::engine::{CoordinatorError, TransitionKind, MAX_LIST};
 
 /// Responses buffered per keepalive or watch stream before the server waits for the client.
@@ -47,6 +48,7 @@ fn status(error: CoordinatorError) -> Status {
             Status::resource_exhausted(message)
         }
         CoordinatorError::Lease(LeaseError::UnknownLease(_)) => Status::not_found(message),
+        CoordinatorError::Lease(LeaseError::NotHolder(_)) => Status::permission_denied(message),
         CoordinatorError::Lease(_) => Status::invalid_argument(message),
         CoordinatorError::Unavailable(_) => Status::unavailable(message),
         CoordinatorError::NotLeader { leader } => {
@@ -56,6 +58,29 @@ fn status(error: CoordinatorError) -> Status {
             }
             status
         }
+    }
+}
+
+fn denied(denied: Denied) -> Status {
+    match denied {
+        Denied::Unauthenticated(message) => Status::unauthenticated(message),
+        denied @ Denied::PermissionDenied { .. } => Status::permission_denied(denied.to_string()),
+    }
+}
+
+fn lease_id(text: &str) -> Result<LeaseId, Status> {
+    text.parse()
+        .map_err(|e: palisade_core::InvalidInput| Status::invalid_argument(e.0))
+}
+
+impl GrpcApi {
+    /// The caller of `request`, from its `authorization` metadata.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .map(|value| value.as_bytes());
+        self.api.auth.authenticate(authorization).map_err(denied)
     }
 }
 
@@ -80,8 +105,8 @@ fn lock_name(name: String) -> Result<LockName, Status> {
     LockName::new(name).map_err(|e| Status::invalid_argument(e.0))
 }
 
-/// The proto form of a lock's state.
-pub fn lock_info(summary: &LockSummary) -> pb::LockInfo {
+/// The proto form of a lock's state, as `caller` may see it.
+pub fn lock_info(summary: &LockSummary, caller: &Caller) -> pb::LockInfo {
     let mut info = pb::LockInfo {
         lock: summary.lock.to_string(),
         remaining_ms: summary.remaining_ms,
@@ -89,16 +114,19 @@ pub fn lock_info(summary: &LockSummary) -> pb::LockInfo {
         ..Default::default()
     };
     if let Some(lease) = &summary.lease {
-        fill_lease(&mut info, lease);
+        fill_lease(&mut info, lease, caller);
     }
     info
 }
 
-fn fill_lease(info: &mut pb::LockInfo, lease: &Lease) {
+fn fill_lease(info: &mut pb::LockInfo, lease: &Lease, caller: &Caller) {
     info.held = true;
     info.epoch = lease.epoch.0;
-    info.lease_id = lease.id.0;
+    if caller.sees_lease_id(lease) {
+        info.lease_id = lease.id.to_string();
+    }
     info.holder = lease.holder.to_string();
+    info.principal = lease.principal.to_string();
     info.ttl_ms = lease.ttl_ms;
     info.class = class_to_proto(lease.class);
 }
@@ -109,15 +137,21 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let caller = self.caller(&request)?;
         let request = request.into_inner();
+        let lock = lock_name(request.lock)?;
+        caller
+            .require(Right::Acquire, Some(&lock))
+            .map_err(denied)?;
         let holder = if request.holder.is_empty() {
             DEFAULT_HOLDER.to_owned()
         } else {
             request.holder
         };
         let acquire = AcquireRequest {
-            lock: lock_name(request.lock)?,
+            lock,
             holder: HolderId::new(holder).map_err(|e| Status::invalid_argument(e.0))?,
+            principal: caller.principal().clone(),
             ttl_ms: request.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
             wait_ms: request.wait_ms,
             class: class_from_proto(request.class)?,
@@ -135,11 +169,12 @@ impl Coordinator for GrpcApi {
         Ok(Response::new(pb::AcquireResponse {
             lock: lease.lock.to_string(),
             epoch: lease.epoch.0,
-            lease_id: lease.id.0,
+            lease_id: lease.id.to_string(),
             ttl_ms: lease.ttl_ms,
             holder: lease.holder.to_string(),
             token: grant.token,
             class: class_to_proto(lease.class),
+            principal: lease.principal.to_string(),
         }))
     }
 
@@ -147,9 +182,11 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let id = lease_id(&request.into_inner().lease_id)?;
         let lease = self
             .api
-            .renew(LeaseId(request.into_inner().lease_id))
+            .renew(id, caller.lease_actor())
             .await
             .map_err(status)?;
         Ok(Response::new(renew_response(&lease)))
@@ -159,10 +196,16 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let id = LeaseId(request.into_inner().lease_id);
-        let lease = self.api.coordinator.release(id).await.map_err(status)?;
+        let caller = self.caller(&request)?;
+        let id = lease_id(&request.into_inner().lease_id)?;
+        let lease = self
+            .api
+            .coordinator
+            .release(id, caller.lease_actor())
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::ReleaseResponse {
-            lease_id: lease.id.0,
+            lease_id: lease.id.to_string(),
         }))
     }
 
@@ -172,17 +215,21 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<Streaming<pb::RenewRequest>>,
     ) -> Result<Response<Self::KeepaliveStream>, Status> {
+        let actor = self.caller(&request)?.lease_actor();
         let mut inbound = request.into_inner();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let api = self.api.clone();
         tokio::spawn(async move {
             while let Some(message) = inbound.next().await {
                 let reply = match message {
-                    Ok(renew) => api.renew(LeaseId(renew.lease_id)).await,
+                    Ok(renew) => match lease_id(&renew.lease_id) {
+                        Ok(id) => api.renew(id, actor.clone()).await.map_err(status),
+                        Err(bad) => Err(bad),
+                    },
                     Err(_) => break, // the client went away
                 };
                 let failed = reply.is_err();
-                let reply = reply.map(|lease| renew_response(&lease)).map_err(status);
+                let reply = reply.map(|lease| renew_response(&lease));
                 if sender.send(reply).await.is_err() || failed {
                     break;
                 }
@@ -195,18 +242,25 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::LockInfo>, Status> {
+        let caller = self.caller(&request)?;
         let lock = lock_name(request.into_inner().lock)?;
+        caller.require(Right::Read, Some(&lock)).map_err(denied)?;
         let summary = self.api.coordinator.describe(lock).await.map_err(status)?;
-        Ok(Response::new(lock_info(&summary)))
+        Ok(Response::new(lock_info(&summary, &caller)))
     }
 
     async fn list(
         &self,
-        _request: Request<pb::ListRequest>,
+        request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
+        let caller = self.caller(&request)?;
         let locks = self.api.coordinator.list(MAX_LIST).await.map_err(status)?;
         Ok(Response::new(pb::ListResponse {
-            locks: locks.iter().map(lock_info).collect(),
+            locks: locks
+                .iter()
+                .filter(|summary| caller.can(Right::Read, Some(&summary.lock)))
+                .map(|summary| lock_info(summary, &caller))
+                .collect(),
         }))
     }
 
@@ -216,7 +270,9 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = self.caller(&request)?;
         let lock = lock_name(request.into_inner().lock)?;
+        caller.require(Right::Read, Some(&lock)).map_err(denied)?;
         // Subscribe before reading the current state, so no transition falls in between.
         let mut transitions = self.api.coordinator.subscribe();
         let current = self
@@ -228,7 +284,7 @@ impl Coordinator for GrpcApi {
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {
             let first = pb::LockEvent {
-                state: Some(lock_info(&current)),
+                state: Some(lock_info(&current, &caller)),
                 kind: "current".into(),
             };
             if sender.send(Ok(first)).await.is_err() {
@@ -247,12 +303,15 @@ impl Coordinator for GrpcApi {
                             ..Default::default()
                         };
                         if t.kind == TransitionKind::Granted {
-                            fill_lease(&mut state, &t.lease);
+                            fill_lease(&mut state, &t.lease, &caller);
                             state.remaining_ms = t.remaining_ms;
                         } else {
                             state.epoch = t.lease.epoch.0;
-                            state.lease_id = t.lease.id.0;
+                            if caller.sees_lease_id(&t.lease) {
+                                state.lease_id = t.lease.id.to_string();
+                            }
                             state.holder = t.lease.holder.to_string();
+                            state.principal = t.lease.principal.to_string();
                         }
                         Ok(pb::LockEvent {
                             state: Some(state),
@@ -293,7 +352,7 @@ impl Coordinator for GrpcApi {
 
 fn renew_response(lease: &Lease) -> pb::RenewResponse {
     pb::RenewResponse {
-        lease_id: lease.id.0,
+        lease_id: lease.id.to_string(),
         ttl_ms: lease.ttl_ms,
         epoch: lease.epoch.0,
     }

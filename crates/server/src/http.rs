@@ -3,7 +3,8 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::api::Api;
+use crate::auth::{Caller, Denied, Right};
 use crate::cluster::MembershipError;
 use crate::engine::{CoordinatorError, MAX_LIST};
 
@@ -91,6 +93,35 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<Denied> for ApiError {
+    fn from(denied: Denied) -> Self {
+        match denied {
+            Denied::Unauthenticated(message) => {
+                Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
+            }
+            denied @ Denied::PermissionDenied { .. } => Self::new(
+                StatusCode::FORBIDDEN,
+                "permission_denied",
+                denied.to_string(),
+            ),
+        }
+    }
+}
+
+/// Every handler that takes a [`Caller`] authenticates its request first: 401 on missing or
+/// unknown credentials, before the body is parsed.
+impl FromRequestParts<Api> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Api) -> Result<Self, ApiError> {
+        let authorization = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .map(|value| value.as_bytes());
+        Ok(api.auth.authenticate(authorization)?)
+    }
+}
+
 impl From<InvalidInput> for ApiError {
     fn from(error: InvalidInput) -> Self {
         Self::bad_request(error.0)
@@ -111,6 +142,9 @@ impl From<CoordinatorError> for ApiError {
             }
             CoordinatorError::Lease(LeaseError::UnknownLease(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_lease")
+            }
+            CoordinatorError::Lease(LeaseError::NotHolder(_)) => {
+                (StatusCode::FORBIDDEN, "permission_denied")
             }
             CoordinatorError::Lease(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             CoordinatorError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -150,9 +184,10 @@ struct AcquireBody {
 struct AcquireReply {
     lock: LockName,
     epoch: u64,
-    lease_id: u64,
+    lease_id: String,
     ttl_ms: u64,
     holder: String,
+    principal: String,
     class: LockClass,
     token: String,
 }
@@ -162,22 +197,29 @@ struct LockReply {
     lock: LockName,
     held: bool,
     epoch: Option<u64>,
-    lease_id: Option<u64>,
+    /// Shown only to the lease's principal and to admins: the id is what renews and releases.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_id: Option<String>,
     holder: Option<String>,
+    principal: Option<String>,
     ttl_ms: Option<u64>,
     remaining_ms: u64,
     class: Option<LockClass>,
     waiters: usize,
 }
 
-impl From<LockSummary> for LockReply {
-    fn from(summary: LockSummary) -> Self {
+impl LockReply {
+    /// The lock as `caller` may see it.
+    fn new(summary: LockSummary, caller: &Caller) -> Self {
         let lease = summary.lease.as_ref();
         Self {
             held: lease.is_some(),
             epoch: lease.map(|l| l.epoch.0),
-            lease_id: lease.map(|l| l.id.0),
+            lease_id: lease
+                .filter(|l| caller.sees_lease_id(l))
+                .map(|l| l.id.to_string()),
             holder: lease.map(|l| l.holder.to_string()),
+            principal: lease.map(|l| l.principal.to_string()),
             ttl_ms: lease.map(|l| l.ttl_ms),
             class: lease.map(|l| l.class),
             remaining_ms: summary.remaining_ms,
@@ -187,8 +229,9 @@ impl From<LockSummary> for LockReply {
     }
 }
 
-fn parse_acquire(name: String, body: &[u8]) -> Result<AcquireRequest, ApiError> {
+fn parse_acquire(name: String, body: &[u8], caller: &Caller) -> Result<AcquireRequest, ApiError> {
     let lock = LockName::new(name)?;
+    caller.require(Right::Acquire, Some(&lock))?;
     let body: AcquireBody = if body.iter().all(u8::is_ascii_whitespace) {
         AcquireBody::default()
     } else {
@@ -198,6 +241,7 @@ fn parse_acquire(name: String, body: &[u8]) -> Result<AcquireRequest, ApiError> 
     Ok(AcquireRequest {
         lock,
         holder: HolderId::new(body.holder.unwrap_or_else(|| DEFAULT_HOLDER.into()))?,
+        principal: caller.principal().clone(),
         ttl_ms: body.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
         wait_ms: body.wait_ms.unwrap_or(0),
         class: body
@@ -209,25 +253,25 @@ fn parse_acquire(name: String, body: &[u8]) -> Result<AcquireRequest, ApiError> 
 }
 
 fn parse_lease_id(id: &str) -> Result<LeaseId, ApiError> {
-    id.parse()
-        .map(LeaseId)
-        .map_err(|_| ApiError::bad_request(format!("lease id {id:?} is not a number")))
+    Ok(id.parse::<LeaseId>()?)
 }
 
 async fn acquire(
     State(api): State<Api>,
+    caller: Caller,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AcquireReply>, ApiError> {
-    let request = parse_acquire(name, &body?)?;
+    let request = parse_acquire(name, &body?, &caller)?;
     let grant = api.acquire(request).await?;
     let lease = grant.lease;
     Ok(Json(AcquireReply {
         lock: lease.lock,
         epoch: lease.epoch.0,
-        lease_id: lease.id.0,
+        lease_id: lease.id.to_string(),
         ttl_ms: lease.ttl_ms,
         holder: lease.holder.to_string(),
+        principal: lease.principal.to_string(),
         class: lease.class,
         token: grant.token,
     }))
@@ -235,11 +279,14 @@ async fn acquire(
 
 async fn renew(
     State(api): State<Api>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let lease = api.renew(parse_lease_id(&id)?).await?;
+    let lease = api
+        .renew(parse_lease_id(&id)?, caller.lease_actor())
+        .await?;
     Ok(Json(json!({
-        "lease_id": lease.id.0,
+        "lease_id": lease.id,
         "lock": lease.lock,
         "epoch": lease.epoch.0,
         "ttl_ms": lease.ttl_ms,
@@ -248,30 +295,45 @@ async fn renew(
 
 async fn release(
     State(api): State<Api>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let lease = api.coordinator.release(parse_lease_id(&id)?).await?;
+    let lease = api
+        .coordinator
+        .release(parse_lease_id(&id)?, caller.lease_actor())
+        .await?;
     Ok(Json(json!({
-        "lease_id": lease.id.0,
+        "lease_id": lease.id,
         "lock": lease.lock,
         "epoch": lease.epoch.0,
         "released": true,
     })))
 }
 
-async fn list_locks(State(api): State<Api>) -> Result<Json<serde_json::Value>, ApiError> {
+/// `GET /v1/locks`: the locks the caller may read.
+async fn list_locks(
+    State(api): State<Api>,
+    caller: Caller,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let locks = api.coordinator.list(MAX_LIST).await?;
     let truncated = locks.len() >= MAX_LIST;
-    let locks: Vec<LockReply> = locks.into_iter().map(Into::into).collect();
+    let locks: Vec<LockReply> = locks
+        .into_iter()
+        .filter(|summary| caller.can(Right::Read, Some(&summary.lock)))
+        .map(|summary| LockReply::new(summary, &caller))
+        .collect();
     Ok(Json(json!({"locks": locks, "truncated": truncated})))
 }
 
 async fn show_lock(
     State(api): State<Api>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<LockReply>, ApiError> {
     let lock = LockName::new(name)?;
-    Ok(Json(api.coordinator.describe(lock).await?.into()))
+    caller.require(Right::Read, Some(&lock))?;
+    let summary = api.coordinator.describe(lock).await?;
+    Ok(Json(LockReply::new(summary, &caller)))
 }
 
 async fn keys(State(api): State<Api>) -> Json<serde_json::Value> {
@@ -303,8 +365,8 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
 }
 
 /// `GET /v1/cluster`: this node's view (a single node reports itself as a one-member cluster
-/// with `"mode": "single"`).
-async fn cluster_status(State(api): State<Api>) -> Json<serde_json::Value> {
+/// with `"mode": "single"`). Any authenticated caller may read it.
+async fn cluster_status(State(api): State<Api>, _caller: Caller) -> Json<serde_json::Value> {
     match &api.cluster {
         Some(member) => {
             let status = crate::cluster::node_status(&member.raft, api.coordinator.is_ready());
@@ -374,8 +436,10 @@ fn membership_error(error: MembershipError) -> ApiError {
 /// it a voter. One change at a time.
 async fn add_member(
     State(api): State<Api>,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require(Right::Admin, None)?;
     let member = cluster_member(&api)?;
     let body: AddMemberBody = serde_json::from_slice(&body?)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
@@ -391,8 +455,10 @@ async fn add_member(
 /// `DELETE /v1/cluster/members/{id}`: removes a member (voter or learner).
 async fn remove_member(
     State(api): State<Api>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require(Right::Admin, None)?;
     let member = cluster_member(&api)?;
     let id: u64 = id
         .parse()

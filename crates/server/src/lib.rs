@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod auth;
 pub mod cluster;
 pub mod engine;
 pub mod gateway;
@@ -54,6 +55,10 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Cluster mode: this member and its peers. `None`: a single node.
     pub cluster: Option<ClusterConfig>,
+    /// Who may do what ([`auth::Auth::open`]: everyone, everything — loopback only).
+    pub auth: Arc<auth::Auth>,
+    /// Serve without authentication on a non-loopback address (`--insecure`).
+    pub insecure: bool,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +67,8 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             listen: DEFAULT_LISTEN.parse().expect("a valid default address"),
             cluster: None,
+            auth: Arc::new(auth::Auth::open()),
+            insecure: false,
         }
     }
 }
@@ -77,6 +84,17 @@ pub enum ServerError {
         context: String,
         /// The I/O error.
         source: io::Error,
+    },
+    /// No authentication is configured and the listen address is reachable from other
+    /// machines.
+    #[error(
+        "{listen} is not a loopback address and no authentication is configured: anyone who \
+         can reach it could acquire, release or reconfigure. Give --auth-file and --acl-file \
+         (see docs/security.md), listen on 127.0.0.1, or accept the risk with --insecure"
+    )]
+    Unauthenticated {
+        /// The listen address.
+        listen: SocketAddr,
     },
     /// The signing key could not be loaded or created.
     #[error(transparent)]
@@ -171,6 +189,17 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
 
 /// Opens the data directory and starts serving.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    if !config.auth.is_enabled() && !config.listen.ip().is_loopback() {
+        if !config.insecure {
+            return Err(ServerError::Unauthenticated {
+                listen: config.listen,
+            });
+        }
+        tracing::warn!(
+            listen = %config.listen,
+            "--insecure: serving WITHOUT authentication on a non-loopback address"
+        );
+    }
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
     create_store_before_key(dir, config.cluster.is_some())?;
@@ -178,12 +207,13 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
-    let (api, raft_service, core) = match &config.cluster {
+    let (mut api, raft_service, core) = match &config.cluster {
         None => start_single(dir, signer, metrics, shutdown_signal.clone())?,
         Some(cluster) => {
             start_cluster(cluster, dir, signer, metrics, shutdown_signal.clone()).await?
         }
     };
+    api.auth = config.auth.clone();
     serve(&config, api, raft_service, core, shutdown, shutdown_signal).await
 }
 
@@ -213,6 +243,7 @@ fn start_single(
         signer,
         metrics,
         cluster: None,
+        auth: Arc::new(auth::Auth::open()),
     };
     let core: Core = Box::pin(async move {
         // The engine ends on shutdown or on a storage failure.
@@ -245,6 +276,7 @@ async fn start_cluster(
             state: member.state,
             changes: member.changes,
         }),
+        auth: Arc::new(auth::Auth::open()),
     };
     let raft = member.raft.clone();
     let supervisor = member.supervisor;

@@ -7,7 +7,9 @@
 
 use std::path::Path;
 
-use palisade_core::{Changes, Epoch, HolderId, Lease, LeaseId, LockClass, LockName, RequestId};
+use palisade_core::{
+    Changes, Epoch, HolderId, Lease, LeaseId, LockClass, LockName, Principal, RequestId,
+};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -139,14 +141,26 @@ impl LeaseStore for MemoryLeaseStore {
 
 #[derive(Serialize, Deserialize)]
 struct LeaseRecord {
-    id: u64,
+    id: RecordId,
     holder: String,
+    /// Absent in records written before principals existed: `anonymous`.
+    #[serde(default)]
+    principal: Principal,
     epoch: u64,
     ttl_ms: u64,
     class: LockClass,
     /// Absent in records written before request ids existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     request_id: Option<String>,
+}
+
+/// A lease id as stored: 32 hex digits, or (records written before ids were random) the
+/// epoch's number. An old lease keeps its old id until it ends.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum RecordId {
+    Random(LeaseId),
+    Sequential(u64),
 }
 
 /// [`LeaseStore`] over a redb file with `Durability::Immediate` commits.
@@ -239,8 +253,9 @@ impl LeaseStore for RedbLeaseStore {
 
 fn encode_lease(lease: &Lease) -> Vec<u8> {
     let record = LeaseRecord {
-        id: lease.id.0,
+        id: RecordId::Random(lease.id),
         holder: lease.holder.as_str().to_owned(),
+        principal: lease.principal.clone(),
         epoch: lease.epoch.0,
         ttl_ms: lease.ttl_ms,
         class: lease.class,
@@ -253,9 +268,13 @@ fn decode_lease(lock: &str, bytes: &[u8]) -> Result<Lease, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("lease of lock {lock:?}: {what}"));
     let record: LeaseRecord = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
     Ok(Lease {
-        id: LeaseId(record.id),
+        id: match record.id {
+            RecordId::Random(id) => id,
+            RecordId::Sequential(id) => LeaseId(u128::from(id)),
+        },
         lock: LockName::new(lock).map_err(|e| corrupt(e.0))?,
         holder: HolderId::new(record.holder).map_err(|e| corrupt(e.0))?,
+        principal: record.principal,
         epoch: Epoch(record.epoch),
         ttl_ms: record.ttl_ms,
         class: record.class,
@@ -325,7 +344,8 @@ mod tests {
 
     fn lease(lock: &str, epoch: u64) -> Lease {
         Lease {
-            id: LeaseId(epoch),
+            id: LeaseId(u128::from(epoch)),
+            principal: palisade_core::Principal::anonymous(),
             lock: LockName::new(lock).unwrap(),
             holder: HolderId::new("h").unwrap(),
             epoch: Epoch(epoch),

@@ -57,9 +57,11 @@ pub async fn commit<S: LeaseStore>(store: &mut S, changes: &Changes) -> Result<(
 /// restarts every lease's expiry; none may expire during a case).
 pub fn lease(lock: &str, epoch: u64) -> Lease {
     Lease {
-        id: LeaseId(epoch),
+        // Distinct from the epoch's value, so a store that mixes the two up is caught.
+        id: LeaseId(u128::from(epoch) << 64 | 0xfeed),
         lock: LockName::new(lock).expect("a valid lock name"),
         holder: HolderId::new(format!("holder-{epoch}")).expect("a valid holder"),
+        principal: palisade_core::Principal::new(format!("svc-{epoch}")).expect("valid"),
         epoch: Epoch(epoch),
         ttl_ms: 3_600_000,
         class: LockClass::Critical,

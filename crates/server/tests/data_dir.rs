@@ -8,6 +8,7 @@ fn config(dir: &std::path::Path) -> ServerConfig {
         data_dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
         cluster: None,
+        ..Default::default()
     }
 }
 

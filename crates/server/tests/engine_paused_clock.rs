@@ -16,6 +16,7 @@ fn request(lock: &str, holder: &str, ttl_ms: u64, wait_ms: u64) -> AcquireReques
     AcquireRequest {
         lock: LockName::new(lock).unwrap(),
         holder: HolderId::new(holder).unwrap(),
+        principal: palisade_core::Principal::anonymous(),
         ttl_ms,
         wait_ms,
         class: LockClass::Critical,
@@ -51,7 +52,7 @@ async fn a_lease_lasts_at_least_its_ttl_and_expires_after_it() {
         .await
         .unwrap();
     sleep(Duration::from_millis(999)).await;
-    coordinator.renew(lease.id).await.unwrap();
+    coordinator.renew(lease.id, None).await.unwrap();
     sleep(Duration::from_millis(999)).await;
     assert!(coordinator
         .describe(lease.lock.clone())
@@ -61,7 +62,7 @@ async fn a_lease_lasts_at_least_its_ttl_and_expires_after_it() {
         .is_some());
     sleep(Duration::from_millis(2)).await;
     assert_eq!(
-        coordinator.renew(lease.id).await,
+        coordinator.renew(lease.id, None).await,
         Err(CoordinatorError::Lease(LeaseError::UnknownLease(lease.id)))
     );
     // The expiry is durable: nothing of the lease is left in the store.
@@ -84,7 +85,7 @@ async fn p1_a_waiter_gets_the_lock_with_a_higher_epoch_when_it_is_released() {
         })
     };
     sleep(Duration::from_millis(100)).await;
-    coordinator.release(first.id).await.unwrap();
+    coordinator.release(first.id, None).await.unwrap();
     let second = waiting.await.unwrap().unwrap();
     assert!(second.epoch > first.epoch);
     assert_eq!(second.holder.as_str(), "b");
@@ -103,7 +104,11 @@ async fn p1_an_expired_holder_hands_over_to_the_waiter() {
         .unwrap();
     assert!(second.epoch > first.epoch);
     assert_eq!(
-        coordinator.renew(first.id).await.unwrap_err().to_string(),
+        coordinator
+            .renew(first.id, None)
+            .await
+            .unwrap_err()
+            .to_string(),
         { format!("lease {} is unknown, released or expired", first.id) }
     );
 }
@@ -150,7 +155,7 @@ async fn an_abandoned_wait_does_not_receive_the_lock() {
     sleep(Duration::from_millis(10)).await;
     abandoned.abort();
     sleep(Duration::from_millis(10)).await;
-    coordinator.release(first.id).await.unwrap();
+    coordinator.release(first.id, None).await.unwrap();
     let granted = patient.await.unwrap().unwrap();
     assert_eq!(granted.holder.as_str(), "c");
 }
@@ -169,7 +174,7 @@ async fn p1_p8_a_restart_keeps_acknowledged_state_and_restarts_ttls_in_full() {
         .acquire(request("r/2", "b", 1_000, 0))
         .await
         .unwrap();
-    running.handle.release(released.id).await.unwrap();
+    running.handle.release(released.id, None).await.unwrap();
     sleep(Duration::from_millis(900)).await;
     running.stop().await;
 

@@ -125,6 +125,7 @@ fn p1_p8_arbitrary_http_requests_get_json_answers_and_never_stop_the_coordinator
             data_dir: dir.path().join("data"),
             listen: "127.0.0.1:0".parse().unwrap(),
             cluster: None,
+            ..Default::default()
         }))
         .unwrap();
     let base = format!("http://{}", server.local_addr);

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use palisade_core::{
     AcquireOutcome, AcquireRequest, Epoch, HolderId, Lease, LeaseId, LeaseTable, LockClass,
-    LockName, TokenSigner, TokenVerifier,
+    LockName, Principal, TokenSigner, TokenVerifier,
 };
 use palisade_fence::conformance::alter_epoch;
 use palisade_fence::rules;
@@ -310,13 +310,13 @@ impl World {
             let epoch = self.coordinator.table.last_epoch().0 + 1;
             let genuine = self
                 .signer
-                .sign(name, Epoch(epoch), LeaseId(epoch), &holder, 0);
+                .sign(name, Epoch(epoch), &holder, &Principal::anonymous(), 0);
             (alter_epoch(&genuine), epoch ^ 0x40)
         } else {
             let epoch = u64::MAX / 2;
             (
                 self.stranger
-                    .sign(name, Epoch(epoch), LeaseId(epoch), &holder, 0),
+                    .sign(name, Epoch(epoch), &holder, &Principal::anonymous(), 0),
                 epoch,
             )
         };
@@ -381,6 +381,7 @@ impl World {
                 let request = AcquireRequest {
                     lock: self.locks[lock].clone(),
                     holder: HolderId::new(format!("c{client}")).expect("valid"),
+                    principal: palisade_core::Principal::anonymous(),
                     ttl_ms,
                     wait_ms: 0,
                     class: LockClass::Critical,
@@ -403,8 +404,8 @@ impl World {
                         let token = self.signer.sign(
                             &lease.lock,
                             lease.epoch,
-                            lease.id,
                             &lease.holder,
+                            &lease.principal,
                             now,
                         );
                         let granted = Message::Granted {
@@ -420,7 +421,7 @@ impl World {
                 }
             }
             Message::Release { lease } => {
-                let _ = self.coordinator.table.release(lease, now);
+                let _ = self.coordinator.table.release(lease, None, now);
             }
             other => unreachable!("the coordinator receives no {other:?}"),
         }

@@ -95,9 +95,75 @@ impl ServerProcess {
             .args(args)
             .args(["--endpoint", &self.url])
             .env("RUST_LOG", "warn")
+            .env_remove("PALISADE_TOKEN")
             .output()
             .expect("run palisade")
     }
+
+    /// Runs `palisade ARGS --endpoint URL --token-file TOKEN_FILE`.
+    pub fn cli_as(&self, token_file: &Path, args: &[&str]) -> Output {
+        Command::new(BINARY)
+            .args(args)
+            .args(["--endpoint", &self.url])
+            .arg("--token-file")
+            .arg(token_file)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run palisade")
+    }
+
+    /// Sends one HTTP/1.1 request (`Connection: close`) and returns the status and the body.
+    pub fn http(
+        &self,
+        method: &str,
+        path: &str,
+        bearer: Option<&str>,
+        body: &str,
+    ) -> (u16, String) {
+        http_request(
+            self.url.trim_start_matches("http://"),
+            method,
+            path,
+            bearer,
+            body,
+        )
+    }
+}
+
+/// One HTTP/1.1 request over a fresh loopback connection; the status and the body.
+pub fn http_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let auth = bearer.map_or(String::new(), |secret| {
+        format!("Authorization: Bearer {secret}\r\n")
+    });
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned());
+    (status, body)
 }
 
 impl Drop for ServerProcess {
@@ -116,6 +182,11 @@ pub struct ResourceProcess {
 impl ResourceProcess {
     /// Starts the reference store on an OS-chosen loopback port, trusting `coordinator`.
     pub fn start(data_dir: &Path, mode: &str, coordinator: &str) -> Self {
+        Self::start_with(data_dir, mode, coordinator, &[])
+    }
+
+    /// [`Self::start`] with more arguments for `resource serve`.
+    pub fn start_with(data_dir: &Path, mode: &str, coordinator: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(BINARY)
             .args([
                 "resource",
@@ -125,7 +196,9 @@ impl ResourceProcess {
                 "--mode",
                 mode,
             ])
-            .args(["--coordinator", coordinator, "--data-dir"])
+            .args(["--coordinator", coordinator])
+            .args(extra)
+            .arg("--data-dir")
             .arg(data_dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

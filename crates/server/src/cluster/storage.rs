@@ -715,7 +715,8 @@ mod tests {
         let locks = grant
             .map(|epoch| {
                 let lease = Lease {
-                    id: LeaseId(epoch),
+                    id: LeaseId(u128::from(epoch)),
+                    principal: palisade_core::Principal::anonymous(),
                     lock: lock.clone(),
                     holder: HolderId::new("h").unwrap(),
                     epoch: Epoch(epoch),

@@ -1,0 +1,356 @@
+//! The attacks of the trust-boundary review, tried with real processes against a coordinator
+//! that has principals and an ACL (and against the open default where it matters). Each test
+//! names the property it protects: P2 (an obsolete or foreign owner cannot act on a lease or
+//! write), P4 (no token a resource accepts is forged or misattributed), P8 (the cluster and its
+//! leases stay available to their owners).
+//!
+//! Before the change each of these was accepted: lease ids were the epochs (1, 2, 3, …),
+//! listed at `GET /v1/locks`, and any client could renew, release or change the membership.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{ResourceProcess, ServerProcess, BINARY};
+use serde_json::Value;
+
+/// A coordinator with principals `orders`, `billing`, `mallory`, `ops` and their secrets.
+struct Secured {
+    dir: tempfile::TempDir,
+    server: ServerProcess,
+}
+
+const ACL: &str = "\
+# principal right   prefix
+orders      acquire orders/
+orders      acquire billing/
+billing     acquire billing/
+mallory     acquire mallory/
+mallory     read    *
+ops         admin   *
+";
+
+impl Secured {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut lines = String::new();
+        for principal in ["orders", "billing", "mallory", "ops"] {
+            let out = run(&[
+                "auth",
+                "new",
+                principal,
+                "--secret-file",
+                dir.path().join(principal).to_str().unwrap(),
+            ]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            lines.push_str(&String::from_utf8(out.stdout).unwrap());
+        }
+        std::fs::write(dir.path().join("auth"), lines).unwrap();
+        std::fs::write(dir.path().join("acl"), ACL).unwrap();
+        let server = ServerProcess::start_with(
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--auth-file",
+                dir.path().join("auth").to_str().unwrap(),
+                "--acl-file",
+                dir.path().join("acl").to_str().unwrap(),
+            ],
+            &dir.path().join("data"),
+        );
+        Self { dir, server }
+    }
+
+    fn token_file(&self, principal: &str) -> PathBuf {
+        self.dir.path().join(principal)
+    }
+
+    fn secret(&self, principal: &str) -> String {
+        std::fs::read_to_string(self.token_file(principal))
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
+    fn cli(&self, principal: &str, args: &[&str]) -> Output {
+        self.server.cli_as(&self.token_file(principal), args)
+    }
+
+    /// `lock acquire NAME --json` as `principal`.
+    fn acquire(&self, principal: &str, lock: &str) -> Value {
+        let out = self.cli(
+            principal,
+            &["lock", "acquire", lock, "--ttl", "1m", "--json"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn http(&self, principal: Option<&str>, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let secret = principal.map(|p| self.secret(p));
+        let (status, body) = self.server.http(method, path, secret.as_deref(), body);
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or(Value::String(body)),
+        )
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    std::process::Command::new(BINARY)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn p2_a_principal_cannot_renew_or_release_another_principals_lease() {
+    let s = Secured::start();
+    let granted = s.acquire("orders", "orders/1");
+    let lease = granted["lease_id"].as_str().unwrap().to_owned();
+    assert_eq!(lease.len(), 32, "an opaque 128-bit id: {lease}");
+    assert_eq!(granted["principal"], "orders");
+
+    // Knowing the id is not enough: mallory is refused, by the CLI (gRPC) and by HTTP.
+    let out = s.cli("mallory", &["lock", "release", &lease]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    for action in ["renew", "release"] {
+        let (status, body) = s.http(
+            Some("mallory"),
+            "POST",
+            &format!("/v1/leases/{lease}/{action}"),
+            "",
+        );
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some("permission_denied")),
+            "{body}"
+        );
+    }
+    // The attack of the review: release ids 1..20. They are not lease ids any more, in either
+    // form.
+    for id in 1..=20u64 {
+        let (status, _) = s.http(
+            Some("mallory"),
+            "POST",
+            &format!("/v1/leases/{id}/release"),
+            "",
+        );
+        assert_eq!(status, 400, "id {id}");
+        let (status, _) = s.http(
+            Some("mallory"),
+            "POST",
+            &format!("/v1/leases/{id:032x}/release"),
+            "",
+        );
+        assert_eq!(status, 404, "id {id:032x}");
+    }
+    // A listing shows mallory (read on every lock) the lock and its principal, not the id.
+    let (status, list) = s.http(Some("mallory"), "GET", "/v1/locks", "");
+    assert_eq!(status, 200);
+    let listed = &list["locks"][0];
+    assert_eq!(
+        (listed["lock"].as_str(), listed["principal"].as_str()),
+        (Some("orders/1"), Some("orders"))
+    );
+    assert!(listed.get("lease_id").is_none(), "{list}");
+    let out = s.cli("mallory", &["lock", "show", "orders/1", "--json"]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&lease));
+
+    // The lease is untouched: its holder renews it; an admin sees its id and may end it.
+    assert!(s.cli("orders", &["lock", "renew", &lease]).status.success());
+    let (_, shown) = s.http(Some("ops"), "GET", "/v1/locks/orders%2F1", "");
+    assert_eq!(shown["lease_id"].as_str(), Some(lease.as_str()));
+    let out = s.cli("ops", &["lock", "release", &lease]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
+    let s = Secured::start();
+    // No credentials, or unknown ones: 401 on every lock and cluster route, as JSON.
+    for (method, path) in [
+        ("POST", "/v1/locks/orders%2F1/acquire"),
+        ("GET", "/v1/locks"),
+        ("GET", "/v1/locks/orders%2F1"),
+        ("GET", "/v1/cluster"),
+        ("POST", "/v1/cluster/members"),
+    ] {
+        let (status, body) = s.http(None, method, path, "{}");
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (401, Some("unauthenticated")),
+            "{path}: {body}"
+        );
+        let (status, _) = s.server.http(method, path, Some("not-a-secret"), "{}");
+        assert_eq!(status, 401, "{path}");
+    }
+    let out = s.server.cli(&["lock", "acquire", "orders/1"]);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(stderr(&out).contains("unauthenticated"), "{}", stderr(&out));
+    // What anyone may read: the public keys, health, readiness, metrics.
+    for path in ["/v1/keys", "/healthz", "/readyz", "/metrics"] {
+        assert_eq!(s.server.http("GET", path, None, "").0, 200, "{path}");
+    }
+    // Known, but without the right: 403, and nothing was granted.
+    let (status, body) = s.http(
+        Some("mallory"),
+        "POST",
+        "/v1/locks/orders%2F1/acquire",
+        "{}",
+    );
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("permission_denied")),
+        "{body}"
+    );
+    let (status, _) = s.http(Some("billing"), "GET", "/v1/locks/orders%2F1", "");
+    assert_eq!(status, 403);
+    let (_, list) = s.http(Some("ops"), "GET", "/v1/locks", "");
+    assert_eq!(list["locks"].as_array().map(Vec::len), Some(0), "{list}");
+    // The attack of the review: a client adding a dead voter. Only an admin may change the
+    // membership (this single node then says it is not a cluster).
+    let member = r#"{"id": 9, "addr": "127.0.0.1:1"}"#;
+    let (status, body) = s.http(Some("mallory"), "POST", "/v1/cluster/members", member);
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("permission_denied")),
+        "{body}"
+    );
+    let (status, _) = s.http(Some("orders"), "DELETE", "/v1/cluster/members/1", "");
+    assert_eq!(status, 403);
+    let (status, body) = s.http(Some("ops"), "POST", "/v1/cluster/members", member);
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("not_a_cluster")),
+        "{body}"
+    );
+}
+
+#[test]
+fn p4_the_token_names_its_principal_and_a_resource_can_require_one() {
+    let s = Secured::start();
+    let resource = ResourceProcess::start_with(
+        &s.dir.path().join("store"),
+        "strict",
+        &s.server.url,
+        &["--require-principal", "billing/=billing"],
+    );
+    // orders may acquire billing/7 at the coordinator, but the resource accepts writes to
+    // billing/ only from billing's tokens: a valid signature and the newest epoch are not
+    // enough.
+    let wrong = s.acquire("orders", "billing/7");
+    let token = wrong["token"].as_str().unwrap();
+    let out = resource.cli(&["put", "billing/7", "invoice", "x", "--token", token]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("principal orders"),
+        "{}",
+        stderr(&out)
+    );
+    let out = s.cli(
+        "orders",
+        &["lock", "release", wrong["lease_id"].as_str().unwrap()],
+    );
+    assert!(out.status.success());
+    let right = s.acquire("billing", "billing/7");
+    let token = right["token"].as_str().unwrap();
+    let out = resource.cli(&["put", "billing/7", "invoice", "y", "--token", token]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Locks no rule covers accept any principal.
+    let other = s.acquire("orders", "orders/3");
+    let out = resource.cli(&[
+        "put",
+        "orders/3",
+        "k",
+        "v",
+        "--token",
+        other["token"].as_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn p2_an_acl_change_takes_effect_on_sighup_and_a_broken_file_changes_nothing() {
+    let s = Secured::start();
+    s.acquire("orders", "orders/1");
+    let acl = s.dir.path().join("acl");
+    std::fs::write(&acl, ACL.replace("orders      acquire orders/\n", "")).unwrap();
+    let pid = nix::unistd::Pid::from_raw(s.server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    let refused = |principal: &str, lock: &str| {
+        let out = s.cli(principal, &["lock", "acquire", lock]);
+        out.status.code() == Some(6)
+    };
+    // The reload is asynchronous: wait for it (bounded).
+    let mut revoked = false;
+    for _ in 0..100 {
+        if refused("orders", "orders/2") {
+            revoked = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(revoked, "orders kept its right after SIGHUP");
+    // A file that does not parse is refused; the policy in force stays, and so does the
+    // server.
+    std::fs::write(&acl, "orders everything *\n").unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(refused("orders", "orders/3"));
+    assert!(!refused("billing", "billing/1"));
+}
+
+#[test]
+fn a_non_loopback_listen_address_without_auth_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // Refused before anything binds: no socket is opened on another interface.
+    let out = run(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:0",
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let message = stderr(&out);
+    assert!(
+        message.contains("--insecure") && message.contains("--auth-file"),
+        "{message}"
+    );
+    assert!(
+        !Path::new(&dir.path().join("data")).exists(),
+        "nothing was created"
+    );
+    // Half a configuration is refused too.
+    let out = run(&["serve", "--auth-file", "/nonexistent"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
+fn p2_on_an_open_loopback_coordinator_lease_ids_are_never_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path());
+    let out = server.cli(&["lock", "acquire", "open/1", "--json"]);
+    let granted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lease = granted["lease_id"].as_str().unwrap();
+    assert_eq!(granted["principal"], "anonymous");
+    let (_, list) = server.http("GET", "/v1/locks", None, "");
+    assert!(!list.contains(lease), "{list}");
+    let (_, shown) = server.http("GET", "/v1/locks/open%2F1", None, "");
+    assert!(!shown.contains(lease), "{shown}");
+    // The holder, who has the id, still renews and releases.
+    assert!(server.cli(&["lock", "release", lease]).status.success());
+}

@@ -1,0 +1,526 @@
+//! Who may do what: principals authenticated by bearer secrets, authorised by an ACL.
+//!
+//! Two files, both reloaded on SIGHUP (a file that no longer parses is refused and the previous
+//! policy stays in force):
+//!
+//! ```text
+//! # auth file: PRINCIPAL sha256:HEX   (the SHA-256 of the bearer secret; several lines per
+//! #            principal let an old and a new secret overlap during rotation)
+//! orders   sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+//!
+//! # ACL file: PRINCIPAL RIGHT PREFIX   (PREFIX: a lock-name prefix, or * for every lock)
+//! orders   acquire orders/
+//! grafana  read    *
+//! ops      admin   *
+//! ```
+//!
+//! Rights nest: `admin` (any lease, cluster membership; only with `*`) ⊇ `acquire` (acquire,
+//! and renew/release of one's own leases) ⊇ `read` (list, describe, watch). Secrets are
+//! high-entropy random strings (`palisade auth new` makes one), so one SHA-256 is the right
+//! hash: a slow password hash would cost every request and buys nothing against a 256-bit
+//! secret. With no files configured the coordinator is open: every caller is `anonymous` with
+//! every right, which `palisade serve` allows only on loopback addresses.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use palisade_core::limits::{MAX_ACL_RULES, MAX_AUTH_FILE_BYTES};
+use palisade_core::{Lease, LockName, Principal};
+use sha2::{Digest as _, Sha256};
+
+/// What a caller may do, on a lock-name prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Right {
+    /// List, describe and watch locks.
+    Read,
+    /// Acquire locks, and renew or release one's own leases (includes `Read`).
+    Acquire,
+    /// Anything: any lease, cluster membership (includes `Acquire`).
+    Admin,
+}
+
+impl Right {
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "read" => Some(Right::Read),
+            "acquire" => Some(Right::Acquire),
+            "admin" => Some(Right::Admin),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Right::Read => "read",
+            Right::Acquire => "acquire",
+            Right::Admin => "admin",
+        }
+    }
+}
+
+/// A request refused by authentication or authorisation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// No credentials, or credentials that name nobody (HTTP 401, gRPC `UNAUTHENTICATED`).
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A known principal without the right (HTTP 403, gRPC `PERMISSION_DENIED`).
+    #[error("principal {principal} lacks the {right} right{on}")]
+    PermissionDenied {
+        /// Who asked.
+        principal: Principal,
+        /// The right it lacks.
+        right: &'static str,
+        /// On which lock, as text (" on lock L"), or empty.
+        on: String,
+    },
+}
+
+/// Why an auth or ACL file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A line breaks the format.
+    #[error("{path}:{line}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// One ACL line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    right: Right,
+    /// Empty for `*` (every lock).
+    prefix: String,
+}
+
+/// The parsed files.
+#[derive(Debug, Default)]
+struct Policy {
+    /// SHA-256 of a bearer secret → its principal.
+    secrets: HashMap<[u8; 32], Principal>,
+    rules: HashMap<Principal, Vec<Rule>>,
+}
+
+/// The authenticated caller of one request.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    principal: Principal,
+    /// `None`: the coordinator is open (every right).
+    rules: Option<Arc<[Rule]>>,
+}
+
+impl Caller {
+    /// The caller of an open coordinator: `anonymous`, every right.
+    pub fn open() -> Self {
+        Self {
+            principal: Principal::anonymous(),
+            rules: None,
+        }
+    }
+
+    /// Who it is.
+    pub fn principal(&self) -> &Principal {
+        &self.principal
+    }
+
+    /// True when it has `right` on `lock` (`None`: on every lock, as for cluster operations).
+    pub fn can(&self, right: Right, lock: Option<&LockName>) -> bool {
+        let Some(rules) = &self.rules else {
+            return true;
+        };
+        rules.iter().any(|rule| {
+            rule.right >= right
+                && match lock {
+                    Some(lock) => lock.as_str().starts_with(&rule.prefix),
+                    None => rule.prefix.is_empty(),
+                }
+        })
+    }
+
+    /// `Ok` when it has `right` on `lock` (`None`: on every lock).
+    pub fn require(&self, right: Right, lock: Option<&LockName>) -> Result<(), Denied> {
+        if self.can(right, lock) {
+            return Ok(());
+        }
+        Err(Denied::PermissionDenied {
+            principal: self.principal.clone(),
+            right: right.as_str(),
+            on: lock.map_or(String::new(), |lock| format!(" on lock {lock}")),
+        })
+    }
+
+    /// Whom the lease table must check a renew or release against: `None` for an admin (any
+    /// lease), else this principal (its own leases only).
+    pub fn lease_actor(&self) -> Option<Principal> {
+        if self.rules.is_some() && self.can(Right::Admin, None) {
+            None
+        } else {
+            Some(self.principal.clone())
+        }
+    }
+
+    /// True when a listing may show this lease's id (the capability to renew and release it):
+    /// to its own principal or an admin, and never on an open coordinator, where everybody is
+    /// `anonymous` and the id is all that protects a lease.
+    pub fn sees_lease_id(&self, lease: &Lease) -> bool {
+        self.rules.is_some() && (lease.principal == self.principal || self.can(Right::Admin, None))
+    }
+}
+
+/// The authentication and authorisation policy of one coordinator, shared by its front ends.
+pub struct Auth {
+    files: Option<(PathBuf, PathBuf)>,
+    policy: RwLock<Arc<Policy>>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the secret hashes.
+        f.debug_struct("Auth").field("files", &self.files).finish()
+    }
+}
+
+impl Auth {
+    /// No authentication: every caller is `anonymous` with every right.
+    pub fn open() -> Self {
+        Self {
+            files: None,
+            policy: RwLock::new(Arc::default()),
+        }
+    }
+
+    /// Loads principals from `auth_file` and rights from `acl_file`.
+    pub fn from_files(auth_file: &Path, acl_file: &Path) -> Result<Self, AuthConfigError> {
+        let policy = load(auth_file, acl_file)?;
+        Ok(Self {
+            files: Some((auth_file.to_owned(), acl_file.to_owned())),
+            policy: RwLock::new(Arc::new(policy)),
+        })
+    }
+
+    /// True when callers must authenticate.
+    pub fn is_enabled(&self) -> bool {
+        self.files.is_some()
+    }
+
+    /// Reads both files again; on any error the policy in force stays as it was. Returns the
+    /// number of principals and rules now in force.
+    pub fn reload(&self) -> Result<(usize, usize), AuthConfigError> {
+        let Some((auth_file, acl_file)) = &self.files else {
+            return Ok((0, 0));
+        };
+        let policy = load(auth_file, acl_file)?;
+        let counts = (
+            policy.secrets.len(),
+            policy.rules.values().map(Vec::len).sum(),
+        );
+        *self.policy.write().expect("not poisoned") = Arc::new(policy);
+        Ok(counts)
+    }
+
+    /// The caller presenting `authorization` (the `Authorization` header's value, or gRPC's
+    /// `authorization` metadata).
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Caller, Denied> {
+        if self.files.is_none() {
+            return Ok(Caller::open());
+        }
+        let header = authorization.ok_or(Denied::Unauthenticated(
+            "this coordinator needs credentials: send Authorization: Bearer SECRET",
+        ))?;
+        let secret = header
+            .strip_prefix(b"Bearer ")
+            .or_else(|| header.strip_prefix(b"bearer "))
+            .ok_or(Denied::Unauthenticated(
+                "the Authorization header must be Bearer SECRET",
+            ))?;
+        let digest: [u8; 32] = Sha256::digest(secret.trim_ascii()).into();
+        let policy = self.policy.read().expect("not poisoned").clone();
+        let principal = policy
+            .secrets
+            .get(&digest)
+            .ok_or(Denied::Unauthenticated("unknown credentials"))?
+            .clone();
+        let rules: Arc<[Rule]> = policy
+            .rules
+            .get(&principal)
+            .map_or_else(|| Arc::from(Vec::new()), |r| Arc::from(r.clone()));
+        Ok(Caller {
+            principal,
+            rules: Some(rules),
+        })
+    }
+}
+
+/// The auth-file line for a bearer `secret`: its SHA-256 as `sha256:HEX`.
+pub fn hash_secret(secret: &str) -> String {
+    let digest = Sha256::digest(secret.trim().as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+fn read_limited(path: &Path) -> Result<String, AuthConfigError> {
+    let io = |source| AuthConfigError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if metadata.len() > MAX_AUTH_FILE_BYTES {
+        return Err(io(std::io::Error::other(format!(
+            "is {} bytes; the limit is {MAX_AUTH_FILE_BYTES}",
+            metadata.len()
+        ))));
+    }
+    std::fs::read_to_string(path).map_err(io)
+}
+
+/// The non-comment lines of `text`, split on whitespace, with their 1-based numbers.
+fn lines(text: &str) -> impl Iterator<Item = (usize, Vec<&str>)> {
+    text.lines().enumerate().filter_map(|(n, line)| {
+        let line = line.split('#').next().unwrap_or("").trim();
+        (!line.is_empty()).then(|| (n + 1, line.split_whitespace().collect()))
+    })
+}
+
+fn load(auth_file: &Path, acl_file: &Path) -> Result<Policy, AuthConfigError> {
+    let mut policy = Policy::default();
+    let syntax = |path: &Path, line, message: String| AuthConfigError::Syntax {
+        path: path.to_owned(),
+        line,
+        message,
+    };
+    for (line, fields) in lines(&read_limited(auth_file)?) {
+        let [name, hash] = fields[..] else {
+            return Err(syntax(
+                auth_file,
+                line,
+                "expected: PRINCIPAL sha256:HEX".into(),
+            ));
+        };
+        let principal = Principal::new(name).map_err(|e| syntax(auth_file, line, e.0))?;
+        let digest = parse_hash(hash).ok_or_else(|| {
+            syntax(
+                auth_file,
+                line,
+                "the secret's hash must be sha256: and 64 hex digits \
+                 (palisade auth hash makes it)"
+                    .into(),
+            )
+        })?;
+        if let Some(other) = policy.secrets.insert(digest, principal.clone()) {
+            if other != principal {
+                return Err(syntax(
+                    auth_file,
+                    line,
+                    format!("this secret already names principal {other}"),
+                ));
+            }
+        }
+    }
+    let mut count = 0;
+    for (line, fields) in lines(&read_limited(acl_file)?) {
+        let [name, right, prefix] = fields[..] else {
+            return Err(syntax(
+                acl_file,
+                line,
+                "expected: PRINCIPAL read|acquire|admin PREFIX (or * for every lock)".into(),
+            ));
+        };
+        let principal = Principal::new(name).map_err(|e| syntax(acl_file, line, e.0))?;
+        let right = Right::parse(right).ok_or_else(|| {
+            syntax(
+                acl_file,
+                line,
+                format!("right {right:?} is unknown; use read, acquire or admin"),
+            )
+        })?;
+        let prefix = if prefix == "*" {
+            String::new()
+        } else {
+            // A prefix of a valid lock name is itself a valid lock name.
+            LockName::new(prefix).map_err(|e| syntax(acl_file, line, e.0))?;
+            prefix.to_owned()
+        };
+        if right == Right::Admin && !prefix.is_empty() {
+            return Err(syntax(
+                acl_file,
+                line,
+                "admin covers the whole coordinator: its prefix must be *".into(),
+            ));
+        }
+        count += 1;
+        if count > MAX_ACL_RULES {
+            return Err(syntax(
+                acl_file,
+                line,
+                format!("more than {MAX_ACL_RULES} rules"),
+            ));
+        }
+        policy
+            .rules
+            .entry(principal)
+            .or_default()
+            .push(Rule { right, prefix });
+    }
+    Ok(policy)
+}
+
+fn parse_hash(text: &str) -> Option<[u8; 32]> {
+    let hex = text.strip_prefix("sha256:")?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut digest = [0; 32];
+    for (i, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(auth: &str, acl: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let auth_path = dir.path().join("auth");
+        let acl_path = dir.path().join("acl");
+        std::fs::write(&auth_path, auth).unwrap();
+        std::fs::write(&acl_path, acl).unwrap();
+        (dir, auth_path, acl_path)
+    }
+
+    fn lock(name: &str) -> LockName {
+        LockName::new(name).unwrap()
+    }
+
+    fn sample() -> (tempfile::TempDir, Auth) {
+        let auth = format!(
+            "# principals\norders {}\nops {}\ngrafana {}  # read-only\n",
+            hash_secret("s-orders"),
+            hash_secret("s-ops"),
+            hash_secret("s-grafana")
+        );
+        let acl = "orders acquire orders/\nops admin *\ngrafana read *\n";
+        let (dir, auth_path, acl_path) = files(&auth, acl);
+        (dir, Auth::from_files(&auth_path, &acl_path).unwrap())
+    }
+
+    #[test]
+    fn p2_missing_or_wrong_credentials_are_unauthenticated() {
+        let (_dir, auth) = sample();
+        assert!(matches!(
+            auth.authenticate(None),
+            Err(Denied::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            auth.authenticate(Some(b"Bearer nope")),
+            Err(Denied::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            auth.authenticate(Some(b"Basic s-orders")),
+            Err(Denied::Unauthenticated(_))
+        ));
+        let caller = auth.authenticate(Some(b"Bearer s-orders")).unwrap();
+        assert_eq!(caller.principal().as_str(), "orders");
+    }
+
+    #[test]
+    fn p2_rights_nest_and_follow_prefixes() {
+        let (_dir, auth) = sample();
+        let orders = auth.authenticate(Some(b"Bearer s-orders")).unwrap();
+        assert!(orders.can(Right::Acquire, Some(&lock("orders/7"))));
+        assert!(orders.can(Right::Read, Some(&lock("orders/7"))));
+        assert!(!orders.can(Right::Acquire, Some(&lock("billing/7"))));
+        assert!(!orders.can(Right::Admin, None));
+        assert_eq!(
+            orders.lease_actor(),
+            Some(Principal::new("orders").unwrap())
+        );
+        let grafana = auth.authenticate(Some(b"Bearer s-grafana")).unwrap();
+        assert!(grafana.can(Right::Read, Some(&lock("billing/7"))));
+        assert!(grafana
+            .require(Right::Acquire, Some(&lock("orders/7")))
+            .is_err());
+        let ops = auth.authenticate(Some(b"Bearer s-ops")).unwrap();
+        assert!(ops.can(Right::Acquire, Some(&lock("anything"))));
+        assert_eq!(ops.lease_actor(), None);
+    }
+
+    #[test]
+    fn p2_an_open_coordinator_never_lists_lease_ids() {
+        let open = Caller::open();
+        assert!(open.can(Right::Admin, None));
+        let lease = Lease {
+            id: palisade_core::LeaseId(7),
+            lock: lock("a"),
+            holder: palisade_core::HolderId::new("h").unwrap(),
+            principal: Principal::anonymous(),
+            epoch: palisade_core::Epoch(1),
+            ttl_ms: 100,
+            class: palisade_core::LockClass::Critical,
+            request_id: None,
+            expires_at: 0,
+        };
+        assert!(!open.sees_lease_id(&lease));
+        // Renew and release are still checked against the lease's principal.
+        assert_eq!(open.lease_actor(), Some(Principal::anonymous()));
+    }
+
+    #[test]
+    fn bad_files_name_the_line_and_a_failed_reload_keeps_the_policy() {
+        for (auth, acl, needle) in [
+            ("orders\n", "", "auth:1"),
+            ("orders md5:00\n", "", "auth:1"),
+            ("a b c\n", "", "auth:1"),
+            ("", "orders write orders/\n", "acl:1"),
+            ("", "\n\nops admin orders/\n", "acl:3"),
+            ("", "orders acquire bad%prefix\n", "acl:1"),
+        ] {
+            let (_dir, auth_path, acl_path) = files(auth, acl);
+            let error = Auth::from_files(&auth_path, &acl_path).unwrap_err();
+            assert!(error.to_string().contains(needle), "{error}");
+        }
+        let (dir, auth) = sample();
+        std::fs::write(dir.path().join("acl"), "orders everything *\n").unwrap();
+        assert!(auth.reload().is_err());
+        assert!(auth
+            .authenticate(Some(b"Bearer s-orders"))
+            .unwrap()
+            .can(Right::Acquire, Some(&lock("orders/1"))));
+        std::fs::write(dir.path().join("acl"), "orders read *\n").unwrap();
+        assert_eq!(auth.reload().unwrap(), (3, 1));
+        assert!(!auth
+            .authenticate(Some(b"Bearer s-orders"))
+            .unwrap()
+            .can(Right::Acquire, Some(&lock("orders/1"))));
+    }
+
+    #[test]
+    fn two_secrets_may_name_one_principal_during_rotation() {
+        let auth = format!(
+            "orders {}\norders {}\n",
+            hash_secret("old"),
+            hash_secret("new")
+        );
+        let (_dir, auth_path, acl_path) = files(&auth, "orders read *\n");
+        let auth = Auth::from_files(&auth_path, &acl_path).unwrap();
+        assert!(auth.authenticate(Some(b"Bearer old")).is_ok());
+        assert!(auth.authenticate(Some(b"Bearer new")).is_ok());
+    }
+}
