@@ -144,3 +144,57 @@ async fn watch_reports_the_current_state_then_each_transition() {
         ("released", epoch)
     );
 }
+
+#[tokio::test]
+async fn p2_the_keepalive_authenticates_and_another_principal_cannot_end_the_lease() {
+    use palisade_server::auth::{hash_secret, Auth};
+    let dir = tempfile::tempdir().unwrap();
+    let (auth_file, acl_file) = (dir.path().join("auth"), dir.path().join("acl"));
+    let lines = format!(
+        "orders {}\nmallory {}\n",
+        hash_secret("s-orders"),
+        hash_secret("s-mallory")
+    );
+    std::fs::write(&auth_file, lines).unwrap();
+    std::fs::write(&acl_file, "orders acquire k/\nmallory acquire k/\n").unwrap();
+    let config = ServerConfig {
+        data_dir: dir.path().join("data"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        auth: std::sync::Arc::new(Auth::from_files(&auth_file, &acl_file).unwrap()),
+        ..Default::default()
+    };
+    let server = palisade_server::start(config).await.unwrap();
+    let url = [format!("http://{}", server.local_addr)];
+    let as_principal = |secret: &str| {
+        let credentials = palisade_client::Credentials::bearer(secret).unwrap();
+        Client::connect_with(&url, credentials)
+    };
+    let orders = as_principal("s-orders").await.unwrap();
+    let mallory = as_principal("s-mallory").await.unwrap();
+    let anonymous = Client::connect(&url).await.unwrap();
+
+    // The keepalive stream carries the credentials: the lease lives well past its TTL.
+    let lease = orders.acquire(options("k/auth", 600)).await.unwrap();
+    assert_eq!(lease.grant().principal, "orders");
+    let id = lease.lease_id().to_owned();
+    assert!(matches!(
+        mallory.release(&id).await,
+        Err(ClientError::PermissionDenied(_))
+    ));
+    assert!(matches!(
+        mallory.renew(&id).await,
+        Err(ClientError::PermissionDenied(_))
+    ));
+    assert!(matches!(
+        anonymous.release(&id).await,
+        Err(ClientError::Unauthenticated(_))
+    ));
+    sleep(Duration::from_millis(1_500)).await;
+    assert!(lease.is_valid(), "{:?}", lease.state());
+    // mallory sees the lock but not the lease id.
+    let info = mallory.describe("k/auth").await.unwrap();
+    assert!(info.held && info.lease_id.is_empty());
+    assert_eq!(orders.describe("k/auth").await.unwrap().lease_id, id);
+    lease.release().await.unwrap();
+    server.shutdown().await.unwrap();
+}
