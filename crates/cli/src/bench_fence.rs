@@ -298,6 +298,7 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
         mode: FenceMode::Strict,
         keys: KeySource::File(key_file),
         principals: Vec::new(),
+        revoked_keys: Vec::new(),
     };
     let resource = palisade_resource::start(config).await?;
     let base = format!("http://{}", resource.local_addr);

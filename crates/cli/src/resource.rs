@@ -83,6 +83,15 @@ pub struct ServeArgs {
     /// another principal is refused as invalid_token.
     #[arg(long, value_name = "LOCK_PREFIX=PRINCIPAL", value_parser = parse_principal_rule)]
     require_principal: Vec<palisade_fence::PrincipalRule>,
+    /// Never trust the key with this id (16 hex digits, as in GET /v1/keys), even when the
+    /// coordinator or the key file still lists it (repeatable): revokes a leaked key at once.
+    #[arg(long, value_name = "KEY_ID", value_parser = parse_key_id)]
+    revoke_key: Vec<palisade_core::KeyId>,
+}
+
+fn parse_key_id(text: &str) -> Result<palisade_core::KeyId, String> {
+    text.parse()
+        .map_err(|e: palisade_core::TokenError| e.to_string())
 }
 
 fn parse_principal_rule(text: &str) -> Result<palisade_fence::PrincipalRule, String> {
@@ -237,6 +246,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         mode,
         keys,
         principals: args.require_principal,
+        revoked_keys: args.revoke_key,
     };
     let resource = palisade_resource::start(config)
         .await

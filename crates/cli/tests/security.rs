@@ -354,3 +354,24 @@ fn p2_on_an_open_loopback_coordinator_lease_ids_are_never_listed() {
     // The holder, who has the id, still renews and releases.
     assert!(server.cli(&["lock", "release", lease]).status.success());
 }
+
+#[test]
+fn p4_an_operator_revoked_key_is_refused_even_while_the_coordinator_publishes_it() {
+    let s = Secured::start();
+    let (_, keys) = s.http(None, "GET", "/v1/keys", "");
+    let key_id = keys["keys"][0]["key_id"].as_str().unwrap().to_owned();
+    let granted = s.acquire("orders", "orders/9");
+    let token = granted["token"].as_str().unwrap();
+    let trusting = ResourceProcess::start(&s.dir.path().join("a"), "strict", &s.server.url);
+    let out = trusting.cli(&["put", "orders/9", "k", "v", "--token", token]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let revoking = ResourceProcess::start_with(
+        &s.dir.path().join("b"),
+        "strict",
+        &s.server.url,
+        &["--revoke-key", &key_id],
+    );
+    let out = revoking.cli(&["put", "orders/9", "k", "v", "--token", token]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(stderr(&out).contains("invalid_token"), "{}", stderr(&out));
+}

@@ -46,6 +46,24 @@ impl KeyId {
     }
 }
 
+impl std::str::FromStr for KeyId {
+    type Err = TokenError;
+
+    /// Parses the 16 hex digits of [`KeyId`]'s display form.
+    fn from_str(text: &str) -> Result<Self, TokenError> {
+        let text = text.trim();
+        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(TokenError::Malformed("a key id is 16 hex digits"));
+        }
+        let mut id = [0; 8];
+        for (i, byte) in id.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16)
+                .map_err(|_| TokenError::Malformed("a key id is 16 hex digits"))?;
+        }
+        Ok(Self(id))
+    }
+}
+
 impl fmt::Display for KeyId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
@@ -255,6 +273,11 @@ impl TokenVerifier {
         self.keys.insert(KeyId::of(&key), key);
     }
 
+    /// Stops trusting a key (revocation); true when it was trusted.
+    pub fn distrust(&mut self, key_id: KeyId) -> bool {
+        self.keys.remove(&key_id).is_some()
+    }
+
     /// True when no key is trusted.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
@@ -441,6 +464,21 @@ mod tests {
             verifier.verify(&old, None),
             Err(TokenError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn p4_a_distrusted_key_is_refused_and_key_ids_round_trip_through_text() {
+        let mut verifier =
+            TokenVerifier::new([signer(1).verifying_key(), signer(2).verifying_key()]);
+        let id = signer(1).key_id();
+        assert_eq!(id.to_string().parse::<KeyId>().unwrap(), id);
+        assert!("xyz".parse::<KeyId>().is_err());
+        assert!(verifier.distrust(id));
+        assert_eq!(
+            verifier.verify(&sample(&signer(1)), None),
+            Err(TokenError::UnknownKey(id))
+        );
+        assert!(verifier.verify(&sample(&signer(2)), None).is_ok());
     }
 
     #[test]

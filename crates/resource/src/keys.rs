@@ -30,6 +30,8 @@ pub enum KeySource {
 /// The trusted keys of a running resource.
 pub struct KeyRing {
     source: KeySource,
+    /// Keys never trusted, whoever publishes them (an operator's revocation).
+    revoked: Vec<KeyId>,
     verifier: Arc<Verifier>,
     http: reqwest::Client,
     /// When the last fetch started; `None` before the first.
@@ -37,13 +39,14 @@ pub struct KeyRing {
 }
 
 impl KeyRing {
-    pub fn new(source: KeySource, verifier: Arc<Verifier>) -> Self {
+    pub fn new(source: KeySource, revoked: Vec<KeyId>, verifier: Arc<Verifier>) -> Self {
         let http = reqwest::Client::builder()
             .timeout(FETCH_TIMEOUT)
             .build()
             .expect("a plain HTTP client builds");
         Self {
             source,
+            revoked,
             verifier,
             http,
             last_fetch: Mutex::new(None),
@@ -56,7 +59,7 @@ impl KeyRing {
         match &self.source {
             KeySource::File(path) => {
                 let keys = load_key_file(path).map_err(ResourceError::Keys)?;
-                self.verifier.replace(keys);
+                self.install(keys);
             }
             KeySource::Coordinator(url) => {
                 if let Err(error) = self.refresh(true).await {
@@ -65,6 +68,17 @@ impl KeyRing {
             }
         }
         Ok(())
+    }
+
+    /// Trusts exactly `keys`, less the revoked ones. A key the source stops publishing is
+    /// dropped with it (rotation).
+    fn install(&self, mut keys: TokenVerifier) {
+        for key_id in &self.revoked {
+            if keys.distrust(*key_id) {
+                tracing::warn!(%key_id, "a revoked key is still published; it is not trusted");
+            }
+        }
+        self.verifier.replace(keys);
     }
 
     /// True once at least one key is trusted.
@@ -104,7 +118,7 @@ impl KeyRing {
             .await
             .map_err(|e| format!("GET {url}: {e}"))?;
         let keys = parse_keys(&body)?;
-        self.verifier.replace(keys);
+        self.install(keys);
         tracing::info!(%url, "trusted keys refreshed");
         Ok(())
     }

@@ -48,6 +48,8 @@ pub struct ResourceConfig {
     pub keys: KeySource,
     /// Which principals' tokens are accepted for which locks (empty: any principal).
     pub principals: Vec<palisade_fence::PrincipalRule>,
+    /// Keys never trusted, even when the key source publishes them (revocation).
+    pub revoked_keys: Vec<palisade_core::KeyId>,
 }
 
 /// Why the resource server could not start.
@@ -94,7 +96,11 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         .map_err(io(format!("data directory {}", config.data_dir.display())))?;
     let verifier = Arc::new(Verifier::default());
     verifier.require_principals(config.principals.clone());
-    let keys = keys::KeyRing::new(config.keys.clone(), verifier.clone());
+    let keys = keys::KeyRing::new(
+        config.keys.clone(),
+        config.revoked_keys.clone(),
+        verifier.clone(),
+    );
     keys.load_initial().await?;
     let store = RedbFence::open(&config.data_dir.join(STORE_FILE), config.mode, verifier)?;
     let state = http::State::new(store, keys);

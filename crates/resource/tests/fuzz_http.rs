@@ -144,6 +144,7 @@ async fn fuzz(mode: FenceMode) {
         mode,
         keys: KeySource::Coordinator(coordinator_url.clone()),
         principals: Vec::new(),
+        revoked_keys: Vec::new(),
     })
     .await
     .unwrap();

@@ -29,6 +29,7 @@ async fn start_resource(
         mode,
         keys,
         principals: Vec::new(),
+        revoked_keys: Vec::new(),
     };
     palisade_resource::start(config).await.unwrap()
 }
@@ -414,6 +415,7 @@ async fn a_store_refuses_to_reopen_in_another_mode() {
         mode: FenceMode::Activated,
         keys,
         principals: Vec::new(),
+        revoked_keys: Vec::new(),
     };
     let error = palisade_resource::start(config)
         .await
