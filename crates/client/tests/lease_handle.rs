@@ -157,10 +157,11 @@ async fn p2_the_keepalive_authenticates_and_another_principal_cannot_end_the_lea
     );
     std::fs::write(&auth_file, lines).unwrap();
     std::fs::write(&acl_file, "orders acquire k/\nmallory acquire k/\n").unwrap();
+    let auth = std::sync::Arc::new(Auth::from_files(&auth_file, &acl_file).unwrap());
     let config = ServerConfig {
         data_dir: dir.path().join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
-        auth: std::sync::Arc::new(Auth::from_files(&auth_file, &acl_file).unwrap()),
+        auth: auth.clone(),
         ..Default::default()
     };
     let server = palisade_server::start(config).await.unwrap();
@@ -195,6 +196,18 @@ async fn p2_the_keepalive_authenticates_and_another_principal_cannot_end_the_lea
     let info = mallory.describe("k/auth").await.unwrap();
     assert!(info.held && info.lease_id.is_empty());
     assert_eq!(orders.describe("k/auth").await.unwrap().lease_id, id);
-    lease.release().await.unwrap();
+    // The principal is removed (as by SIGHUP): its open keepalive stream renews nothing more
+    // and the holder learns the lease is lost.
+    std::fs::write(
+        &auth_file,
+        format!("mallory {}\n", hash_secret("s-mallory")),
+    )
+    .unwrap();
+    auth.reload().unwrap();
+    let mut lease = lease;
+    let reason = timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("loss noticed");
+    assert!(reason.contains("removed"), "{reason}");
     server.shutdown().await.unwrap();
 }

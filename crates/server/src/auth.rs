@@ -267,6 +267,18 @@ impl Auth {
     }
 }
 
+impl Auth {
+    /// True while `caller` is still a principal of the policy in force (a stream authenticated
+    /// when it opened stops when its principal is removed by a reload). Always true when open.
+    pub fn is_current(&self, caller: &Caller) -> bool {
+        if self.files.is_none() {
+            return true;
+        }
+        let policy = self.policy.read().expect("not poisoned");
+        policy.secrets.values().any(|p| *p == caller.principal)
+    }
+}
+
 /// The auth-file line for a bearer `secret`: its SHA-256 as `sha256:HEX`.
 pub fn hash_secret(secret: &str) -> String {
     let digest = Sha256::digest(secret.trim().as_bytes());
@@ -504,11 +516,26 @@ mod tests {
             .unwrap()
             .can(Right::Acquire, Some(&lock("orders/1"))));
         std::fs::write(dir.path().join("acl"), "orders read *\n").unwrap();
+        let orders = auth.authenticate(Some(b"Bearer s-orders")).unwrap();
+        assert!(auth.is_current(&orders));
         assert_eq!(auth.reload().unwrap(), (3, 1));
         assert!(!auth
             .authenticate(Some(b"Bearer s-orders"))
             .unwrap()
             .can(Right::Acquire, Some(&lock("orders/1"))));
+    }
+
+    #[test]
+    fn p2_a_principal_removed_by_a_reload_is_no_longer_current() {
+        let (dir, auth) = sample();
+        let ops = auth.authenticate(Some(b"Bearer s-ops")).unwrap();
+        assert!(auth.is_current(&ops));
+        let remaining = format!("orders {}\n", hash_secret("s-orders"));
+        std::fs::write(dir.path().join("auth"), remaining).unwrap();
+        auth.reload().unwrap();
+        assert!(!auth.is_current(&ops));
+        assert!(auth.authenticate(Some(b"Bearer s-ops")).is_err());
+        assert!(Auth::open().is_current(&Caller::open()));
     }
 
     #[test]

@@ -215,12 +215,20 @@ impl Coordinator for GrpcApi {
         &self,
         request: Request<Streaming<pb::RenewRequest>>,
     ) -> Result<Response<Self::KeepaliveStream>, Status> {
-        let actor = self.caller(&request)?.lease_actor();
+        let caller = self.caller(&request)?;
+        let actor = caller.lease_actor();
         let mut inbound = request.into_inner();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let api = self.api.clone();
         tokio::spawn(async move {
             while let Some(message) = inbound.next().await {
+                // The stream authenticated when it opened; a principal removed since (SIGHUP)
+                // renews nothing more.
+                if !api.auth.is_current(&caller) {
+                    let revoked = Status::unauthenticated("the stream's principal was removed");
+                    let _ = sender.send(Err(revoked)).await;
+                    break;
+                }
                 let reply = match message {
                     Ok(renew) => match lease_id(&renew.lease_id) {
                         Ok(id) => api.renew(id, actor.clone()).await.map_err(status),
@@ -281,6 +289,7 @@ impl Coordinator for GrpcApi {
             .describe(lock.clone())
             .await
             .map_err(status)?;
+        let auth = self.api.auth.clone();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {
             let first = pb::LockEvent {
@@ -322,6 +331,11 @@ impl Coordinator for GrpcApi {
                         format!("watch fell {missed} transitions behind; watch again"),
                     )),
                     Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let event = if auth.is_current(&caller) {
+                    event
+                } else {
+                    Err(Status::unauthenticated("the watch's principal was removed"))
                 };
                 let stop = event.is_err();
                 if sender.send(event).await.is_err() || stop {
