@@ -213,3 +213,103 @@ async fn grant_epoch(http: &reqwest::Client, base: &str) -> u64 {
         .unwrap();
     epoch
 }
+
+/// An `Authorization` value: arbitrary text, or near misses of `secret` (one character changed,
+/// truncated, extended, another scheme, another case), or the secret itself.
+fn authorization(secret: &'static str) -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        Just(None),
+        ".{0,80}".prop_map(Some),
+        ".{0,80}".prop_map(|s| Some(format!("Bearer {s}"))),
+        (0..secret.len(), any::<char>()).prop_map(move |(at, c)| {
+            let mut near: Vec<char> = secret.chars().collect();
+            near[at] = c;
+            Some(format!("Bearer {}", near.into_iter().collect::<String>()))
+        }),
+        (0..secret.len()).prop_map(move |n| Some(format!("Bearer {}", &secret[..n]))),
+        ".{1,8}".prop_map(move |s| Some(format!("Bearer {secret}{s}"))),
+        prop_oneof![Just("Basic"), Just("BEARER"), Just("Token"), Just("")]
+            .prop_map(move |scheme| Some(format!("{scheme} {secret}"))),
+        Just(Some(format!("Bearer {secret}"))),
+    ]
+}
+
+#[test]
+fn p2_p8_arbitrary_credentials_never_pass_for_a_principal_and_never_stop_the_coordinator() {
+    const SECRET: &str = "fuzz-reader-secret-0123456789abcdefghij";
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (auth_file, acl_file) = (dir.path().join("auth"), dir.path().join("acl"));
+    let line = format!("reader {}\n", palisade_server::auth::hash_secret(SECRET));
+    std::fs::write(&auth_file, line).unwrap();
+    // The only principal may read: no credentials may acquire, release or change anything.
+    std::fs::write(&acl_file, "reader read *\n").unwrap();
+    let auth = palisade_server::auth::Auth::from_files(&auth_file, &acl_file).unwrap();
+    let server = runtime
+        .block_on(palisade_server::start(palisade_server::ServerConfig {
+            data_dir: dir.path().join("data"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            auth: std::sync::Arc::new(auth),
+            ..Default::default()
+        }))
+        .unwrap();
+    let base = format!("http://{}", server.local_addr);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let routes = prop_oneof![
+        Just(("POST", "/v1/locks/a/acquire")),
+        Just((
+            "POST",
+            "/v1/leases/0123456789abcdef0123456789abcdef/release"
+        )),
+        Just(("POST", "/v1/leases/0123456789abcdef0123456789abcdef/renew")),
+        Just(("POST", "/v1/cluster/members")),
+        Just(("GET", "/v1/locks")),
+        Just(("GET", "/v1/locks/a")),
+    ];
+    let mut runner = TestRunner::new(config());
+    let outcome = runner.run(
+        &(routes, authorization(SECRET)),
+        |((method, path), authorization)| {
+            runtime.block_on(async {
+                let mut request = match method {
+                    "GET" => http.get(format!("{base}{path}")),
+                    _ => http.post(format!("{base}{path}")).body("{}"),
+                };
+                if let Some(value) = &authorization {
+                    request = request.header("authorization", value.as_str());
+                }
+                let answer = match request.send().await {
+                    Ok(answer) => answer,
+                    Err(error) if error.is_builder() => return Ok(()),
+                    Err(error) => return Err(TestCaseError::fail(error.to_string())),
+                };
+                let status = answer.status().as_u16();
+                let text = answer.text().await.unwrap_or_default();
+                let valid = authorization
+                    .as_deref()
+                    .and_then(|v| v.strip_prefix("Bearer ").or(v.strip_prefix("bearer ")))
+                    .is_some_and(|s| s.trim() == SECRET);
+                let expected: &[u16] = match (valid, method) {
+                    (false, _) => &[401],
+                    (true, "GET") => &[200],
+                    // No such lease (404) or not the reader's to end (403).
+                    (true, _) if path.starts_with("/v1/leases/") => &[403, 404],
+                    (true, _) => &[403],
+                };
+                if !expected.contains(&status) {
+                    return Err(TestCaseError::fail(format!(
+                        "{method} {path} with {authorization:?} -> {status}: {text}"
+                    )));
+                }
+                Ok(())
+            })
+        },
+    );
+    if let Err(failure) = outcome {
+        panic!("{failure}");
+    }
+    runtime.block_on(server.shutdown()).unwrap();
+}
