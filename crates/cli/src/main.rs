@@ -92,6 +92,20 @@ struct ServeArgs {
     /// acquire, release and change the membership).
     #[arg(long)]
     insecure: bool,
+    /// Cluster mode: this member's certificate (PEM chain), naming node-N.palisade as a DNS
+    /// name, for both server and client authentication. Needs --peer-key and --peer-ca.
+    #[arg(long, requires_all = ["cluster", "peer_key", "peer_ca"])]
+    peer_cert: Option<PathBuf>,
+    /// Cluster mode: the private key of --peer-cert (PEM).
+    #[arg(long, requires = "peer_cert")]
+    peer_key: Option<PathBuf>,
+    /// Cluster mode: the CA that signs the members' certificates (dedicated to this cluster).
+    #[arg(long, requires = "peer_cert")]
+    peer_ca: Option<PathBuf>,
+    /// Cluster mode without peer credentials: Raft traffic unauthenticated (loopback demos and
+    /// tests only; logged as a warning at every start).
+    #[arg(long, requires = "cluster", conflicts_with = "peer_cert")]
+    insecure_peers: bool,
 }
 
 /// Where the coordinator is.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use palisade_server::auth::Auth;
+use palisade_server::cluster::peer_tls::PeerTls;
 use palisade_server::cluster::ClusterConfig;
 use palisade_server::ServerConfig;
 use tokio::signal::unix::{signal, SignalKind};
@@ -34,12 +35,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Listen for SIGHUP before serving, so no reload request is lost to the default action
     // (which would end the process).
     let mut hangup = signal(SignalKind::hangup())?;
+    let peer_tls = match (&cluster, &args.peer_cert, &args.peer_key, &args.peer_ca) {
+        (Some(cluster), Some(cert), Some(key), Some(ca)) => Some(Arc::new(
+            PeerTls::load(cluster.node_id, cert, key, ca)
+                .context("cannot load the peer credentials")?,
+        )),
+        _ => None,
+    };
     let server = palisade_server::start(ServerConfig {
         data_dir: args.data_dir,
         listen,
         cluster,
         auth: auth.clone(),
         insecure: args.insecure,
+        peer_tls,
+        insecure_peers: args.insecure_peers,
     })
     .await
     .context("cannot start the coordinator")?;

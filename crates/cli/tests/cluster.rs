@@ -53,7 +53,17 @@ impl Layout {
 
 fn start(id: u64, cluster: &str, dir: &Path) -> ServerProcess {
     let id = id.to_string();
-    ServerProcess::start_with(&["serve", "--node-id", &id, "--cluster", cluster], dir)
+    ServerProcess::start_with(
+        &[
+            "serve",
+            "--node-id",
+            &id,
+            "--cluster",
+            cluster,
+            "--insecure-peers",
+        ],
+        dir,
+    )
 }
 
 fn cli(args: &[&str], endpoints: &str) -> Output {
@@ -173,6 +183,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
             &first_leader.to_string(),
             "--cluster",
             &wrong,
+            "--insecure-peers",
         ])
         .arg("--data-dir")
         .arg(&killed_dir)
@@ -244,6 +255,7 @@ fn cluster_add_and_remove_a_member() {
     // Node 4 joins: it waits, uninitialised, until the leader adds it.
     let mut joiner = Command::new(BINARY)
         .args(["serve", "--node-id", "4", "--cluster", &list(4), "--join"])
+        .arg("--insecure-peers")
         .arg("--data-dir")
         .arg(dir.path().join("n4"))
         .env("RUST_LOG", "error")
@@ -306,6 +318,7 @@ fn a_corrupt_cluster_store_refuses_to_start() {
             free_port(),
             free_port()
         ))
+        .arg("--insecure-peers")
         .arg("--data-dir")
         .arg(dir.path())
         .env("RUST_LOG", "error")
@@ -377,6 +390,7 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
             "--cluster",
             cluster,
             "--join",
+            "--insecure-peers",
         ],
         &data(wiped),
     );

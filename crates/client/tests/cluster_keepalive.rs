@@ -28,6 +28,7 @@ async fn keepalive_survives_a_leader_change() {
             data_dir: dir.path().join(format!("n{id}")),
             listen: addr.parse().unwrap(),
             cluster: Some(ClusterConfig::parse(*id, &list, false).unwrap()),
+            insecure_peers: true,
             ..Default::default()
         };
         servers.insert(

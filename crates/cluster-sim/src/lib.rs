@@ -564,7 +564,11 @@ mod tests {
     struct Phantom;
 
     impl palisade_server::cluster::membership::Introducer for Phantom {
-        fn introduce(&self, _addr: &str) -> palisade_server::cluster::membership::Introducing {
+        fn introduce(
+            &self,
+            _node: palisade_server::cluster::NodeId,
+            _addr: &str,
+        ) -> palisade_server::cluster::membership::Introducing {
             Box::pin(async {
                 Ok(palisade_server::cluster::membership::Introduction {
                     node_id: 4,

@@ -286,7 +286,7 @@ pub struct Introductions {
 }
 
 impl Introducer for Introductions {
-    fn introduce(&self, addr: &str) -> Introducing {
+    fn introduce(&self, _node: NodeId, addr: &str) -> Introducing {
         let (from, router) = (self.from, self.router.clone());
         let to = addr
             .strip_prefix("127.0.0.1:")

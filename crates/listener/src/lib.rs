@@ -18,6 +18,13 @@
 //!
 //! On shutdown the listener stops accepting and every connection closes gracefully; dropping
 //! the [`serve`] future drops every connection.
+//!
+//! With a TLS acceptor ([`serve_with_tls`]), a connection whose first byte opens a TLS
+//! handshake is served over TLS (the handshake must finish within [`Limits::header_read`]);
+//! its verified client certificates reach every request as the extension
+//! [`PeerCertificates`]. Other connections are served in clear, as without an acceptor: the
+//! coordinator uses this for cluster peers, which must prove who they are, on the port its
+//! clients use.
 
 use std::collections::HashMap;
 use std::io;
@@ -42,6 +49,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+/// The certificate chain a TLS client presented and the acceptor verified (leaf first), on
+/// every request of that connection. Absent on clear-text connections.
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub Arc<Vec<rustls_pki_types::CertificateDer<'static>>>);
+
+/// The first byte of a TLS connection (a handshake record).
+const TLS_HANDSHAKE: u8 = 0x16;
 
 /// The bounds of one server's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +200,17 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    shutdown: watch::Receiver<bool>,
+) {
+    serve_with_tls(listener, app, limits, None, shutdown).await;
+}
+
+/// [`serve`], with connections that open a TLS handshake served over TLS by `tls`.
+pub async fn serve_with_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let registry = Arc::new(Registry {
@@ -255,11 +282,12 @@ pub async fn serve(
             .lock()
             .expect("not poisoned")
             .insert(id, conn.clone());
-        let (registry, builder, app, shutdown) = (
+        let (registry, builder, app, shutdown, tls) = (
             registry.clone(),
             builder.clone(),
             app.clone(),
             shutdown.clone(),
+            tls.clone(),
         );
         connections.spawn(async move {
             let io = Watched {
@@ -267,7 +295,30 @@ pub async fn serve(
                 conn: conn.clone(),
                 registry: registry.clone(),
             };
-            run_connection(&builder, io, app, &conn, &registry, &limits, shutdown).await;
+            match tls {
+                Some(acceptor) if opens_tls(&io.inner, limits.header_read).await => {
+                    let handshake = tokio::time::timeout(limits.header_read, acceptor.accept(io));
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            let certificates = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
+                                .unwrap_or_default();
+                            let app = app
+                                .layer(axum::Extension(PeerCertificates(Arc::new(certificates))));
+                            run_connection(
+                                &builder, stream, app, &conn, &registry, &limits, shutdown,
+                            )
+                            .await;
+                        }
+                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake refused"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
+                _ => run_connection(&builder, io, app, &conn, &registry, &limits, shutdown).await,
+            }
             registry.open.lock().expect("not poisoned").remove(&id);
             drop(permit);
         });
@@ -277,16 +328,27 @@ pub async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
+/// True when the connection's first byte opens a TLS handshake (waits for it up to `within`).
+async fn opens_tls(tcp: &TcpStream, within: Duration) -> bool {
+    let mut first = [0u8; 1];
+    matches!(
+        tokio::time::timeout(within, tcp.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0] == TLS_HANDSHAKE
+    )
+}
+
 /// Serves one connection until it ends, closing it when it is evicted, idle or shut down.
-async fn run_connection(
+async fn run_connection<I>(
     builder: &auto::Builder<TokioExecutor>,
-    io: Watched,
+    io: I,
     app: Router,
     conn: &Conn,
     registry: &Registry,
     limits: &Limits,
     mut shutdown: watch::Receiver<bool>,
-) {
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = TowerToHyperService::new(app);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);

@@ -59,6 +59,11 @@ pub struct ServerConfig {
     pub auth: Arc<auth::Auth>,
     /// Serve without authentication on a non-loopback address (`--insecure`).
     pub insecure: bool,
+    /// Cluster mode: this member's peer credentials (mutual TLS between members).
+    pub peer_tls: Option<Arc<cluster::peer_tls::PeerTls>>,
+    /// Cluster mode without peer credentials (`--insecure-peers`): anyone who can reach the
+    /// port can send Raft messages. For loopback demos and tests.
+    pub insecure_peers: bool,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +74,8 @@ impl Default for ServerConfig {
             cluster: None,
             auth: Arc::new(auth::Auth::open()),
             insecure: false,
+            peer_tls: None,
+            insecure_peers: false,
         }
     }
 }
@@ -95,6 +102,17 @@ pub enum ServerError {
     Unauthenticated {
         /// The listen address.
         listen: SocketAddr,
+    },
+    /// Cluster mode with neither peer credentials nor `--insecure-peers`.
+    #[error(
+        "cluster mode needs peer credentials: --peer-cert, --peer-key and --peer-ca (a \
+         certificate naming node-{node}.palisade, signed by the cluster's own CA; see \
+         docs/security.md). Without them anyone who can reach the port could forge Raft \
+         messages; for a loopback demo, accept that with --insecure-peers"
+    )]
+    UnauthenticatedPeers {
+        /// This member's node id.
+        node: u64,
     },
     /// The signing key could not be loaded or created.
     #[error(transparent)]
@@ -200,6 +218,19 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             "--insecure: serving WITHOUT authentication on a non-loopback address"
         );
     }
+    if let Some(cluster) = &config.cluster {
+        if config.peer_tls.is_none() {
+            if !config.insecure_peers {
+                return Err(ServerError::UnauthenticatedPeers {
+                    node: cluster.node_id,
+                });
+            }
+            tracing::warn!(
+                "--insecure-peers: Raft traffic is NOT authenticated; anyone who can reach \
+                 this port can forge cluster messages and signing keys"
+            );
+        }
+    }
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
     create_store_before_key(dir, config.cluster.is_some())?;
@@ -210,7 +241,16 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (mut api, raft_service, core) = match &config.cluster {
         None => start_single(dir, signer, metrics, shutdown_signal.clone())?,
         Some(cluster) => {
-            start_cluster(cluster, dir, signer, metrics, shutdown_signal.clone()).await?
+            let peer_tls = config.peer_tls.clone();
+            start_cluster(
+                cluster,
+                dir,
+                signer,
+                metrics,
+                peer_tls,
+                shutdown_signal.clone(),
+            )
+            .await?
         }
     };
     api.auth = config.auth.clone();
@@ -262,10 +302,18 @@ async fn start_cluster(
     dir: &Path,
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
+    peer_tls: Option<Arc<cluster::peer_tls::PeerTls>>,
     shutdown_signal: watch::Receiver<bool>,
 ) -> Result<(Api, Option<RaftService>, Core), ServerError> {
-    let member =
-        cluster::start_member(cluster, dir, &signer, metrics.clone(), shutdown_signal).await?;
+    let member = cluster::start_member(
+        cluster,
+        dir,
+        &signer,
+        metrics.clone(),
+        peer_tls.clone(),
+        shutdown_signal,
+    )
+    .await?;
     let api = Api {
         coordinator: member.gateway,
         signer,
@@ -289,7 +337,8 @@ async fn start_cluster(
         }
         outcome.map_err(ServerError::Cluster)
     });
-    let service = cluster::network::service(cluster.node_id, member.raft, member.identity);
+    let service =
+        cluster::network::service(cluster.node_id, member.raft, member.identity, peer_tls);
     Ok((api, Some(service), core))
 }
 
@@ -322,10 +371,12 @@ async fn serve(
         data_dir = %config.data_dir.display(),
         "coordinator serving gRPC and HTTP"
     );
-    let http = tokio::spawn(palisade_listener::serve(
+    let tls = config.peer_tls.as_ref().map(|tls| tls.acceptor());
+    let http = tokio::spawn(palisade_listener::serve_with_tls(
         listener,
         app,
         palisade_listener::Limits::default(),
+        tls,
         shutdown_signal,
     ));
     let stopper = shutdown.clone();

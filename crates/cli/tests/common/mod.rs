@@ -243,3 +243,65 @@ impl Drop for ResourceProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Peer credentials for a test cluster, written as PEM files in a directory: a CA of its own,
+/// and one certificate per node naming `node-N.palisade` (server and client use). Private keys
+/// are made here and never committed.
+pub struct PeerFiles {
+    pub dir: PathBuf,
+}
+
+impl PeerFiles {
+    /// A CA and certificates for `nodes` in `dir`.
+    pub fn generate(dir: &Path, nodes: &[u64]) -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
+            KeyPair, KeyUsagePurpose,
+        };
+        std::fs::create_dir_all(dir).unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        std::fs::write(dir.join("ca.pem"), issuer.pem()).unwrap();
+        for node in nodes {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(vec![format!("node-{node}.palisade")]).unwrap();
+            params.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            std::fs::write(dir.join(format!("node-{node}.pem")), cert.pem()).unwrap();
+            std::fs::write(dir.join(format!("node-{node}.key")), key.serialize_pem()).unwrap();
+        }
+        Self {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The `serve` arguments of node `node`.
+    pub fn args(&self, node: u64) -> Vec<String> {
+        let file = |name: String| self.dir.join(name).to_string_lossy().into_owned();
+        vec![
+            "--peer-cert".into(),
+            file(format!("node-{node}.pem")),
+            "--peer-key".into(),
+            file(format!("node-{node}.key")),
+            "--peer-ca".into(),
+            file("ca.pem".into()),
+        ]
+    }
+}
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -177,6 +177,17 @@ impl Identity {
         check(metrics.membership_config.membership(), peer, store)
     }
 
+    /// Whether `peer` may send to this member: it is in the membership this member holds, or
+    /// this member holds none yet (a node started with `--join`, or a cluster being founded).
+    pub fn knows(&self, peer: NodeId) -> bool {
+        let Some(metrics) = self.metrics.get() else {
+            return false;
+        };
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        membership.nodes().next().is_none() || membership.get_node(&peer).is_some()
+    }
+
     /// Whether this member may send requests: its membership names this store for it (or
     /// does not name it at all: a learner being added, a member not yet founded).
     pub fn may_send(&self) -> Result<(), Refused> {

@@ -56,7 +56,7 @@ pub type Introducing = Pin<Box<dyn Future<Output = Result<Introduction, String>>
 /// in the cluster simulation.
 pub trait Introducer: Send + Sync + 'static {
     /// The node at `addr`, or why it did not answer.
-    fn introduce(&self, addr: &str) -> Introducing;
+    fn introduce(&self, node: NodeId, addr: &str) -> Introducing;
 }
 
 /// Runs membership changes on this member (they succeed only while it leads).
@@ -100,7 +100,7 @@ impl Changes {
         }
         super::validate_addr(addr).map_err(MembershipError::Invalid)?;
         let _one_at_a_time = self.running.try_lock().map_err(|_| MembershipError::Busy)?;
-        let introduction = self.introduce(addr).await?;
+        let introduction = self.introduce(id, addr).await?;
         if introduction.node_id != id {
             return Err(MembershipError::WrongNode(format!(
                 "the node at {addr} is node {}, not {id}",
@@ -286,8 +286,8 @@ impl Changes {
             .clone()
     }
 
-    async fn introduce(&self, addr: &str) -> Result<Introduction, MembershipError> {
-        match tokio::time::timeout(INTRODUCE_TIMEOUT, self.introducer.introduce(addr)).await {
+    async fn introduce(&self, node: NodeId, addr: &str) -> Result<Introduction, MembershipError> {
+        match tokio::time::timeout(INTRODUCE_TIMEOUT, self.introducer.introduce(node, addr)).await {
             Ok(Ok(introduction)) => Ok(introduction),
             Ok(Err(why)) => Err(MembershipError::Unreachable {
                 addr: addr.to_owned(),
@@ -381,7 +381,8 @@ async fn founding_membership(
         let store = if *id == me.0 {
             me.1.clone()
         } else {
-            let answer = tokio::time::timeout(INTRODUCE_TIMEOUT, introducer.introduce(addr)).await;
+            let answer =
+                tokio::time::timeout(INTRODUCE_TIMEOUT, introducer.introduce(*id, addr)).await;
             let introduction = match answer {
                 Ok(Ok(introduction)) => introduction,
                 Ok(Err(why)) => {

@@ -22,6 +22,7 @@ mod error;
 pub mod identity;
 pub mod membership;
 pub mod network;
+pub mod peer_tls;
 pub mod runtime;
 pub mod storage;
 pub mod supervisor;
@@ -421,6 +422,7 @@ pub async fn start_member(
     dir: &std::path::Path,
     signer: &palisade_core::TokenSigner,
     metrics: Arc<crate::metrics::Metrics>,
+    peer_tls: Option<Arc<peer_tls::PeerTls>>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Member, ClusterError> {
     let single = dir.join(crate::STORE_FILE);
@@ -434,7 +436,7 @@ pub async fn start_member(
         )));
     }
     let stores = storage::open(&path)?;
-    let network = network::Network::new(config.node_id, stores.1.identity());
+    let network = network::Network::new(config.node_id, stores.1.identity(), peer_tls.clone());
     let start = MemberStart {
         config,
         raft_config: raft_config(),
@@ -443,7 +445,7 @@ pub async fn start_member(
         signer,
         metrics,
         shutdown,
-        introducer: Arc::new(network::GrpcIntroducer),
+        introducer: Arc::new(network::GrpcIntroducer { tls: peer_tls }),
     };
     start.run(network).await
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -16,6 +17,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use palisade_listener::PeerCertificates;
 use palisade_proto::v1 as pb;
 use pb::raft_client::RaftClient;
 use pb::raft_server::{Raft as RaftRpc, RaftServer};
@@ -26,6 +28,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::identity::{Identity, FROM_METADATA, STORE_METADATA};
 use super::membership::{Introducer, Introducing, Introduction, INTRODUCE_TIMEOUT};
+use super::peer_tls::PeerTls;
 use super::{MemberNode, NodeId, RaftNode, TypeConfig};
 
 /// Largest Raft message accepted (entries are batched by `max_payload_entries`, snapshots are
@@ -41,18 +44,36 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 pub struct Network {
     node: NodeId,
     identity: Identity,
+    tls: Option<Arc<PeerTls>>,
     channels: HashMap<NodeId, (String, Channel)>,
 }
 
 impl Network {
-    /// The network of member `node`, whose store is `identity`.
-    pub fn new(node: NodeId, identity: Identity) -> Self {
+    /// The network of member `node`, whose store is `identity`; with `tls`, every peer is
+    /// dialled over mutual TLS.
+    pub fn new(node: NodeId, identity: Identity, tls: Option<Arc<PeerTls>>) -> Self {
         Self {
             node,
             identity,
+            tls,
             channels: HashMap::new(),
         }
     }
+}
+
+/// A lazily connected channel to member `target` at `addr`: over mutual TLS with `tls`.
+fn peer_channel(target: NodeId, addr: &str, tls: Option<&PeerTls>) -> Result<Endpoint, String> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.client_config(target))
+            .map_err(|e| format!("peer TLS: {e}"))?;
+    }
+    Ok(endpoint)
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -62,10 +83,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         let channel = match self.channels.get(&target) {
             Some((addr, channel)) if *addr == node.addr => channel.clone(),
             _ => {
-                let channel = Endpoint::from_shared(format!("http://{}", node.addr))
-                    .expect("member addresses are validated at start")
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .tcp_nodelay(true)
+                let channel = peer_channel(target, &node.addr, self.tls.as_deref())
+                    .expect("member addresses and peer credentials are validated at start")
                     .connect_lazy();
                 self.channels
                     .insert(target, (node.addr.clone(), channel.clone()));
@@ -260,14 +279,29 @@ pub struct RaftService {
     node: NodeId,
     raft: RaftNode,
     identity: Identity,
+    /// Peers must prove who they are (mutual TLS); `None`: `--insecure-peers`.
+    tls: Option<Arc<PeerTls>>,
 }
 
-/// The gRPC service of Raft traffic for member `node`'s `raft`, whose store is `identity`.
-pub fn service(node: NodeId, raft: RaftNode, identity: Identity) -> RaftServer<RaftService> {
+/// The answer to a Raft message that did not come from an authenticated member: it says
+/// nothing about this member (no store id, term or membership).
+fn not_a_peer() -> Status {
+    Status::unauthenticated("raft traffic is accepted only from cluster members over mutual TLS")
+}
+
+/// The gRPC service of Raft traffic for member `node`'s `raft`, whose store is `identity`;
+/// with `tls`, only from members authenticated by their peer certificates.
+pub fn service(
+    node: NodeId,
+    raft: RaftNode,
+    identity: Identity,
+    tls: Option<Arc<PeerTls>>,
+) -> RaftServer<RaftService> {
     RaftServer::new(RaftService {
         node,
         raft,
         identity,
+        tls,
     })
     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -279,11 +313,26 @@ impl RaftService {
     /// ([`super::identity`]), and who may send at all is the transport's.
     fn admit<T: DeserializeOwned>(&self, request: Request<pb::RaftPayload>) -> Result<T, Status> {
         let metadata = request.metadata();
-        metadata
+        let from = metadata
             .get(FROM_METADATA)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<NodeId>().ok())
-            .ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
+            .and_then(|v| v.parse::<NodeId>().ok());
+        if self.tls.is_some() {
+            // Before anything else: over a clear-text (client) connection, or with a
+            // certificate that does not name the node the message claims, nothing is decoded.
+            let certified = request
+                .extensions()
+                .get::<PeerCertificates>()
+                .zip(from)
+                .is_some_and(|(certificates, from)| {
+                    PeerTls::certifies(certificates, from) && self.identity.knows(from)
+                });
+            if !certified {
+                return Err(not_a_peer());
+            }
+        }
+        let metadata = request.metadata();
+        from.ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
         metadata
             .get(STORE_METADATA)
             .and_then(|v| v.to_str().ok())
@@ -338,8 +387,15 @@ impl RaftRpc for RaftService {
 
     async fn identify(
         &self,
-        _request: Request<pb::RaftPayload>,
+        request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
+        // Who asks must be a member too (any member: the leader adding this node).
+        if self.tls.is_some() {
+            let certificates = request.extensions().get::<PeerCertificates>();
+            if certificates.is_none_or(|c| c.0.is_empty()) {
+                return Err(not_a_peer());
+            }
+        }
         let holds_log = self.raft.metrics().borrow().last_log_index.is_some();
         self.encode(&Introduction {
             node_id: self.node,
@@ -349,16 +405,18 @@ impl RaftRpc for RaftService {
     }
 }
 
-/// Asks nodes who they are over gRPC (`Identify`), one short-lived connection per question.
-pub struct GrpcIntroducer;
+/// Asks nodes who they are over gRPC (`Identify`), one short-lived connection per question;
+/// with peer credentials over mutual TLS, to a certificate naming the node expected there.
+pub struct GrpcIntroducer {
+    /// This member's peer credentials (`None`: `--insecure-peers`).
+    pub tls: Option<Arc<PeerTls>>,
+}
 
 impl Introducer for GrpcIntroducer {
-    fn introduce(&self, addr: &str) -> Introducing {
-        let url = format!("http://{addr}");
+    fn introduce(&self, node: NodeId, addr: &str) -> Introducing {
+        let endpoint = peer_channel(node, addr, self.tls.as_deref());
         Box::pin(async move {
-            let channel = Endpoint::from_shared(url)
-                .map_err(|e| e.to_string())?
-                .connect_timeout(CONNECT_TIMEOUT)
+            let channel = endpoint?
                 .timeout(INTRODUCE_TIMEOUT)
                 .connect()
                 .await

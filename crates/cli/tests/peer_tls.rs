@@ -1,0 +1,225 @@
+//! Cluster members authenticate each other (P1, P4, P8): three real processes with peer
+//! certificates form a cluster over mutual TLS, and the attacks of the review are refused — a
+//! forged Raft message from a client connection, a certificate from another CA, a certificate
+//! of a node that is not a member, a certificate used to speak as another node. Before, the
+//! forged AppendEntries from a client connection was decoded and applied: one carrying a
+//! `LeaderStart` made every member publish the attacker's signing key.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{free_port, PeerFiles, ServerProcess, BINARY};
+use palisade_proto::v1 as pb;
+use pb::raft_client::RaftClient;
+use serde_json::Value;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::Code;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    peers: PeerFiles,
+    ports: Vec<u16>,
+    endpoints: String,
+    _members: Vec<ServerProcess>,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let peers = PeerFiles::generate(&dir.path().join("pki"), &[1, 2, 3, 9]);
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let list = (1..=3)
+            .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let members = (1..=3u64)
+            .map(|id| {
+                let mut args = vec![
+                    "serve".to_owned(),
+                    "--node-id".into(),
+                    id.to_string(),
+                    "--cluster".into(),
+                    list.clone(),
+                ];
+                args.extend(peers.args(id));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                ServerProcess::start_with(&args, &dir.path().join(format!("n{id}")))
+            })
+            .collect();
+        let endpoints = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Self {
+            _dir: dir,
+            peers,
+            ports,
+            endpoints,
+            _members: members,
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BINARY)
+            .args(args)
+            .args(["--endpoint", &self.endpoints])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    }
+
+    /// A Raft client to member 1 over clear text (what any client of the port can open).
+    async fn clear_text(&self) -> RaftClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://127.0.0.1:{}", self.ports[0]))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        RaftClient::new(channel)
+    }
+
+    /// A Raft client to member 1 over TLS, presenting `node`'s certificate from `pki`.
+    async fn tls(&self, pki: &std::path::Path, node: u64) -> Result<RaftClient<Channel>, String> {
+        let read = |name: &str| std::fs::read(pki.join(name)).unwrap();
+        let ca = std::fs::read(self.peers.dir.join("ca.pem")).unwrap();
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .identity(Identity::from_pem(
+                read(&format!("node-{node}.pem")),
+                read(&format!("node-{node}.key")),
+            ))
+            .domain_name("node-1.palisade");
+        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", self.ports[0]))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        Ok(RaftClient::new(channel))
+    }
+}
+
+/// An AppendEntries claiming to come from node `from` (the payload need not even decode: the
+/// sender is refused before it is read).
+fn forged_append(from: u64) -> tonic::Request<pb::RaftPayload> {
+    let mut request = tonic::Request::new(pb::RaftPayload {
+        json: br#"{"vote":{"leader_id":{"term":999,"node_id":2},"committed":true},"prev_log_id":null,"entries":[],"leader_commit":null}"#.to_vec(),
+    });
+    let metadata = request.metadata_mut();
+    metadata.insert("palisade-raft-from", from.to_string().parse().unwrap());
+    metadata.insert("palisade-raft-store", "00".parse().unwrap());
+    request.set_timeout(Duration::from_secs(5));
+    request
+}
+
+fn refused_without_a_word(status: &tonic::Status) {
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let said = format!("{status:?}");
+    for secret in ["store", "term", "member 1", "leader"] {
+        assert!(!said.to_lowercase().contains(secret), "{said}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p1_p4_p8_members_speak_over_mutual_tls_and_refuse_everyone_else() {
+    let cluster = Cluster::start();
+    // The members found the cluster over mutual TLS; clients use the port in clear as before.
+    let mut granted = None;
+    for _ in 0..100 {
+        let out = cluster.cli(&["lock", "acquire", "peers/1", "--json"]);
+        if out.status.success() {
+            granted = Some(serde_json::from_slice::<Value>(&out.stdout).unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let granted = granted.expect("the TLS cluster elects a leader and grants");
+    assert!(granted["epoch"].as_u64().unwrap() >= 1);
+
+    // 1. A forged AppendEntries from a client connection: refused before decoding, and the
+    //    answer names no store, term or member.
+    let status = cluster
+        .clear_text()
+        .await
+        .append_entries(forged_append(2))
+        .await
+        .unwrap_err();
+    refused_without_a_word(&status);
+    let status = cluster
+        .clear_text()
+        .await
+        .identify(pb::RaftPayload { json: Vec::new() })
+        .await
+        .unwrap_err();
+    refused_without_a_word(&status);
+
+    // 2. A certificate from another CA, naming a member: the handshake fails.
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = PeerFiles::generate(dir.path(), &[2]);
+    let refused = match cluster.tls(&foreign.dir, 2).await {
+        Err(_) => true,
+        Ok(mut client) => client.append_entries(forged_append(2)).await.is_err(),
+    };
+    assert!(refused, "a certificate of another CA was accepted");
+
+    // 3. A certificate of the cluster's CA for node 9, which is not a member.
+    let mut outsider = cluster.tls(&cluster.peers.dir, 9).await.unwrap();
+    refused_without_a_word(&outsider.append_entries(forged_append(9)).await.unwrap_err());
+    // 4. Node 3's certificate speaking as node 2.
+    let mut impostor = cluster.tls(&cluster.peers.dir, 3).await.unwrap();
+    refused_without_a_word(&impostor.append_entries(forged_append(2)).await.unwrap_err());
+    // 5. Node 2's own certificate is admitted: its message is read (this one does not decode,
+    //    so it changes nothing).
+    let mut member = cluster.tls(&cluster.peers.dir, 2).await.unwrap();
+    let mut undecodable = forged_append(2);
+    undecodable.get_mut().json = b"{}".to_vec();
+    let status = member.append_entries(undecodable).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // The cluster still serves, and publishes only its members' keys.
+    let out = cluster.cli(&["lock", "acquire", "peers/2", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(second["epoch"].as_u64() > granted["epoch"].as_u64());
+}
+
+#[test]
+fn cluster_mode_without_peer_credentials_or_with_a_wrong_certificate_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = format!(
+        "1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}",
+        free_port(),
+        free_port(),
+        free_port()
+    );
+    let serve = |extra: &[String]| {
+        Command::new(BINARY)
+            .args(["serve", "--node-id", "1", "--cluster", &list, "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(extra)
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let out = serve(&[]);
+    assert!(!out.status.success());
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.contains("--peer-cert") && message.contains("--insecure-peers"),
+        "{message}"
+    );
+    // Node 2's certificate given to node 1.
+    let peers = PeerFiles::generate(&dir.path().join("pki"), &[2]);
+    let out = serve(&peers.args(2));
+    assert!(!out.status.success());
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(message.contains("does not name node 1"), "{message}");
+}
