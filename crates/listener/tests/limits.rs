@@ -182,3 +182,58 @@ async fn shutdown_closes_idle_keep_alive_connections_and_returns() {
         .expect("shutdown finished")
         .unwrap();
 }
+
+/// A TLS acceptor with a self-signed certificate (no client certificate asked for).
+fn acceptor() -> tokio_rustls::TlsAcceptor {
+    use tokio_rustls::rustls;
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let chain = vec![certified.cert.der().clone()];
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+}
+
+#[tokio::test]
+async fn p8_with_tls_on_the_port_a_stalled_handshake_is_cut_and_clear_text_is_still_served() {
+    let app = Router::new().route("/", get(|| async { "ok" }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, signal) = watch::channel(false);
+    let task = tokio::spawn(palisade_listener::serve_with_tls(
+        listener,
+        app,
+        limits(),
+        Some(acceptor()),
+        signal,
+    ));
+    // A handshake record's first byte, then silence: closed within the header time.
+    let mut drip = TcpStream::connect(&addr).await.unwrap();
+    drip.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+    assert!(
+        read_until_closed(&mut drip, Duration::from_secs(3))
+            .await
+            .is_some(),
+        "a stalled TLS handshake held its connection"
+    );
+    // (A connection that says nothing at all is treated as before: served in clear after the
+    // header time, closed when idle or evicted for a newcomer — tested above.)
+    // Garbage that is not TLS is served as HTTP (and refused as such), not hung.
+    let mut garbage = TcpStream::connect(&addr).await.unwrap();
+    garbage
+        .write_all(b"\x16not tls at all\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_until_closed(&mut garbage, Duration::from_secs(3))
+        .await
+        .is_some());
+    // Clear-text clients are served as before.
+    assert_eq!(get_ok(&addr).await.unwrap(), "ok");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
