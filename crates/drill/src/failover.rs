@@ -45,17 +45,29 @@ impl Node {
         format!("http://{}", self.addr)
     }
 
-    fn start(&mut self, binary: &Path, cluster: &str) -> anyhow::Result<()> {
+    fn start(&mut self, binary: &Path, cluster: &str, pki: &Path) -> anyhow::Result<()> {
         let dir = self.dir.to_string_lossy();
         let id = self.id.to_string();
+        let file = |name: String| pki.join(name).to_string_lossy().into_owned();
+        let (cert, key, ca) = (
+            file(format!("node-{id}.pem")),
+            file(format!("node-{id}.key")),
+            file("ca.pem".into()),
+        );
+        // The members speak over mutual TLS, as in production: every kill makes the survivors
+        // reconnect and the restarted member handshake again.
         let args = [
             "serve",
             "--node-id",
             &id,
             "--cluster",
             cluster,
-            // Members on loopback, in one drill: peer credentials add nothing it checks.
-            "--insecure-peers",
+            "--peer-cert",
+            &cert,
+            "--peer-key",
+            &key,
+            "--peer-ca",
+            &ca,
             "--data-dir",
             &dir,
         ];
@@ -67,6 +79,36 @@ impl Node {
     fn kill9(&mut self) {
         self.process = None;
     }
+}
+
+/// A CA of the drill's own and a certificate per member naming `node-N.palisade`, as PEM files
+/// in `dir` (made for this run; the keys die with its temporary directory).
+fn peer_credentials(dir: &Path, members: u64) -> anyhow::Result<()> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
+        KeyPair, KeyUsagePurpose,
+    };
+    std::fs::create_dir_all(dir)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    std::fs::write(dir.join("ca.pem"), issuer.pem())?;
+    for node in 1..=members {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec![format!("node-{node}.palisade")])?;
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &issuer)?;
+        std::fs::write(dir.join(format!("node-{node}.pem")), cert.pem())?;
+        std::fs::write(dir.join(format!("node-{node}.key")), key.serialize_pem())?;
+    }
+    Ok(())
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -149,8 +191,10 @@ pub async fn run(
         .map(|n| format!("{}={}", n.id, n.addr))
         .collect::<Vec<_>>()
         .join(",");
+    let pki = dir.path().join("pki");
+    peer_credentials(&pki, MEMBERS)?;
     for node in &mut nodes {
-        node.start(binary, &cluster)?;
+        node.start(binary, &cluster, &pki)?;
     }
     let urls: Vec<String> = nodes.iter().map(Node::url).collect();
     let client = Client::connect(&urls).await?;
@@ -243,7 +287,7 @@ pub async fn run(
                 .iter_mut()
                 .find(|n| n.id == leader_id)
                 .expect("the leader is a member");
-            node.start(binary, &cluster)?;
+            node.start(binary, &cluster, &pki)?;
             let url = node.url();
             wait_for("the restarted member to follow", || {
                 let http = http.clone();
