@@ -50,6 +50,10 @@ pub struct AcquireBenchArgs {
     /// secret and an ACL) right after the open one, in the same run.
     #[arg(long, conflicts_with_all = ["endpoint", "cluster"])]
     with_auth: bool,
+    /// With --cluster: also measure the cluster with its members over mutual TLS (certificates
+    /// made for the run), right after the one without, in the same run.
+    #[arg(long, requires = "cluster")]
+    peer_tls: bool,
     /// With --endpoint: the bearer secret to authenticate with (else PALISADE_TOKEN).
     #[arg(long, requires = "endpoint")]
     token_file: Option<std::path::PathBuf>,
@@ -186,14 +190,23 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         palisade_server::cluster::MAX_MEMBERS
     );
     let single = measure(&args, None, false).await?;
-    let cluster = measure(&args, Some(members), false).await?;
+    let cluster = measure(&args, Some((members, false)), false).await?;
     let ratio = cluster.ops_per_sec / single.ops_per_sec.max(f64::MIN_POSITIVE);
+    let tls = match args.peer_tls {
+        true => Some(measure(&args, Some((members, true)), false).await?),
+        false => None,
+    };
+    let tls_ratio = tls
+        .as_ref()
+        .map(|tls| tls.ops_per_sec / cluster.ops_per_sec.max(f64::MIN_POSITIVE));
     if json {
         print_json(&serde_json::json!({
             "single": single,
             "cluster": cluster,
             "members": members,
             "cluster_vs_single": ratio,
+            "cluster_peer_tls": tls,
+            "peer_tls_vs_clear": tls_ratio,
         }));
     } else {
         println!("single node:");
@@ -201,6 +214,11 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         println!("\n{members}-member cluster (same run):");
         print_report(&cluster, false);
         println!("\ncluster / single: {ratio:.2}× the cycles per second");
+        if let (Some(tls), Some(tls_ratio)) = (&tls, tls_ratio) {
+            println!("\n{members}-member cluster, members over mutual TLS (same run):");
+            print_report(tls, false);
+            println!("\nmutual TLS / clear: {tls_ratio:.2}× the cycles per second");
+        }
     }
     Ok(())
 }
@@ -209,7 +227,12 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
 async fn start_cluster(
     dir: &Path,
     members: usize,
+    peer_tls: bool,
 ) -> anyhow::Result<(Vec<palisade_server::RunningServer>, Vec<String>)> {
+    let pki = dir.join("pki");
+    if peer_tls {
+        palisade_drill::failover::peer_credentials(&pki, members as u64)?;
+    }
     let mut addrs = std::collections::BTreeMap::new();
     for id in 1..=members as u64 {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -221,13 +244,27 @@ async fn start_cluster(
     let mut servers = Vec::new();
     for (id, addr) in &addrs {
         let cluster = palisade_server::cluster::ClusterConfig::parse(*id, &list, false)?;
+        let tls = if peer_tls {
+            let file = |name: String| pki.join(name);
+            Some(std::sync::Arc::new(
+                palisade_server::cluster::peer_tls::PeerTls::load(
+                    *id,
+                    &file(format!("node-{id}.pem")),
+                    &file(format!("node-{id}.key")),
+                    &file("ca.pem".into()),
+                )?,
+            ))
+        } else {
+            None
+        };
         servers.push(
             palisade_server::start(ServerConfig {
                 data_dir: dir.join(format!("node{id}")),
                 listen: addr.parse()?,
                 cluster: Some(cluster),
-                // In-process members on loopback, measured for speed.
-                insecure_peers: true,
+                // In-process members on loopback: TLS between them only when measured.
+                insecure_peers: tls.is_none(),
+                peer_tls: tls,
                 ..Default::default()
             })
             .await?,
@@ -238,10 +275,10 @@ async fn start_cluster(
 }
 
 /// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`; with
-/// `auth`, with a principal and an ACL) or an embedded cluster.
+/// `auth`, with a principal and an ACL) or an embedded cluster (`(members, peer TLS)`).
 async fn measure(
     args: &AcquireBenchArgs,
-    cluster: Option<usize>,
+    cluster: Option<(usize, bool)>,
     auth: bool,
 ) -> anyhow::Result<Report> {
     let mut credentials = bench_credentials(args)?;
@@ -259,8 +296,8 @@ async fn measure(
                 .context("cannot measure the fdatasync rate")?;
             fsyncs_per_sec = Some(rate);
             let urls = match cluster {
-                Some(count) => {
-                    let (members, urls) = start_cluster(dir.path(), count).await?;
+                Some((count, peer_tls)) => {
+                    let (members, urls) = start_cluster(dir.path(), count, peer_tls).await?;
                     servers = members;
                     // Wait (bounded by the client's failover budget) until a leader serves.
                     let client = Client::connect(&urls).await?;

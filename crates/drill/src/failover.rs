@@ -83,7 +83,7 @@ impl Node {
 
 /// A CA of the drill's own and a certificate per member naming `node-N.palisade`, as PEM files
 /// in `dir` (made for this run; the keys die with its temporary directory).
-fn peer_credentials(dir: &Path, members: u64) -> anyhow::Result<()> {
+pub fn peer_credentials(dir: &Path, members: u64) -> anyhow::Result<()> {
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
         KeyPair, KeyUsagePurpose,
