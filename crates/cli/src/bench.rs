@@ -59,16 +59,10 @@ pub struct AcquireBenchArgs {
     token_file: Option<std::path::PathBuf>,
 }
 
-/// How the bench clients authenticate: `None` = an open coordinator.
+/// How the bench clients authenticate (as the other client commands do); none: an open
+/// coordinator.
 fn bench_credentials(args: &AcquireBenchArgs) -> anyhow::Result<Credentials> {
-    let secret = match &args.token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?,
-        ),
-        None => std::env::var("PALISADE_TOKEN").ok(),
-    };
-    match secret.filter(|s| !s.trim().is_empty()) {
+    match crate::bearer_secret(args.token_file.as_deref())? {
         Some(secret) => Ok(Credentials::bearer(&secret)?),
         None => Ok(Credentials::default()),
     }
@@ -231,7 +225,7 @@ async fn start_cluster(
 ) -> anyhow::Result<(Vec<palisade_server::RunningServer>, Vec<String>)> {
     let pki = dir.join("pki");
     if peer_tls {
-        palisade_drill::failover::peer_credentials(&pki, members as u64)?;
+        palisade_drill::failover::peer_credentials(&pki, 1..=members as u64)?;
     }
     let mut addrs = std::collections::BTreeMap::new();
     for id in 1..=members as u64 {

@@ -125,24 +125,30 @@ struct EndpointArgs {
     token_file: Option<PathBuf>,
 }
 
+/// The bearer secret a client command sends: from `token_file`, else from PALISADE_TOKEN, else
+/// none.
+fn bearer_secret(token_file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    if let Some(path) = token_file {
+        let secret = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?;
+        let secret = secret.trim();
+        anyhow::ensure!(
+            !secret.is_empty(),
+            "the token file {} is empty",
+            path.display()
+        );
+        return Ok(Some(secret.to_owned()));
+    }
+    Ok(std::env::var("PALISADE_TOKEN")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty()))
+}
+
 impl EndpointArgs {
     /// The bearer secret: from --token-file, else from PALISADE_TOKEN, else none.
     fn bearer(&self) -> anyhow::Result<Option<String>> {
-        if let Some(path) = &self.token_file {
-            let secret = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the token file {}", path.display()))?;
-            let secret = secret.trim();
-            anyhow::ensure!(
-                !secret.is_empty(),
-                "the token file {} is empty",
-                path.display()
-            );
-            return Ok(Some(secret.to_owned()));
-        }
-        Ok(std::env::var("PALISADE_TOKEN")
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty()))
+        bearer_secret(self.token_file.as_deref())
     }
 
     /// Connects a client that authenticates with [`Self::bearer`].

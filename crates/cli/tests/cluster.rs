@@ -6,16 +6,8 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{ServerProcess, BINARY};
+use common::{free_port, ServerProcess, BINARY};
 use serde_json::Value;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Addresses of a 3-member cluster on free loopback ports.
 struct Layout {

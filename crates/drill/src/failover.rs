@@ -81,9 +81,10 @@ impl Node {
     }
 }
 
-/// A CA of the drill's own and a certificate per member naming `node-N.palisade`, as PEM files
-/// in `dir` (made for this run; the keys die with its temporary directory).
-pub fn peer_credentials(dir: &Path, members: u64) -> anyhow::Result<()> {
+/// A CA of its own and a certificate per node of `nodes` naming `node-N.palisade` (server and
+/// client use), as PEM files in `dir`: `ca.pem`, `node-N.pem`, `node-N.key`. Made for one run
+/// (a drill, a bench, a test); the keys die with its temporary directory.
+pub fn peer_credentials(dir: &Path, nodes: impl IntoIterator<Item = u64>) -> anyhow::Result<()> {
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
         KeyPair, KeyUsagePurpose,
@@ -97,7 +98,7 @@ pub fn peer_credentials(dir: &Path, members: u64) -> anyhow::Result<()> {
     ];
     let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
     std::fs::write(dir.join("ca.pem"), issuer.pem())?;
-    for node in 1..=members {
+    for node in nodes {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec![format!("node-{node}.palisade")])?;
         params.extended_key_usages = vec![
@@ -192,7 +193,7 @@ pub async fn run(
         .collect::<Vec<_>>()
         .join(",");
     let pki = dir.path().join("pki");
-    peer_credentials(&pki, MEMBERS)?;
+    peer_credentials(&pki, 1..=MEMBERS)?;
     for node in &mut nodes {
         node.start(binary, &cluster, &pki)?;
     }

@@ -114,7 +114,8 @@ struct Rule {
 struct Policy {
     /// SHA-256 of a bearer secret → its principal.
     secrets: HashMap<[u8; 32], Principal>,
-    rules: HashMap<Principal, Vec<Rule>>,
+    /// Each principal's rules, shared with every request it makes (no copy per request).
+    rules: HashMap<Principal, Arc<[Rule]>>,
 }
 
 /// The authenticated caller of one request.
@@ -228,7 +229,7 @@ impl Auth {
         let policy = load(auth_file, acl_file)?;
         let counts = (
             policy.secrets.len(),
-            policy.rules.values().map(Vec::len).sum(),
+            policy.rules.values().map(|rules| rules.len()).sum(),
         );
         *self.policy.write().expect("not poisoned") = Arc::new(policy);
         Ok(counts)
@@ -256,10 +257,11 @@ impl Auth {
             .get(&digest)
             .ok_or(Denied::Unauthenticated("unknown credentials"))?
             .clone();
-        let rules: Arc<[Rule]> = policy
+        let rules = policy
             .rules
             .get(&principal)
-            .map_or_else(|| Arc::from(Vec::new()), |r| Arc::from(r.clone()));
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Vec::new()));
         Ok(Caller {
             principal,
             rules: Some(rules),
@@ -311,6 +313,7 @@ fn lines(text: &str) -> impl Iterator<Item = (usize, Vec<&str>)> {
 
 fn load(auth_file: &Path, acl_file: &Path) -> Result<Policy, AuthConfigError> {
     let mut policy = Policy::default();
+    let mut rules: HashMap<Principal, Vec<Rule>> = HashMap::new();
     let syntax = |path: &Path, line, message: String| AuthConfigError::Syntax {
         path: path.to_owned(),
         line,
@@ -383,12 +386,15 @@ fn load(auth_file: &Path, acl_file: &Path) -> Result<Policy, AuthConfigError> {
                 format!("more than {MAX_ACL_RULES} rules"),
             ));
         }
-        policy
-            .rules
+        rules
             .entry(principal)
             .or_default()
             .push(Rule { right, prefix });
     }
+    policy.rules = rules
+        .into_iter()
+        .map(|(principal, rules)| (principal, Arc::from(rules)))
+        .collect();
     Ok(policy)
 }
 

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use palisade_server::auth::Auth;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use proptest::prelude::*;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
@@ -112,19 +113,18 @@ fn request() -> impl Strategy<Value = Request> {
     ]
 }
 
-fn encode(segment: &str) -> String {
-    utf8_percent_encode(segment, NON_ALPHANUMERIC).to_string()
-}
-
-#[test]
-fn p1_p8_arbitrary_http_requests_get_json_answers_and_never_stop_the_coordinator() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let dir = tempfile::tempdir().unwrap();
+/// A coordinator on loopback under `auth`, with its data in `dir`: the server, its base URL and
+/// an HTTP client.
+fn start(
+    runtime: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    auth: Auth,
+) -> (palisade_server::RunningServer, String, reqwest::Client) {
     let server = runtime
         .block_on(palisade_server::start(palisade_server::ServerConfig {
-            data_dir: dir.path().join("data"),
+            data_dir: dir.join("data"),
             listen: "127.0.0.1:0".parse().unwrap(),
-            cluster: None,
+            auth: std::sync::Arc::new(auth),
             ..Default::default()
         }))
         .unwrap();
@@ -133,6 +133,18 @@ fn p1_p8_arbitrary_http_requests_get_json_answers_and_never_stop_the_coordinator
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
+    (server, base, http)
+}
+
+fn encode(segment: &str) -> String {
+    utf8_percent_encode(segment, NON_ALPHANUMERIC).to_string()
+}
+
+#[test]
+fn p1_p8_arbitrary_http_requests_get_json_answers_and_never_stop_the_coordinator() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (server, base, http) = start(&runtime, dir.path(), Auth::open());
     let first = runtime.block_on(grant_epoch(&http, &base));
     let mut runner = TestRunner::new(config());
     let outcome = runner.run(&request(), |request| {
@@ -244,20 +256,8 @@ fn p2_p8_arbitrary_credentials_never_pass_for_a_principal_and_never_stop_the_coo
     std::fs::write(&auth_file, line).unwrap();
     // The only principal may read: no credentials may acquire, release or change anything.
     std::fs::write(&acl_file, "reader read *\n").unwrap();
-    let auth = palisade_server::auth::Auth::from_files(&auth_file, &acl_file).unwrap();
-    let server = runtime
-        .block_on(palisade_server::start(palisade_server::ServerConfig {
-            data_dir: dir.path().join("data"),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            auth: std::sync::Arc::new(auth),
-            ..Default::default()
-        }))
-        .unwrap();
-    let base = format!("http://{}", server.local_addr);
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+    let auth = Auth::from_files(&auth_file, &acl_file).unwrap();
+    let (server, base, http) = start(&runtime, dir.path(), auth);
     let routes = prop_oneof![
         Just(("POST", "/v1/locks/a/acquire")),
         Just((

@@ -252,32 +252,9 @@ pub struct PeerFiles {
 }
 
 impl PeerFiles {
-    /// A CA and certificates for `nodes` in `dir`.
+    /// A CA and certificates for `nodes` in `dir` (the drill's maker).
     pub fn generate(dir: &Path, nodes: &[u64]) -> Self {
-        use rcgen::{
-            BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
-            KeyPair, KeyUsagePurpose,
-        };
-        std::fs::create_dir_all(dir).unwrap();
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-        std::fs::write(dir.join("ca.pem"), issuer.pem()).unwrap();
-        for node in nodes {
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(vec![format!("node-{node}.palisade")]).unwrap();
-            params.extended_key_usages = vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ];
-            let cert = params.signed_by(&key, &issuer).unwrap();
-            std::fs::write(dir.join(format!("node-{node}.pem")), cert.pem()).unwrap();
-            std::fs::write(dir.join(format!("node-{node}.key")), key.serialize_pem()).unwrap();
-        }
+        palisade_drill::failover::peer_credentials(dir, nodes.iter().copied()).unwrap();
         Self {
             dir: dir.to_path_buf(),
         }
