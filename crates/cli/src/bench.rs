@@ -225,7 +225,7 @@ async fn start_cluster(
 ) -> anyhow::Result<(Vec<palisade_server::RunningServer>, Vec<String>)> {
     let pki = dir.join("pki");
     if peer_tls {
-        palisade_drill::failover::peer_credentials(&pki, 1..=members as u64)?;
+        palisade_drill::certs::peer_credentials(&pki, 1..=members as u64)?;
     }
     let mut addrs = std::collections::BTreeMap::new();
     for id in 1..=members as u64 {

@@ -299,6 +299,8 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
         keys: KeySource::File(key_file),
         principals: Vec::new(),
         revoked_keys: Vec::new(),
+        coordinator_ca: None,
+        tls: None,
     };
     let resource = palisade_resource::start(config).await?;
     let base = format!("http://{}", resource.local_addr);

@@ -48,15 +48,11 @@ const CHANGE_RETRY_BUDGET: Duration = Duration::from_secs(10);
 
 pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<()> {
     match command {
-        ClusterCommand::Status { endpoint } => {
-            let bearer = endpoint.bearer()?;
-            status(&endpoint.endpoint, bearer.as_deref(), json_output).await
-        }
+        ClusterCommand::Status { endpoint } => status(&endpoint, json_output).await,
         ClusterCommand::Add { id, addr, endpoint } => {
             let body = json!({"id": id, "addr": addr});
             let reply = change(
-                &endpoint.endpoint,
-                endpoint.bearer()?.as_deref(),
+                &endpoint,
                 reqwest::Method::POST,
                 "/v1/cluster/members",
                 Some(body),
@@ -66,15 +62,7 @@ pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<(
         }
         ClusterCommand::Remove { id, endpoint } => {
             let path = format!("/v1/cluster/members/{id}");
-            let bearer = endpoint.bearer()?;
-            let reply = change(
-                &endpoint.endpoint,
-                bearer.as_deref(),
-                reqwest::Method::DELETE,
-                &path,
-                None,
-            )
-            .await?;
+            let reply = change(&endpoint, reqwest::Method::DELETE, &path, None).await?;
             report(&reply, json_output, &format!("node {id} removed"))
         }
     }
@@ -89,21 +77,13 @@ fn report(reply: &Value, json_output: bool, done: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An HTTP client that sends `bearer` (the secret) with every request.
-fn http(timeout: Duration, bearer: Option<&str>) -> anyhow::Result<reqwest::Client> {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(secret) = bearer {
-        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {secret}"))
-            .context("the token must be printable ASCII")?;
-        value.set_sensitive(true);
-        headers.insert(reqwest::header::AUTHORIZATION, value);
+/// The scheme members' client URLs use: the one the endpoints were given with.
+fn scheme(endpoints: &[String]) -> &'static str {
+    if endpoints.iter().any(|e| e.starts_with("https://")) {
+        "https"
+    } else {
+        "http"
     }
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .timeout(timeout)
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .expect("a default HTTP client builds"))
 }
 
 async fn get_status(client: &reqwest::Client, base: &str) -> Result<Value, String> {
@@ -112,12 +92,10 @@ async fn get_status(client: &reqwest::Client, base: &str) -> Result<Value, Strin
     reply.json::<Value>().await.map_err(|e| e.to_string())
 }
 
-async fn status(
-    endpoints: &[String],
-    bearer: Option<&str>,
-    json_output: bool,
-) -> anyhow::Result<()> {
-    let client = http(STATUS_TIMEOUT, bearer)?;
+async fn status(endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()> {
+    let endpoints = &endpoint.endpoint;
+    let scheme = scheme(endpoints);
+    let client = endpoint.http(STATUS_TIMEOUT)?;
     // Every node's own view: role, term, last applied. Members found in any view are asked too.
     let mut views: BTreeMap<u64, Value> = BTreeMap::new();
     let mut addrs: BTreeMap<u64, String> = BTreeMap::new();
@@ -137,7 +115,7 @@ async fn status(
                             (member["id"].as_u64(), member["addr"].as_str())
                         {
                             addrs.insert(id, addr.to_owned());
-                            to_ask.push(format!("http://{addr}"));
+                            to_ask.push(format!("{scheme}://{addr}"));
                         }
                     }
                 }
@@ -217,15 +195,14 @@ async fn status(
 /// request) tries again, for up to `CHANGE_RETRY_BUDGET`. Adding or removing an existing
 /// member again is harmless, so the retry is safe.
 async fn change(
-    endpoints: &[String],
-    bearer: Option<&str>,
+    endpoint: &EndpointArgs,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<Value> {
     let started = std::time::Instant::now();
     loop {
-        match change_once(endpoints, bearer, method.clone(), path, body.clone()).await {
+        match change_once(endpoint, method.clone(), path, body.clone()).await {
             Err(error)
                 if started.elapsed() < CHANGE_RETRY_BUDGET
                     && matches!(
@@ -243,13 +220,13 @@ async fn change(
 
 /// One attempt: finds the leader through any endpoint's status and sends it the change.
 async fn change_once(
-    endpoints: &[String],
-    bearer: Option<&str>,
+    endpoint: &EndpointArgs,
     method: reqwest::Method,
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<Value> {
-    let probe = http(STATUS_TIMEOUT, bearer)?;
+    let endpoints = &endpoint.endpoint;
+    let probe = endpoint.http(STATUS_TIMEOUT)?;
     let mut leader_url = None;
     let mut errors = Vec::new();
     for base in endpoints {
@@ -266,7 +243,7 @@ async fn change_once(
                     .find(|m| m["id"].as_u64() == leader && leader.is_some())
                     .and_then(|m| m["addr"].as_str());
                 if let Some(addr) = addr {
-                    leader_url = Some(format!("http://{addr}"));
+                    leader_url = Some(format!("{}://{addr}", scheme(endpoints)));
                     break;
                 }
             }
@@ -279,7 +256,7 @@ async fn change_once(
             errors.join("; ")
         ))));
     };
-    let client = http(CHANGE_TIMEOUT, bearer)?;
+    let client = endpoint.http(CHANGE_TIMEOUT)?;
     let mut request = client.request(method, format!("{leader_url}{path}"));
     if let Some(body) = body {
         request = request.json(&body);

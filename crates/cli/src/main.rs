@@ -85,9 +85,20 @@ struct ServeArgs {
     #[arg(long, requires = "acl_file")]
     auth_file: Option<PathBuf>,
     /// Rights: lines `PRINCIPAL read|acquire|admin PREFIX` (PREFIX: lock-name prefix or *);
-    /// reloaded on SIGHUP. Needs --auth-file.
-    #[arg(long, requires = "auth_file")]
+    /// reloaded on SIGHUP. Needs --auth-file, --client-ca, or both.
+    #[arg(long)]
     acl_file: Option<PathBuf>,
+    /// TLS on the port for clients (HTTPS and gRPC): the certificate chain (PEM) clients
+    /// verify. With it the port speaks TLS only. Needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA of client certificates (PEM): a certificate it signed authenticates the
+    /// principal its subject's common name names. Needs --tls-cert and --acl-file.
+    #[arg(long, requires_all = ["tls_cert", "acl_file"])]
+    client_ca: Option<PathBuf>,
     /// Serve without authentication on a non-loopback address (anyone who can reach it may
     /// acquire, release and change the membership).
     #[arg(long)]
@@ -123,6 +134,91 @@ struct EndpointArgs {
     /// PALISADE_TOKEN, else none).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
+}
+
+/// TLS to the coordinator (for `https://` endpoints).
+#[derive(Args, Clone, Default)]
+struct ClientTlsArgs {
+    /// The CA that signed the coordinator's certificate (PEM); needed for https:// endpoints.
+    #[arg(long, env = "PALISADE_CA")]
+    ca: Option<PathBuf>,
+    /// A client certificate (PEM) whose subject's common name is the principal (the
+    /// coordinator must trust its CA with --client-ca). Needs --key.
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+}
+
+/// The PEM files of [`ClientTlsArgs`], read.
+struct ClientTlsFiles {
+    ca: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ClientTlsArgs {
+    fn read(&self) -> anyhow::Result<ClientTlsFiles> {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path)
+                .with_context(|| format!("cannot read the {what} {}", path.display()))
+        };
+        let ca = self.ca.as_deref().map(|p| read(p, "CA file")).transpose()?;
+        let identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                Some((read(cert, "client certificate")?, read(key, "client key")?))
+            }
+            _ => None,
+        };
+        Ok(ClientTlsFiles { ca, identity })
+    }
+
+    /// `credentials` with this TLS added.
+    fn add_to(
+        &self,
+        mut credentials: palisade_client::Credentials,
+    ) -> anyhow::Result<palisade_client::Credentials> {
+        let files = self.read()?;
+        if let Some(ca) = &files.ca {
+            credentials = credentials.with_ca_pem(ca);
+        }
+        if let Some((cert, key)) = &files.identity {
+            credentials = credentials.with_identity_pem(cert, key);
+        }
+        Ok(credentials)
+    }
+
+    /// An HTTP client that trusts --ca (only: no system roots), presents --cert, sends
+    /// `bearer` with every request and gives up after `timeout`.
+    fn http(&self, bearer: Option<&str>, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+        let files = self.read()?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(secret) = bearer {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {secret}"))
+                .context("the token must be printable ASCII")?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .default_headers(headers)
+            .timeout(timeout)
+            .connect_timeout(Duration::from_secs(2));
+        if let Some(ca) = &files.ca {
+            for certificate in reqwest::Certificate::from_pem_bundle(ca).context("--ca")? {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        if let Some((cert, key)) = &files.identity {
+            let mut pem = key.clone();
+            pem.push(b'\n');
+            pem.extend_from_slice(cert);
+            builder = builder.identity(reqwest::Identity::from_pem(&pem).context("--cert/--key")?);
+        }
+        builder.build().context("cannot set up the HTTP client")
+    }
 }
 
 /// The bearer secret a client command sends: from `token_file`, else from PALISADE_TOKEN, else
@@ -151,12 +247,23 @@ impl EndpointArgs {
         bearer_secret(self.token_file.as_deref())
     }
 
-    /// Connects a client that authenticates with [`Self::bearer`].
-    async fn connect(&self) -> anyhow::Result<palisade_client::Client> {
+    /// How client commands authenticate: [`Self::bearer`] and the TLS flags.
+    fn credentials(&self) -> anyhow::Result<palisade_client::Credentials> {
         let credentials = match self.bearer()? {
             Some(secret) => palisade_client::Credentials::bearer(&secret)?,
             None => palisade_client::Credentials::default(),
         };
+        self.tls.add_to(credentials)
+    }
+
+    /// An HTTP client with these credentials, giving up after `timeout`.
+    fn http(&self, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+        self.tls.http(self.bearer()?.as_deref(), timeout)
+    }
+
+    /// Connects a client that authenticates with [`Self::credentials`].
+    async fn connect(&self) -> anyhow::Result<palisade_client::Client> {
+        let credentials = self.credentials()?;
         palisade_client::Client::connect_with(&self.endpoint, credentials)
             .await
             .with_context(|| {

@@ -72,9 +72,21 @@ pub struct ServeArgs {
     /// strict, activated or sequenced (fixed for the store's lifetime).
     #[arg(long, default_value = "strict")]
     mode: String,
-    /// Trust the keys this coordinator publishes (refreshed on unknown key ids).
+    /// Trust the keys this coordinator publishes (refreshed on unknown key ids): an https://
+    /// URL with --ca, or an http:// URL on a loopback address (keys fetched in clear from
+    /// elsewhere could be forged on the way; pin them with --trust-key instead).
     #[arg(long, conflicts_with = "trust_key")]
     coordinator: Option<String>,
+    /// The CA (PEM) that signed the https:// coordinator's certificate.
+    #[arg(long, env = "PALISADE_CA")]
+    ca: Option<PathBuf>,
+    /// TLS on this store's port: its certificate chain (PEM). With it the port speaks TLS
+    /// only. Needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Trust the keys in this file (the JSON of GET /v1/keys, or one key per line).
     #[arg(long)]
     trust_key: Option<PathBuf>,
@@ -104,6 +116,9 @@ pub struct Target {
     /// URL of the reference store.
     #[arg(long, env = "PALISADE_RESOURCE", default_value = DEFAULT_RESOURCE)]
     resource: String,
+    /// The CA (PEM) that signed an https:// store's certificate.
+    #[arg(long = "ca", env = "PALISADE_CA")]
+    resource_ca: Option<PathBuf>,
 }
 
 /// A refusal or failure reported by the resource.
@@ -152,7 +167,11 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
                 encode_path_segment(&lock),
                 encode_path_segment(&key)
             );
-            let mut request = http().put(url).header("Palisade-Token", token).body(value);
+            let mut request = target
+                .http()?
+                .put(url)
+                .header("Palisade-Token", token)
+                .body(value);
             if let Some(seq) = seq {
                 request = request.header("Palisade-Seq", seq.to_string());
             }
@@ -176,7 +195,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
                 encode_path_segment(&lock),
                 encode_path_segment(&key)
             );
-            let response = http().get(url).send().await.map_err(unreachable)?;
+            let response = target.http()?.get(url).send().await.map_err(unreachable)?;
             if !response.status().is_success() {
                 return Err(failure(response).await.into());
             }
@@ -216,7 +235,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
                 target.resource,
                 encode_path_segment(&lock)
             );
-            let request = http().post(url).header("Palisade-Token", token);
+            let request = target.http()?.post(url).header("Palisade-Token", token);
             let body = expect_json(request.send().await).await?;
             if json {
                 print_json(&body);
@@ -247,6 +266,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         keys,
         principals: args.require_principal,
         revoked_keys: args.revoke_key,
+        coordinator_ca: args.ca,
+        tls: args.tls_cert.zip(args.tls_key),
     };
     let resource = palisade_resource::start(config)
         .await
@@ -265,11 +286,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .expect("a plain HTTP client builds")
+impl Target {
+    /// An HTTP client for the store, trusting --ca (only) for an https:// store.
+    fn http(&self) -> anyhow::Result<reqwest::Client> {
+        crate::ClientTlsArgs {
+            ca: self.resource_ca.clone(),
+            ..Default::default()
+        }
+        .http(None, std::time::Duration::from_secs(30))
+    }
 }
 
 fn unreachable(error: reqwest::Error) -> anyhow::Error {

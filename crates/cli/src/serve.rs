@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use palisade_server::auth::Auth;
 use palisade_server::cluster::peer_tls::PeerTls;
 use palisade_server::cluster::ClusterConfig;
+use palisade_server::tls::ClientTls;
 use palisade_server::ServerConfig;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -26,10 +27,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .expect("a valid default address"),
     };
     let auth = match (&args.auth_file, &args.acl_file) {
-        (Some(auth_file), Some(acl_file)) => {
-            Auth::from_files(auth_file, acl_file).context("cannot load the auth and ACL files")?
-        }
+        (None, Some(_)) if args.client_ca.is_none() => anyhow::bail!(
+            "--acl-file names principals, but nothing would authenticate them: give \
+             --auth-file (bearer secrets), --client-ca (client certificates), or both"
+        ),
+        (auth_file, Some(acl_file)) => Auth::load(auth_file.as_deref(), acl_file)
+            .context("cannot load the auth and ACL files")?,
         _ => Auth::open(),
+    };
+    let client_tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            ClientTls::load(cert, key, args.client_ca.as_deref())
+                .context("cannot load the TLS files")?,
+        )),
+        _ => None,
     };
     let auth = Arc::new(auth);
     // Listen for SIGHUP before serving, so no reload request is lost to the default action
@@ -49,6 +60,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         auth: auth.clone(),
         insecure: args.insecure,
         peer_tls,
+        client_tls,
         insecure_peers: args.insecure_peers,
     })
     .await

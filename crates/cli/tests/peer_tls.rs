@@ -27,7 +27,12 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_with(tempfile::tempdir().unwrap(), |_| Vec::new())
+    }
+
+    /// Three members with peer credentials and the `serve` arguments `extra` makes from the
+    /// test directory.
+    fn start_with(dir: tempfile::TempDir, extra: impl Fn(&std::path::Path) -> Vec<String>) -> Self {
         let peers = PeerFiles::generate(&dir.path().join("pki"), &[1, 2, 3, 9]);
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let list = (1..=3)
@@ -44,6 +49,7 @@ impl Cluster {
                     list.clone(),
                 ];
                 args.extend(peers.args(id));
+                args.extend(extra(dir.path()));
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 ServerProcess::start_with(&args, &dir.path().join(format!("n{id}")))
             })
@@ -83,13 +89,23 @@ impl Cluster {
 
     /// A Raft client to member 1 over TLS, presenting `node`'s certificate from `pki`.
     async fn tls(&self, pki: &std::path::Path, node: u64) -> Result<RaftClient<Channel>, String> {
+        self.tls_as(pki, &format!("node-{node}")).await
+    }
+
+    /// A Raft client to member 1 over TLS (asking for `node-1.palisade`), presenting `pki`'s
+    /// `NAME.pem` and `NAME.key`.
+    async fn tls_as(
+        &self,
+        pki: &std::path::Path,
+        name: &str,
+    ) -> Result<RaftClient<Channel>, String> {
         let read = |name: &str| std::fs::read(pki.join(name)).unwrap();
         let ca = std::fs::read(self.peers.dir.join("ca.pem")).unwrap();
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(ca))
             .identity(Identity::from_pem(
-                read(&format!("node-{node}.pem")),
-                read(&format!("node-{node}.key")),
+                read(&format!("{name}.pem")),
+                read(&format!("{name}.key")),
             ))
             .domain_name("node-1.palisade");
         let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", self.ports[0]))
@@ -189,6 +205,86 @@ async fn p1_p4_p8_members_speak_over_mutual_tls_and_refuse_everyone_else() {
     );
     let second: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(second["epoch"].as_u64() > granted["epoch"].as_u64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_on_one_port_a_client_certificate_is_never_a_member_nor_a_member_certificate_a_client() {
+    // Members with peer credentials and client TLS on the same port; clients authenticate by
+    // certificate only (no auth file). `impostor` holds a client certificate that also names
+    // node-2.palisade, and even the admin right.
+    let dir = tempfile::tempdir().unwrap();
+    let clients = dir.path().join("clients");
+    palisade_drill::certs::client_credentials(&clients, &["orders"]).unwrap();
+    palisade_drill::certs::client_certificate(&clients, "impostor", &["node-2.palisade"]).unwrap();
+    std::fs::write(
+        dir.path().join("acl"),
+        "orders acquire orders/\nimpostor admin *\n",
+    )
+    .unwrap();
+    let cluster = Cluster::start_with(dir, |root| {
+        let file = |name: &str| root.join(name).to_string_lossy().into_owned();
+        [
+            "--tls-cert",
+            &file("clients/server.pem"),
+            "--tls-key",
+            &file("clients/server.key"),
+            "--client-ca",
+            &file("clients/client-ca.pem"),
+            "--acl-file",
+            &file("acl"),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    });
+    let https = cluster.endpoints.replace("http://", "https://");
+    let file = |name: &str| clients.join(name).to_string_lossy().into_owned();
+    let client = |cert: &str, key: &str, args: &[&str]| {
+        Command::new(BINARY)
+            .args(args)
+            .args(["--endpoint", &https, "--ca", &file("server-ca.pem")])
+            .args(["--cert", cert, "--key", key])
+            .env("RUST_LOG", "warn")
+            .env_remove("PALISADE_TOKEN")
+            .output()
+            .unwrap()
+    };
+    // The members elect a leader over mutual TLS on the port that shows clients another
+    // certificate; a client certificate acquires through whichever member is asked (followers
+    // name the leader by its https URL).
+    let (orders_cert, orders_key) = (file("client-orders.pem"), file("client-orders.key"));
+    let mut granted = None;
+    for _ in 0..100 {
+        let out = client(
+            &orders_cert,
+            &orders_key,
+            &["lock", "acquire", "orders/1", "--json"],
+        );
+        if out.status.success() {
+            granted = Some(serde_json::from_slice::<Value>(&out.stdout).unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(granted.expect("a leader grants")["principal"], "orders");
+
+    // The client certificate naming node-2.palisade cannot speak as node 2: the client CA
+    // does not make members.
+    let mut impostor = cluster.tls_as(&clients, "client-impostor").await.unwrap();
+    refused_without_a_word(&impostor.append_entries(forged_append(2)).await.unwrap_err());
+
+    // A member's certificate names no client principal: unauthenticated (exit 6).
+    let peer = |name: &str| cluster.peers.dir.join(name).to_string_lossy().into_owned();
+    let out = client(
+        &peer("node-2.pem"),
+        &peer("node-2.key"),
+        &["lock", "acquire", "orders/2"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -26,7 +26,7 @@ use palisade_proto::v1 as pb;
 use pb::coordinator_client::CoordinatorClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 pub use error::ClientError;
@@ -128,10 +128,15 @@ struct Endpoints {
     credentials: Credentials,
 }
 
-/// The bearer secret a client sends as gRPC metadata `authorization` (none: an open
-/// coordinator). Its `Debug` form never shows the secret.
+/// How a client proves who it is and whom it trusts: the bearer secret it sends as gRPC
+/// metadata `authorization` (none: an open coordinator or a client certificate), and for
+/// `https://` endpoints the CA that signed the coordinator's certificate and, optionally, a
+/// client certificate naming the principal. Its `Debug` form never shows a secret.
 #[derive(Clone, Default)]
-pub struct Credentials(Option<MetadataValue<Ascii>>);
+pub struct Credentials {
+    bearer: Option<MetadataValue<Ascii>>,
+    tls: Option<Arc<ClientTlsConfig>>,
+}
 
 impl Credentials {
     /// Credentials for bearer `secret` (surrounding whitespace, as from a file, is dropped).
@@ -140,23 +145,51 @@ impl Credentials {
         let value = MetadataValue::try_from(value.as_str()).map_err(|_| {
             ClientError::InvalidArgument("the token must be printable ASCII".into())
         })?;
-        Ok(Self(Some(value)))
+        Ok(Self {
+            bearer: Some(value),
+            tls: None,
+        })
+    }
+
+    /// Trusts the coordinator certificates `ca_pem` (PEM) signed, for `https://` endpoints.
+    pub fn with_ca_pem(mut self, ca_pem: &[u8]) -> Self {
+        let tls = self
+            .tls_config()
+            .ca_certificate(Certificate::from_pem(ca_pem));
+        self.tls = Some(Arc::new(tls));
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` (whose subject's common name is the
+    /// principal) with its key `key_pem` in TLS handshakes.
+    pub fn with_identity_pem(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        let tls = self
+            .tls_config()
+            .identity(Identity::from_pem(cert_pem, key_pem));
+        self.tls = Some(Arc::new(tls));
+        self
+    }
+
+    fn tls_config(&self) -> ClientTlsConfig {
+        self.tls
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(ClientTlsConfig::new)
     }
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Credentials(bearer)"
-        } else {
-            "Credentials(none)"
-        })
+        f.debug_struct("Credentials")
+            .field("bearer", &self.bearer.is_some())
+            .field("tls", &self.tls.is_some())
+            .finish()
     }
 }
 
 impl tonic::service::Interceptor for Credentials {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        if let Some(value) = &self.0 {
+        if let Some(value) = &self.bearer {
             request
                 .metadata_mut()
                 .insert("authorization", value.clone());
@@ -192,8 +225,20 @@ impl Client {
         let mut targets = Vec::new();
         for url in endpoints {
             let url = url.as_ref().trim().trim_end_matches('/');
-            let endpoint = Endpoint::from_shared(url.to_owned())
-                .map_err(|e| ClientError::InvalidArgument(format!("endpoint {url:?}: {e}")))?
+            let mut endpoint = Endpoint::from_shared(url.to_owned())
+                .map_err(|e| ClientError::InvalidArgument(format!("endpoint {url:?}: {e}")))?;
+            if url.starts_with("https://") {
+                let tls = credentials.tls.as_deref().ok_or_else(|| {
+                    ClientError::InvalidArgument(format!(
+                        "endpoint {url:?} is https: give the CA that signed the \
+                         coordinator's certificate (Credentials::with_ca_pem, --ca)"
+                    ))
+                })?;
+                endpoint = endpoint.tls_config(tls.clone()).map_err(|e| {
+                    ClientError::InvalidArgument(format!("endpoint {url:?}: TLS: {e}"))
+                })?;
+            }
+            let endpoint = endpoint
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(10));

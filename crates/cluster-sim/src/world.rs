@@ -359,6 +359,7 @@ impl Cluster {
                 .map(|id| (*id, format!("127.0.0.1:{}", 7000 + id)))
                 .collect(),
             join: false,
+            client_tls: false,
         };
         let shared = Arc::new(Shared {
             rng: rng.clone(),

@@ -81,37 +81,6 @@ impl Node {
     }
 }
 
-/// A CA of its own and a certificate per node of `nodes` naming `node-N.palisade` (server and
-/// client use), as PEM files in `dir`: `ca.pem`, `node-N.pem`, `node-N.key`. Made for one run
-/// (a drill, a bench, a test); the keys die with its temporary directory.
-pub fn peer_credentials(dir: &Path, nodes: impl IntoIterator<Item = u64>) -> anyhow::Result<()> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
-        KeyPair, KeyUsagePurpose,
-    };
-    std::fs::create_dir_all(dir)?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let issuer = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
-    std::fs::write(dir.join("ca.pem"), issuer.pem())?;
-    for node in nodes {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![format!("node-{node}.palisade")])?;
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &issuer)?;
-        std::fs::write(dir.join(format!("node-{node}.pem")), cert.pem())?;
-        std::fs::write(dir.join(format!("node-{node}.key")), key.serialize_pem())?;
-    }
-    Ok(())
-}
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -193,7 +162,7 @@ pub async fn run(
         .collect::<Vec<_>>()
         .join(",");
     let pki = dir.path().join("pki");
-    peer_credentials(&pki, 1..=MEMBERS)?;
+    crate::certs::peer_credentials(&pki, 1..=MEMBERS)?;
     for node in &mut nodes {
         node.start(binary, &cluster, &pki)?;
     }

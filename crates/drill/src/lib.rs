@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod certs;
 pub mod clock;
 mod env;
 pub mod failover;

@@ -19,12 +19,13 @@
 //! On shutdown the listener stops accepting and every connection closes gracefully; dropping
 //! the [`serve`] future drops every connection.
 //!
-//! With a TLS acceptor ([`serve_with_tls`]), a connection whose first byte opens a TLS
-//! handshake is served over TLS (the handshake must finish within [`Limits::header_read`]);
-//! its verified client certificates reach every request as the extension
-//! [`PeerCertificates`]. Other connections are served in clear, as without an acceptor: the
-//! coordinator uses this for cluster peers, which must prove who they are, on the port its
-//! clients use.
+//! With [`Tls`] ([`serve_with_tls`]), a connection whose first byte opens a TLS handshake is
+//! served over TLS (the handshake must finish within [`Limits::header_read`]); what the server
+//! makes of its verified client certificates ([`Tls::identify`], once per connection) reaches
+//! every request of the connection as extensions. Other connections are served in clear, or
+//! answered `400` and closed when the server is TLS-only ([`Tls::clear_text`]). The coordinator
+//! uses this for its clients (HTTPS and gRPC over TLS) and for cluster peers, which must prove
+//! who they are, on the one port.
 
 use std::collections::HashMap;
 use std::io;
@@ -51,10 +52,99 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-/// The certificate chain a TLS client presented and the acceptor verified (leaf first), on
-/// every request of that connection. Absent on clear-text connections.
+/// A certificate chain a TLS client presented and the server verified (leaf first).
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<Vec<rustls_pki_types::CertificateDer<'static>>>);
+
+/// Makes the extensions of every request of a TLS connection from the client's verified
+/// certificate chain (leaf first; empty when the client presented none). Called once per
+/// connection, after the handshake.
+pub type Identify =
+    Arc<dyn Fn(&[rustls_pki_types::CertificateDer<'static>]) -> http::Extensions + Send + Sync>;
+
+/// What a connection that does not open a TLS handshake gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClearText {
+    /// Served as without TLS.
+    Serve,
+    /// Answered `400` naming `https://`, and closed.
+    Refuse,
+}
+
+/// TLS on a listener's port.
+#[derive(Clone)]
+pub struct Tls {
+    /// Performs the handshakes (its configuration decides which client certificates count).
+    pub acceptor: TlsAcceptor,
+    /// Turns a connection's verified client certificates into request extensions.
+    pub identify: Identify,
+    /// Whether connections in clear are still served.
+    pub clear_text: ClearText,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("clear_text", &self.clear_text)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// TLS by `acceptor`; a client's non-empty verified chain reaches its requests as
+    /// [`PeerCertificates`].
+    pub fn new(acceptor: TlsAcceptor, clear_text: ClearText) -> Self {
+        Self {
+            acceptor,
+            identify: Arc::new(|chain| {
+                let mut extensions = http::Extensions::new();
+                if !chain.is_empty() {
+                    extensions.insert(PeerCertificates(Arc::new(chain.to_vec())));
+                }
+                extensions
+            }),
+            clear_text,
+        }
+    }
+}
+
+impl Tls {
+    /// TLS-only serving with the certificate chain in PEM file `cert` and its key in `key`
+    /// (no client certificates asked for). Errors name the file at fault.
+    pub fn from_pem_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self, String> {
+        use rustls_pki_types::pem::PemObject as _;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls;
+        let at = |path: &std::path::Path| {
+            let path = path.display().to_string();
+            move |e: &dyn std::fmt::Display| format!("{path}: {e}")
+        };
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| at(cert)(&e))?;
+        if chain.is_empty() {
+            return Err(at(cert)(&"holds no certificate"));
+        }
+        let private_key = PrivateKeyDer::from_pem_file(key).map_err(|e| at(key)(&e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| at(cert)(&e))?
+            .with_no_client_auth()
+            .with_single_cert(chain, private_key)
+            .map_err(|e| at(key)(&e))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Self::new(
+            TlsAcceptor::from(Arc::new(config)),
+            ClearText::Refuse,
+        ))
+    }
+}
+
+/// The answer to a clear-text request on a TLS-only port.
+const USE_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+content-length: 83\r\nconnection: close\r\n\r\n\
+{\"error\":\"tls_required\",\"message\":\"this port speaks TLS only: use an https:// URL\"}";
 
 /// The first byte of a TLS connection (a handshake record).
 const TLS_HANDSHAKE: u8 = 0x16;
@@ -210,7 +300,7 @@ pub async fn serve_with_tls(
     listener: TcpListener,
     app: Router,
     limits: Limits,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Tls>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let registry = Arc::new(Registry {
@@ -296,18 +386,24 @@ pub async fn serve_with_tls(
                 registry: registry.clone(),
             };
             match tls {
-                Some(acceptor) if opens_tls(&io.inner, limits.header_read).await => {
-                    let handshake = tokio::time::timeout(limits.header_read, acceptor.accept(io));
+                Some(tls) if opens_tls(&io.inner, limits.header_read).await => {
+                    let handshake =
+                        tokio::time::timeout(limits.header_read, tls.acceptor.accept(io));
                     match handshake.await {
                         Ok(Ok(stream)) => {
-                            let certificates = stream
+                            let chain: Vec<_> = stream
                                 .get_ref()
                                 .1
                                 .peer_certificates()
                                 .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
                                 .unwrap_or_default();
-                            let app = app
-                                .layer(axum::Extension(PeerCertificates(Arc::new(certificates))));
+                            let extensions = (tls.identify)(&chain);
+                            let app = app.layer(tower::util::MapRequestLayer::new(
+                                move |mut request: Request| {
+                                    request.extensions_mut().extend(extensions.clone());
+                                    request
+                                },
+                            ));
                             run_connection(
                                 &builder, stream, app, &conn, &registry, &limits, shutdown,
                             )
@@ -317,6 +413,10 @@ pub async fn serve_with_tls(
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
                 }
+                Some(Tls {
+                    clear_text: ClearText::Refuse,
+                    ..
+                }) => refuse_clear_text(io, limits.header_read).await,
                 _ => run_connection(&builder, io, app, &conn, &registry, &limits, shutdown).await,
             }
             registry.open.lock().expect("not poisoned").remove(&id);
@@ -326,6 +426,29 @@ pub async fn serve_with_tls(
     drop(listener);
     // Every connection saw `shutdown` and is closing gracefully.
     while connections.join_next().await.is_some() {}
+}
+
+/// Answers a clear-text client of a TLS-only port and closes the connection, all within
+/// `within`. The request's headers are read first and whatever follows is drained after the
+/// answer: closing a socket with unread bytes resets it, and the client would lose the answer.
+async fn refuse_clear_text(mut io: Watched, within: Duration) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let answered = async {
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") && seen.len() < 8 * 1024 {
+            let n = io.read(&mut buffer).await?;
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buffer[..n]);
+        }
+        io.write_all(USE_TLS).await?;
+        io.shutdown().await?;
+        while io.read(&mut buffer).await? > 0 {}
+        Ok::<_, io::Error>(())
+    };
+    let _ = tokio::time::timeout(within, answered).await;
 }
 
 /// True when the connection's first byte opens a TLS handshake (waits for it up to `within`).

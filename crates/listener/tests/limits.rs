@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
-use palisade_listener::{bounded_bodies, serve, Limits};
+use palisade_listener::{bounded_bodies, serve, ClearText, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -209,7 +209,7 @@ async fn p8_with_tls_on_the_port_a_stalled_handshake_is_cut_and_clear_text_is_st
         listener,
         app,
         limits(),
-        Some(acceptor()),
+        Some(palisade_listener::Tls::new(acceptor(), ClearText::Serve)),
         signal,
     ));
     // A handshake record's first byte, then silence: closed within the header time.
@@ -234,6 +234,28 @@ async fn p8_with_tls_on_the_port_a_stalled_handshake_is_cut_and_clear_text_is_st
         .is_some());
     // Clear-text clients are served as before.
     assert_eq!(get_ok(&addr).await.unwrap(), "ok");
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn p8_a_tls_only_port_answers_clear_text_with_an_error_naming_https_and_closes() {
+    let app = Router::new().route("/", get(|| async { "ok" }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, signal) = watch::channel(false);
+    let task = tokio::spawn(palisade_listener::serve_with_tls(
+        listener,
+        app,
+        limits(),
+        Some(palisade_listener::Tls::new(acceptor(), ClearText::Refuse)),
+        signal,
+    ));
+    let response = reqwest::get(format!("http://{addr}/")).await.unwrap();
+    assert_eq!(response.status(), 400);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "tls_required");
+    assert!(body["message"].as_str().unwrap().contains("https://"));
     stop.send(true).unwrap();
     task.await.unwrap();
 }

@@ -39,18 +39,46 @@ pub struct KeyRing {
 }
 
 impl KeyRing {
-    pub fn new(source: KeySource, revoked: Vec<KeyId>, verifier: Arc<Verifier>) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(FETCH_TIMEOUT)
+    /// Keys from `source`. A coordinator is trusted only over a channel an attacker cannot
+    /// write into: `https://` with `coordinator_ca` (PEM; the only roots trusted), or clear
+    /// text to a loopback address. A key that arrived any other way could be anybody's.
+    pub fn new(
+        source: KeySource,
+        revoked: Vec<KeyId>,
+        verifier: Arc<Verifier>,
+        coordinator_ca: Option<&Path>,
+    ) -> Result<Self, ResourceError> {
+        let mut http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .timeout(FETCH_TIMEOUT);
+        if let KeySource::Coordinator(url) = &source {
+            check_channel(url, coordinator_ca.is_some()).map_err(ResourceError::Keys)?;
+        }
+        if let Some(path) = coordinator_ca {
+            let pem = std::fs::read(path)
+                .map_err(|e| ResourceError::Keys(format!("{}: {e}", path.display())))?;
+            let authorities = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| ResourceError::Keys(format!("{}: {e}", path.display())))?;
+            if authorities.is_empty() {
+                return Err(ResourceError::Keys(format!(
+                    "{}: holds no certificate",
+                    path.display()
+                )));
+            }
+            for authority in authorities {
+                http = http.add_root_certificate(authority);
+            }
+        }
+        let http = http
             .build()
-            .expect("a plain HTTP client builds");
-        Self {
+            .map_err(|e| ResourceError::Keys(format!("HTTP client: {e}")))?;
+        Ok(Self {
             source,
             revoked,
             verifier,
             http,
             last_fetch: Mutex::new(None),
-        }
+        })
     }
 
     /// Loads the keys at start: a key file must be valid; an unreachable coordinator is only
@@ -124,6 +152,37 @@ impl KeyRing {
     }
 }
 
+/// Whether keys may be fetched from `url`: over TLS with a CA given, or in clear to loopback.
+fn check_channel(url: &str, with_ca: bool) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("coordinator URL {url:?}: {e}"))?;
+    match parsed.scheme() {
+        "https" if with_ca => Ok(()),
+        "https" => Err(format!(
+            "{url} is https: give the CA that signed the coordinator's certificate (--ca)"
+        )),
+        "http" if is_loopback(&parsed) => Ok(()),
+        "http" => Err(format!(
+            "{url} is neither https nor a loopback address: keys fetched in clear could be \
+             replaced on the way, and a forged key admits forged tokens. Use https:// with \
+             --ca, or pin the keys with --trust-key"
+        )),
+        other => Err(format!(
+            "coordinator URL {url:?}: scheme {other:?} is not http(s)"
+        )),
+    }
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host_str() {
+        Some("localhost") => true,
+        Some(host) => host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
 /// Reads a key file: the JSON of `GET /v1/keys`, or one base64url key per line.
 pub fn load_key_file(path: &Path) -> Result<TokenVerifier, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -173,5 +232,26 @@ mod tests {
         assert!(parse_keys(&lines).unwrap().knows(key.key_id()));
         assert!(parse_keys("").is_err());
         assert!(parse_keys("not-a-key").is_err());
+    }
+
+    #[test]
+    fn p4_keys_come_only_over_tls_with_a_ca_or_from_loopback() {
+        for url in [
+            "http://127.0.0.1:7420",
+            "http://127.9.9.9:1",
+            "http://[::1]:7420",
+            "http://localhost:7420",
+        ] {
+            assert!(check_channel(url, false).is_ok(), "{url}");
+        }
+        assert!(check_channel("https://coordinator.example:7420", true).is_ok());
+        let clear = check_channel("http://10.0.0.5:7420", false).unwrap_err();
+        assert!(clear.contains("--trust-key"), "{clear}");
+        // A CA does not make clear text safe.
+        assert!(check_channel("http://10.0.0.5:7420", true).is_err());
+        let no_ca = check_channel("https://10.0.0.5:7420", false).unwrap_err();
+        assert!(no_ca.contains("--ca"), "{no_ca}");
+        assert!(check_channel("ftp://127.0.0.1", false).is_err());
+        assert!(check_channel("not a url", false).is_err());
     }
 }

@@ -50,6 +50,11 @@ pub struct ResourceConfig {
     pub principals: Vec<palisade_fence::PrincipalRule>,
     /// Keys never trusted, even when the key source publishes them (revocation).
     pub revoked_keys: Vec<palisade_core::KeyId>,
+    /// The CA (PEM file) that signed an `https://` coordinator's certificate.
+    pub coordinator_ca: Option<PathBuf>,
+    /// TLS for the store's own port: its certificate chain and key (PEM files). With it the
+    /// port speaks TLS only.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Why the resource server could not start.
@@ -67,9 +72,12 @@ pub enum ResourceError {
     /// The store could not be opened.
     #[error(transparent)]
     Fence(#[from] FenceError),
-    /// The key file could not be read.
+    /// The key file could not be read, or the coordinator's keys cannot be fetched safely.
     #[error("trusted keys: {0}")]
     Keys(String),
+    /// The TLS files of the store's port cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// A running reference store.
@@ -96,11 +104,18 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         .map_err(io(format!("data directory {}", config.data_dir.display())))?;
     let verifier = Arc::new(Verifier::default());
     verifier.require_principals(config.principals.clone());
+    let tls = match &config.tls {
+        Some((cert, key)) => {
+            Some(palisade_listener::Tls::from_pem_files(cert, key).map_err(ResourceError::Tls)?)
+        }
+        None => None,
+    };
     let keys = keys::KeyRing::new(
         config.keys.clone(),
         config.revoked_keys.clone(),
         verifier.clone(),
-    );
+        config.coordinator_ca.as_deref(),
+    )?;
     keys.load_initial().await?;
     let store = RedbFence::open(&config.data_dir.join(STORE_FILE), config.mode, verifier)?;
     let state = http::State::new(store, keys);
@@ -109,12 +124,17 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
     let local_addr = listener.local_addr().map_err(io("local address".into()))?;
-    tracing::info!(%local_addr, mode = %config.mode, "fenced store serving HTTP");
+    tracing::info!(
+        %local_addr,
+        mode = %config.mode,
+        tls = config.tls.is_some(),
+        "fenced store serving HTTP"
+    );
     let (shutdown, signal) = watch::channel(false);
     let mut grace_signal = shutdown.subscribe();
     let task = tokio::spawn(async move {
-        let serve =
-            palisade_listener::serve(listener, app, palisade_listener::Limits::default(), signal);
+        let limits = palisade_listener::Limits::default();
+        let serve = palisade_listener::serve_with_tls(listener, app, limits, tls, signal);
         tokio::pin!(serve);
         tokio::select! {
             () = &mut serve => {}

@@ -145,6 +145,8 @@ async fn fuzz(mode: FenceMode) {
         keys: KeySource::Coordinator(coordinator_url.clone()),
         principals: Vec::new(),
         revoked_keys: Vec::new(),
+        coordinator_ca: None,
+        tls: None,
     })
     .await
     .unwrap();

@@ -30,6 +30,8 @@ async fn start_resource(
         keys,
         principals: Vec::new(),
         revoked_keys: Vec::new(),
+        coordinator_ca: None,
+        tls: None,
     };
     palisade_resource::start(config).await.unwrap()
 }
@@ -416,6 +418,8 @@ async fn a_store_refuses_to_reopen_in_another_mode() {
         keys,
         principals: Vec::new(),
         revoked_keys: Vec::new(),
+        coordinator_ca: None,
+        tls: None,
     };
     let error = palisade_resource::start(config)
         .await

@@ -1,6 +1,9 @@
 //! Who may do what: principals authenticated by bearer secrets, authorised by an ACL.
 //!
-//! Two files, both reloaded on SIGHUP (a file that no longer parses is refused and the previous
+//! Callers authenticate with a bearer secret (`Authorization: Bearer SECRET`, or gRPC metadata
+//! `authorization`) or with a client certificate signed by the client CA (`--client-ca`),
+//! whose subject's common name is the principal ([`crate::tls::CertificatePrincipal`]); a
+//! request carrying both is the bearer's. Two files, both reloaded on SIGHUP (a file that no longer parses is refused and the previous
 //! policy stays in force):
 //!
 //! ```text
@@ -18,7 +21,8 @@
 //! and renew/release of one's own leases) ⊇ `read` (list, describe, watch). Secrets are
 //! high-entropy random strings (`palisade auth new` makes one), so one SHA-256 is the right
 //! hash: a slow password hash would cost every request and buys nothing against a 256-bit
-//! secret. With no files configured the coordinator is open: every caller is `anonymous` with
+//! secret. The auth file may be left out when clients use certificates only. With no files
+//! configured the coordinator is open: every caller is `anonymous` with
 //! every right, which `palisade serve` allows only on loopback addresses.
 
 use std::collections::HashMap;
@@ -29,6 +33,8 @@ use std::sync::{Arc, RwLock};
 use palisade_core::limits::{MAX_ACL_RULES, MAX_AUTH_FILE_BYTES};
 use palisade_core::{Lease, LockName, Principal};
 use sha2::{Digest as _, Sha256};
+
+use crate::tls::CertificatePrincipal;
 
 /// What a caller may do, on a lock-name prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -118,10 +124,22 @@ struct Policy {
     rules: HashMap<Principal, Arc<[Rule]>>,
 }
 
+impl Policy {
+    /// `principal`'s rules (none when the ACL does not name it).
+    fn rules_of(&self, principal: &Principal) -> Arc<[Rule]> {
+        self.rules
+            .get(principal)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+}
+
 /// The authenticated caller of one request.
 #[derive(Debug, Clone)]
 pub struct Caller {
     principal: Principal,
+    /// Authenticated by a client certificate (not a bearer secret).
+    by_certificate: bool,
     /// `None`: the coordinator is open (every right).
     rules: Option<Arc<[Rule]>>,
 }
@@ -131,6 +149,7 @@ impl Caller {
     pub fn open() -> Self {
         Self {
             principal: Principal::anonymous(),
+            by_certificate: false,
             rules: None,
         }
     }
@@ -186,7 +205,8 @@ impl Caller {
 
 /// The authentication and authorisation policy of one coordinator, shared by its front ends.
 pub struct Auth {
-    files: Option<(PathBuf, PathBuf)>,
+    /// The auth file (absent: certificates only) and the ACL file; `None`: open.
+    files: Option<(Option<PathBuf>, PathBuf)>,
     policy: RwLock<Arc<Policy>>,
 }
 
@@ -208,9 +228,15 @@ impl Auth {
 
     /// Loads principals from `auth_file` and rights from `acl_file`.
     pub fn from_files(auth_file: &Path, acl_file: &Path) -> Result<Self, AuthConfigError> {
+        Self::load(Some(auth_file), acl_file)
+    }
+
+    /// Loads rights from `acl_file`, and principals with bearer secrets from `auth_file` when
+    /// given (without it, only client certificates authenticate).
+    pub fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Self, AuthConfigError> {
         let policy = load(auth_file, acl_file)?;
         Ok(Self {
-            files: Some((auth_file.to_owned(), acl_file.to_owned())),
+            files: Some((auth_file.map(Path::to_owned), acl_file.to_owned())),
             policy: RwLock::new(Arc::new(policy)),
         })
     }
@@ -226,7 +252,7 @@ impl Auth {
         let Some((auth_file, acl_file)) = &self.files else {
             return Ok((0, 0));
         };
-        let policy = load(auth_file, acl_file)?;
+        let policy = load(auth_file.as_deref(), acl_file)?;
         let counts = (
             policy.secrets.len(),
             policy.rules.values().map(|rules| rules.len()).sum(),
@@ -236,14 +262,28 @@ impl Auth {
     }
 
     /// The caller presenting `authorization` (the `Authorization` header's value, or gRPC's
-    /// `authorization` metadata).
-    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Caller, Denied> {
+    /// `authorization` metadata) on a connection whose client certificate named `certificate`.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        certificate: Option<&CertificatePrincipal>,
+    ) -> Result<Caller, Denied> {
         if self.files.is_none() {
             return Ok(Caller::open());
         }
-        let header = authorization.ok_or(Denied::Unauthenticated(
-            "this coordinator needs credentials: send Authorization: Bearer SECRET",
-        ))?;
+        let Some(header) = authorization else {
+            let certificate = certificate.ok_or(Denied::Unauthenticated(
+                "this coordinator needs credentials: send Authorization: Bearer SECRET (or \
+                 connect over TLS with a client certificate)",
+            ))?;
+            let principal = certificate.0.clone();
+            let policy = self.policy.read().expect("not poisoned").clone();
+            return Ok(Caller {
+                rules: Some(policy.rules_of(&principal)),
+                principal,
+                by_certificate: true,
+            });
+        };
         let secret = header
             .strip_prefix(b"Bearer ")
             .or_else(|| header.strip_prefix(b"bearer "))
@@ -257,27 +297,28 @@ impl Auth {
             .get(&digest)
             .ok_or(Denied::Unauthenticated("unknown credentials"))?
             .clone();
-        let rules = policy
-            .rules
-            .get(&principal)
-            .cloned()
-            .unwrap_or_else(|| Arc::from(Vec::new()));
         Ok(Caller {
+            rules: Some(policy.rules_of(&principal)),
             principal,
-            rules: Some(rules),
+            by_certificate: false,
         })
     }
 }
 
 impl Auth {
     /// True while `caller` is still a principal of the policy in force (a stream authenticated
-    /// when it opened stops when its principal is removed by a reload). Always true when open.
+    /// when it opened stops when its principal is removed by a reload: from the auth file for
+    /// a bearer, from the ACL for a certificate). Always true when open.
     pub fn is_current(&self, caller: &Caller) -> bool {
         if self.files.is_none() {
             return true;
         }
         let policy = self.policy.read().expect("not poisoned");
-        policy.secrets.values().any(|p| *p == caller.principal)
+        if caller.by_certificate {
+            policy.rules.contains_key(&caller.principal)
+        } else {
+            policy.secrets.values().any(|p| *p == caller.principal)
+        }
     }
 }
 
@@ -311,7 +352,7 @@ fn lines(text: &str) -> impl Iterator<Item = (usize, Vec<&str>)> {
     })
 }
 
-fn load(auth_file: &Path, acl_file: &Path) -> Result<Policy, AuthConfigError> {
+fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigError> {
     let mut policy = Policy::default();
     let mut rules: HashMap<Principal, Vec<Rule>> = HashMap::new();
     let syntax = |path: &Path, line, message: String| AuthConfigError::Syntax {
@@ -319,7 +360,12 @@ fn load(auth_file: &Path, acl_file: &Path) -> Result<Policy, AuthConfigError> {
         line,
         message,
     };
-    for (line, fields) in lines(&read_limited(auth_file)?) {
+    let auth_text = match auth_file {
+        Some(path) => read_limited(path)?,
+        None => String::new(),
+    };
+    let auth_file = auth_file.unwrap_or(Path::new("(no auth file)"));
+    for (line, fields) in lines(&auth_text) {
         let [name, hash] = fields[..] else {
             return Err(syntax(
                 auth_file,
@@ -443,25 +489,25 @@ mod tests {
     fn p2_missing_or_wrong_credentials_are_unauthenticated() {
         let (_dir, auth) = sample();
         assert!(matches!(
-            auth.authenticate(None),
+            auth.authenticate(None, None),
             Err(Denied::Unauthenticated(_))
         ));
         assert!(matches!(
-            auth.authenticate(Some(b"Bearer nope")),
+            auth.authenticate(Some(b"Bearer nope"), None),
             Err(Denied::Unauthenticated(_))
         ));
         assert!(matches!(
-            auth.authenticate(Some(b"Basic s-orders")),
+            auth.authenticate(Some(b"Basic s-orders"), None),
             Err(Denied::Unauthenticated(_))
         ));
-        let caller = auth.authenticate(Some(b"Bearer s-orders")).unwrap();
+        let caller = auth.authenticate(Some(b"Bearer s-orders"), None).unwrap();
         assert_eq!(caller.principal().as_str(), "orders");
     }
 
     #[test]
     fn p2_rights_nest_and_follow_prefixes() {
         let (_dir, auth) = sample();
-        let orders = auth.authenticate(Some(b"Bearer s-orders")).unwrap();
+        let orders = auth.authenticate(Some(b"Bearer s-orders"), None).unwrap();
         assert!(orders.can(Right::Acquire, Some(&lock("orders/7"))));
         assert!(orders.can(Right::Read, Some(&lock("orders/7"))));
         assert!(!orders.can(Right::Acquire, Some(&lock("billing/7"))));
@@ -470,12 +516,12 @@ mod tests {
             orders.lease_actor(),
             Some(Principal::new("orders").unwrap())
         );
-        let grafana = auth.authenticate(Some(b"Bearer s-grafana")).unwrap();
+        let grafana = auth.authenticate(Some(b"Bearer s-grafana"), None).unwrap();
         assert!(grafana.can(Right::Read, Some(&lock("billing/7"))));
         assert!(grafana
             .require(Right::Acquire, Some(&lock("orders/7")))
             .is_err());
-        let ops = auth.authenticate(Some(b"Bearer s-ops")).unwrap();
+        let ops = auth.authenticate(Some(b"Bearer s-ops"), None).unwrap();
         assert!(ops.can(Right::Acquire, Some(&lock("anything"))));
         assert_eq!(ops.lease_actor(), None);
     }
@@ -518,15 +564,15 @@ mod tests {
         std::fs::write(dir.path().join("acl"), "orders everything *\n").unwrap();
         assert!(auth.reload().is_err());
         assert!(auth
-            .authenticate(Some(b"Bearer s-orders"))
+            .authenticate(Some(b"Bearer s-orders"), None)
             .unwrap()
             .can(Right::Acquire, Some(&lock("orders/1"))));
         std::fs::write(dir.path().join("acl"), "orders read *\n").unwrap();
-        let orders = auth.authenticate(Some(b"Bearer s-orders")).unwrap();
+        let orders = auth.authenticate(Some(b"Bearer s-orders"), None).unwrap();
         assert!(auth.is_current(&orders));
         assert_eq!(auth.reload().unwrap(), (3, 1));
         assert!(!auth
-            .authenticate(Some(b"Bearer s-orders"))
+            .authenticate(Some(b"Bearer s-orders"), None)
             .unwrap()
             .can(Right::Acquire, Some(&lock("orders/1"))));
     }
@@ -534,14 +580,58 @@ mod tests {
     #[test]
     fn p2_a_principal_removed_by_a_reload_is_no_longer_current() {
         let (dir, auth) = sample();
-        let ops = auth.authenticate(Some(b"Bearer s-ops")).unwrap();
+        let ops = auth.authenticate(Some(b"Bearer s-ops"), None).unwrap();
         assert!(auth.is_current(&ops));
         let remaining = format!("orders {}\n", hash_secret("s-orders"));
         std::fs::write(dir.path().join("auth"), remaining).unwrap();
         auth.reload().unwrap();
         assert!(!auth.is_current(&ops));
-        assert!(auth.authenticate(Some(b"Bearer s-ops")).is_err());
+        assert!(auth.authenticate(Some(b"Bearer s-ops"), None).is_err());
         assert!(Auth::open().is_current(&Caller::open()));
+    }
+
+    #[test]
+    fn p2_a_client_certificate_authenticates_its_principal_and_a_bearer_wins_over_it() {
+        let (dir, auth) = sample();
+        let cert = |name: &str| CertificatePrincipal(Principal::new(name).unwrap());
+        // Certificates need no auth-file line: the client CA vouches for the name.
+        let by_cert = auth.authenticate(None, Some(&cert("grafana"))).unwrap();
+        assert_eq!(by_cert.principal().as_str(), "grafana");
+        assert!(by_cert.can(Right::Read, Some(&lock("x"))));
+        assert!(!by_cert.can(Right::Acquire, Some(&lock("x"))));
+        // A certified name the ACL does not know has no right at all.
+        let stranger = auth.authenticate(None, Some(&cert("stranger"))).unwrap();
+        assert!(!stranger.can(Right::Read, Some(&lock("x"))));
+        // A bearer on a certified connection is the caller; a wrong one is not excused.
+        let ops = auth
+            .authenticate(Some(b"Bearer s-ops"), Some(&cert("grafana")))
+            .unwrap();
+        assert_eq!(ops.principal().as_str(), "ops");
+        assert!(auth
+            .authenticate(Some(b"Bearer nope"), Some(&cert("grafana")))
+            .is_err());
+        // Removed from the ACL: its streams stop.
+        assert!(auth.is_current(&by_cert));
+        std::fs::write(dir.path().join("acl"), "orders read *\n").unwrap();
+        auth.reload().unwrap();
+        assert!(!auth.is_current(&by_cert));
+        // An open coordinator ignores certificates as it ignores bearers.
+        let open = Auth::open()
+            .authenticate(None, Some(&cert("grafana")))
+            .unwrap();
+        assert_eq!(open.principal(), &Principal::anonymous());
+    }
+
+    #[test]
+    fn certificates_only_needs_no_auth_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let acl = dir.path().join("acl");
+        std::fs::write(&acl, "orders acquire orders/\n").unwrap();
+        let auth = Auth::load(None, &acl).unwrap();
+        assert!(auth.is_enabled());
+        assert!(auth.authenticate(Some(b"Bearer anything"), None).is_err());
+        assert!(auth.authenticate(None, None).is_err());
+        assert_eq!(auth.reload().unwrap(), (0, 1));
     }
 
     #[test]
@@ -553,7 +643,7 @@ mod tests {
         );
         let (_dir, auth_path, acl_path) = files(&auth, "orders read *\n");
         let auth = Auth::from_files(&auth_path, &acl_path).unwrap();
-        assert!(auth.authenticate(Some(b"Bearer old")).is_ok());
-        assert!(auth.authenticate(Some(b"Bearer new")).is_ok());
+        assert!(auth.authenticate(Some(b"Bearer old"), None).is_ok());
+        assert!(auth.authenticate(Some(b"Bearer new"), None).is_ok());
     }
 }

@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::api::Api;
 use crate::auth::{Caller, Denied, Right};
 use crate::engine::{CoordinatorError, TransitionKind, MAX_LIST};
+use crate::tls::CertificatePrincipal;
 
 /// Responses buffered per keepalive or watch stream before the server waits for the client.
 const STREAM_BUFFER: usize = 16;
@@ -80,7 +81,11 @@ impl GrpcApi {
             .metadata()
             .get("authorization")
             .map(|value| value.as_bytes());
-        self.api.auth.authenticate(authorization).map_err(denied)
+        let certificate = request.extensions().get::<CertificatePrincipal>();
+        self.api
+            .auth
+            .authenticate(authorization, certificate)
+            .map_err(denied)
     }
 }
 

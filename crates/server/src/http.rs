@@ -21,6 +21,7 @@ use crate::api::Api;
 use crate::auth::{Caller, Denied, Right};
 use crate::cluster::MembershipError;
 use crate::engine::{CoordinatorError, MAX_LIST};
+use crate::tls::CertificatePrincipal;
 
 /// Largest request body accepted. An acquire body is under 300 bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -118,7 +119,8 @@ impl FromRequestParts<Api> for Caller {
             .headers
             .get(header::AUTHORIZATION)
             .map(|value| value.as_bytes());
-        Ok(api.auth.authenticate(authorization)?)
+        let certificate = parts.extensions.get::<CertificatePrincipal>();
+        Ok(api.auth.authenticate(authorization, certificate)?)
     }
 }
 

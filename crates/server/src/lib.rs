@@ -19,6 +19,7 @@ pub mod keys;
 pub mod metrics;
 pub mod store;
 pub mod store_conformance;
+pub mod tls;
 
 use std::io;
 use std::net::SocketAddr;
@@ -61,6 +62,9 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Cluster mode: this member's peer credentials (mutual TLS between members).
     pub peer_tls: Option<Arc<cluster::peer_tls::PeerTls>>,
+    /// TLS for clients on the port (`--tls-cert`, `--tls-key`, `--client-ca`). `None`: clients
+    /// speak in clear.
+    pub client_tls: Option<Arc<tls::ClientTls>>,
     /// Cluster mode without peer credentials (`--insecure-peers`): anyone who can reach the
     /// port can send Raft messages. For loopback demos and tests.
     pub insecure_peers: bool,
@@ -75,6 +79,7 @@ impl Default for ServerConfig {
             auth: Arc::new(auth::Auth::open()),
             insecure: false,
             peer_tls: None,
+            client_tls: None,
             insecure_peers: false,
         }
     }
@@ -114,6 +119,9 @@ pub enum ServerError {
         /// This member's node id.
         node: u64,
     },
+    /// A TLS file or setting cannot be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
     /// The signing key could not be loaded or created.
     #[error(transparent)]
     Key(#[from] keys::KeyError),
@@ -231,6 +239,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             );
         }
     }
+    // Checked before anything starts: a TLS mistake must not leave a half-started member.
+    let tls = tls::listener_tls(
+        config.client_tls.as_deref(),
+        config.peer_tls.as_deref(),
+        config.cluster.is_some() && config.peer_tls.is_none(),
+    )?;
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
     create_store_before_key(dir, config.cluster.is_some())?;
@@ -242,8 +256,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => start_single(dir, signer, metrics, shutdown_signal.clone())?,
         Some(cluster) => {
             let peer_tls = config.peer_tls.clone();
+            let cluster = ClusterConfig {
+                client_tls: config.client_tls.is_some(),
+                ..cluster.clone()
+            };
             start_cluster(
-                cluster,
+                &cluster,
                 dir,
                 signer,
                 metrics,
@@ -254,7 +272,16 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         }
     };
     api.auth = config.auth.clone();
-    serve(&config, api, raft_service, core, shutdown, shutdown_signal).await
+    serve(
+        &config,
+        tls,
+        api,
+        raft_service,
+        core,
+        shutdown,
+        shutdown_signal,
+    )
+    .await
 }
 
 /// A single node: the engine over `coordinator.redb`.
@@ -349,6 +376,7 @@ type RaftService = palisade_proto::v1::raft_server::RaftServer<cluster::network:
 /// the front ends within the grace period.
 async fn serve(
     config: &ServerConfig,
+    tls: Option<palisade_listener::Tls>,
     api: Api,
     raft_service: Option<RaftService>,
     core: Core,
@@ -371,7 +399,6 @@ async fn serve(
         data_dir = %config.data_dir.display(),
         "coordinator serving gRPC and HTTP"
     );
-    let tls = config.peer_tls.as_ref().map(|tls| tls.acceptor());
     let http = tokio::spawn(palisade_listener::serve_with_tls(
         listener,
         app,

@@ -254,7 +254,7 @@ pub struct PeerFiles {
 impl PeerFiles {
     /// A CA and certificates for `nodes` in `dir` (the drill's maker).
     pub fn generate(dir: &Path, nodes: &[u64]) -> Self {
-        palisade_drill::failover::peer_credentials(dir, nodes.iter().copied()).unwrap();
+        palisade_drill::certs::peer_credentials(dir, nodes.iter().copied()).unwrap();
         Self {
             dir: dir.to_path_buf(),
         }

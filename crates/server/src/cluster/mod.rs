@@ -133,6 +133,8 @@ pub struct ClusterConfig {
     pub members: BTreeMap<NodeId, String>,
     /// Start without initialising: wait to be added by `palisade cluster add` on the leader.
     pub join: bool,
+    /// Clients reach the members over TLS: a follower names the leader as `https://`.
+    pub client_tls: bool,
 }
 
 impl ClusterConfig {
@@ -181,6 +183,7 @@ impl ClusterConfig {
             node_id,
             members,
             join,
+            client_tls: false,
         })
     }
 
@@ -564,6 +567,7 @@ impl MemberStart<'_> {
             serving,
             transitions,
             changes: changes.clone(),
+            client_scheme: if config.client_tls { "https" } else { "http" },
         };
         let supervisor = tokio::spawn(supervisor.run(self.shutdown));
         Ok(Member {

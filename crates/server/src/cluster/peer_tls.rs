@@ -14,13 +14,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use palisade_listener::PeerCertificates;
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls;
-use tokio_rustls::TlsAcceptor;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::server::danger::ClientCertVerifier;
+use tokio_rustls::rustls::sign::CertifiedKey;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use super::{ClusterError, NodeId};
+use crate::tls::{self, PeerSide, TlsError};
 
 /// The name a member's certificate carries (as a DNS subject alternative name).
 pub fn node_name(node: NodeId) -> String {
@@ -29,7 +29,10 @@ pub fn node_name(node: NodeId) -> String {
 
 /// A member's peer credentials, loaded and checked at start.
 pub struct PeerTls {
-    acceptor: TlsAcceptor,
+    key: Arc<CertifiedKey>,
+    ca: Vec<CertificateDer<'static>>,
+    /// Accepts exactly the chains ending at the peer CA.
+    verifier: Arc<dyn ClientCertVerifier>,
     ca_pem: Vec<u8>,
     cert_pem: Vec<u8>,
     key_pem: Vec<u8>,
@@ -42,12 +45,8 @@ impl std::fmt::Debug for PeerTls {
     }
 }
 
-fn config_error(what: impl std::fmt::Display) -> ClusterError {
-    ClusterError::Config(format!("peer TLS: {what}"))
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, ClusterError> {
-    std::fs::read(path).map_err(|e| config_error(format!("{}: {e}", path.display())))
+fn config_error(error: TlsError) -> ClusterError {
+    ClusterError::Config(format!("peer TLS: {error}"))
 }
 
 /// True when `leaf` (DER) is valid for `node`'s name.
@@ -65,61 +64,41 @@ impl PeerTls {
     /// Loads member `own`'s certificate chain, key and the peer CA, and checks them now (a bad
     /// file fails the start, not the first connection): the certificate must name `own`.
     pub fn load(own: NodeId, cert: &Path, key: &Path, ca: &Path) -> Result<Self, ClusterError> {
-        let (cert_pem, key_pem, ca_pem) = (read(cert)?, read(key)?, read(ca)?);
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
-            .collect::<Result<_, _>>()
-            .map_err(|e| config_error(format!("{}: {e}", cert.display())))?;
-        let leaf = chain
-            .first()
-            .ok_or_else(|| config_error(format!("{} holds no certificate", cert.display())))?;
-        if !names(leaf, own) {
-            return Err(config_error(format!(
-                "{} does not name node {own}: a member's certificate must carry the DNS name {}",
+        let (cert_pem, key_pem, ca_pem) = (
+            tls::read_pem(cert).map_err(config_error)?,
+            tls::read_pem(key).map_err(config_error)?,
+            tls::read_pem(ca).map_err(config_error)?,
+        );
+        let chain = tls::certificates(&cert_pem, cert).map_err(config_error)?;
+        if !names(&chain[0], own) {
+            return Err(ClusterError::Config(format!(
+                "peer TLS: {} does not name node {own}: a member's certificate must carry the \
+                 DNS name {}",
                 cert.display(),
                 node_name(own)
             )));
         }
-        let private_key = PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|e| config_error(format!("{}: {e}", key.display())))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for authority in CertificateDer::pem_slice_iter(&ca_pem) {
-            let authority =
-                authority.map_err(|e| config_error(format!("{}: {e}", ca.display())))?;
-            roots
-                .add(authority)
-                .map_err(|e| config_error(format!("{}: {e}", ca.display())))?;
-        }
-        if roots.is_empty() {
-            return Err(config_error(format!(
-                "{} holds no certificate",
-                ca.display()
-            )));
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots),
-            provider.clone(),
-        )
-        .build()
-        .map_err(config_error)?;
-        let mut server = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(config_error)?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, private_key)
+        let certified = tls::certified_key(chain, &key_pem, key).map_err(config_error)?;
+        let authorities = tls::certificates(&ca_pem, ca).map_err(config_error)?;
+        let verifier = tls::verifier(tls::roots(&authorities, ca).map_err(config_error)?, ca)
             .map_err(config_error)?;
-        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Self {
-            acceptor: TlsAcceptor::from(Arc::new(server)),
+            key: certified,
+            ca: authorities,
+            verifier,
             ca_pem,
             cert_pem,
             key_pem,
         })
     }
 
-    /// The acceptor of the member's listener.
-    pub fn acceptor(&self) -> TlsAcceptor {
-        self.acceptor.clone()
+    /// What the port's TLS ([`crate::tls::listener_tls`]) needs of these credentials.
+    pub(crate) fn side(&self) -> PeerSide {
+        PeerSide {
+            key: self.key.clone(),
+            ca: self.ca.clone(),
+            verifier: self.verifier.clone(),
+        }
     }
 
     /// How to dial member `target`: present this member's certificate, trust only the peer CA,
@@ -131,7 +110,8 @@ impl PeerTls {
             .domain_name(node_name(target))
     }
 
-    /// Whether a connection's verified certificates name `node`.
+    /// Whether a connection's certificates (verified against the peer CA alone, see
+    /// [`crate::tls`]) name `node`.
     pub fn certifies(certificates: &PeerCertificates, node: NodeId) -> bool {
         certificates.0.first().is_some_and(|leaf| names(leaf, node))
     }

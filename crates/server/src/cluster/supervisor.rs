@@ -49,6 +49,8 @@ pub struct Supervisor {
     pub transitions: broadcast::Sender<Transition>,
     /// Membership changes: the leader finishes a joint membership its predecessor left.
     pub changes: Arc<super::membership::Changes>,
+    /// The scheme of the members' client URLs in leader hints (`http` or `https`).
+    pub client_scheme: &'static str,
 }
 
 struct Running {
@@ -275,7 +277,7 @@ impl Supervisor {
                 .get_node(&id)
                 .map(|node| LeaderHint {
                     id,
-                    url: format!("http://{}", node.addr),
+                    url: format!("{}://{}", self.client_scheme, node.addr),
                 })
         });
         self.serving.send_if_modified(|serving| {
