@@ -50,6 +50,10 @@ pub struct AcquireBenchArgs {
     /// secret and an ACL) right after the open one, in the same run.
     #[arg(long, conflicts_with_all = ["endpoint", "cluster"])]
     with_auth: bool,
+    /// With --with-auth: also measure it with authentication over TLS (client TLS on the port,
+    /// certificates made for the run), in the same run.
+    #[arg(long, requires = "with_auth")]
+    with_tls: bool,
     /// With --cluster: also measure the cluster with its members over mutual TLS (certificates
     /// made for the run), right after the one without, in the same run.
     #[arg(long, requires = "cluster")]
@@ -57,15 +61,29 @@ pub struct AcquireBenchArgs {
     /// With --endpoint: the bearer secret to authenticate with (else PALISADE_TOKEN).
     #[arg(long, requires = "endpoint")]
     token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    tls: crate::ClientTlsArgs,
+}
+
+/// How an embedded single node is secured for one measurement.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Secured {
+    /// Open (no authentication).
+    Open,
+    /// A principal with a bearer secret and an ACL.
+    Auth,
+    /// [`Secured::Auth`], with the clients over TLS.
+    AuthTls,
 }
 
 /// How the bench clients authenticate (as the other client commands do); none: an open
 /// coordinator.
 fn bench_credentials(args: &AcquireBenchArgs) -> anyhow::Result<Credentials> {
-    match crate::bearer_secret(args.token_file.as_deref())? {
-        Some(secret) => Ok(Credentials::bearer(&secret)?),
-        None => Ok(Credentials::default()),
-    }
+    let credentials = match crate::bearer_secret(args.token_file.as_deref())? {
+        Some(secret) => Credentials::bearer(&secret)?,
+        None => Credentials::default(),
+    };
+    args.tls.add_to(credentials)
 }
 
 /// Auth and ACL files for one bench principal with `acquire` on `bench/`; returns the policy
@@ -155,14 +173,23 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
     anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.locks >= 1, "--locks must be at least 1");
     if args.with_auth {
-        let open = measure(&args, None, false).await?;
-        let auth = measure(&args, None, true).await?;
-        let ratio = auth.ops_per_sec / open.ops_per_sec.max(f64::MIN_POSITIVE);
+        let open = measure(&args, None, Secured::Open).await?;
+        let auth = measure(&args, None, Secured::Auth).await?;
+        let tls = match args.with_tls {
+            true => Some(measure(&args, None, Secured::AuthTls).await?),
+            false => None,
+        };
+        let per_open =
+            |report: &Report| report.ops_per_sec / open.ops_per_sec.max(f64::MIN_POSITIVE);
+        let ratio = per_open(&auth);
+        let tls_ratio = tls.as_ref().map(per_open);
         if json {
             print_json(&serde_json::json!({
                 "open": open,
                 "auth": auth,
                 "auth_vs_open": ratio,
+                "auth_tls": tls,
+                "auth_tls_vs_open": tls_ratio,
             }));
         } else {
             println!("open (no authentication):");
@@ -170,11 +197,16 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
             println!("\nbearer secret + ACL (same run):");
             print_report(&auth, false);
             println!("\nauth / open: {ratio:.2}× the cycles per second");
+            if let (Some(tls), Some(tls_ratio)) = (&tls, tls_ratio) {
+                println!("\nbearer secret + ACL over TLS (same run):");
+                print_report(tls, false);
+                println!("\nauth over TLS / open: {tls_ratio:.2}× the cycles per second");
+            }
         }
         return Ok(());
     }
     let Some(members) = args.cluster else {
-        let report = measure(&args, None, false).await?;
+        let report = measure(&args, None, Secured::Open).await?;
         print_report(&report, json);
         return Ok(());
     };
@@ -183,11 +215,11 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         "--cluster takes 1 to {} members",
         palisade_server::cluster::MAX_MEMBERS
     );
-    let single = measure(&args, None, false).await?;
-    let cluster = measure(&args, Some((members, false)), false).await?;
+    let single = measure(&args, None, Secured::Open).await?;
+    let cluster = measure(&args, Some((members, false)), Secured::Open).await?;
     let ratio = cluster.ops_per_sec / single.ops_per_sec.max(f64::MIN_POSITIVE);
     let tls = match args.peer_tls {
-        true => Some(measure(&args, Some((members, true)), false).await?),
+        true => Some(measure(&args, Some((members, true)), Secured::Open).await?),
         false => None,
     };
     let tls_ratio = tls
@@ -268,12 +300,12 @@ async fn start_cluster(
     Ok((servers, urls))
 }
 
-/// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`; with
-/// `auth`, with a principal and an ACL) or an embedded cluster (`(members, peer TLS)`).
+/// One measurement: against `--endpoint`, or an embedded single node (`cluster: None`;
+/// secured as `secured` says) or an embedded cluster (`(members, peer TLS)`).
 async fn measure(
     args: &AcquireBenchArgs,
     cluster: Option<(usize, bool)>,
-    auth: bool,
+    secured: Secured,
 ) -> anyhow::Result<Report> {
     let mut credentials = bench_credentials(args)?;
     let mut servers = Vec::new();
@@ -308,13 +340,27 @@ async fn measure(
                         cluster: None,
                         ..Default::default()
                     };
-                    if auth {
+                    if secured != Secured::Open {
                         let (policy, bearer) = bench_auth(dir.path())?;
                         config.auth = std::sync::Arc::new(policy);
                         credentials = bearer;
                     }
+                    let mut scheme = "http";
+                    if secured == Secured::AuthTls {
+                        let pki = dir.path().join("pki");
+                        palisade_drill::certs::client_credentials(&pki, &[])?;
+                        config.client_tls =
+                            Some(std::sync::Arc::new(palisade_server::tls::ClientTls::load(
+                                &pki.join("server.pem"),
+                                &pki.join("server.key"),
+                                None,
+                            )?));
+                        credentials =
+                            credentials.with_ca_pem(&std::fs::read(pki.join("server-ca.pem"))?);
+                        scheme = "https";
+                    }
                     let server = palisade_server::start(config).await?;
-                    let url = format!("http://{}", server.local_addr);
+                    let url = format!("{scheme}://{}", server.local_addr);
                     servers.push(server);
                     vec![url]
                 }

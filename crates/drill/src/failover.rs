@@ -4,13 +4,16 @@
 //! the checker reads for P1 (no epoch granted twice; a grant invoked after another completed
 //! has a greater epoch — so an acknowledged grant was not lost either, P8). The time from
 //! each kill to the next successful acquire is the unavailability.
+//!
+//! The cluster runs as in production: members speak over mutual TLS, clients over TLS on the
+//! same port, authenticated by a client certificate (principal `churn`) against an ACL.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use palisade_client::{AcquireOptions, Client, ClientError};
+use palisade_client::{AcquireOptions, Client, ClientError, Credentials};
 use palisade_history::{Entry, History, Mode, Op, Outcome};
 use serde_json::Value;
 
@@ -42,7 +45,7 @@ struct Node {
 
 impl Node {
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("https://{}", self.addr)
     }
 
     fn start(&mut self, binary: &Path, cluster: &str, pki: &Path) -> anyhow::Result<()> {
@@ -54,8 +57,14 @@ impl Node {
             file(format!("node-{id}.key")),
             file("ca.pem".into()),
         );
+        let (tls_cert, tls_key, client_ca, acl) = (
+            file("server.pem".into()),
+            file("server.key".into()),
+            file("client-ca.pem".into()),
+            file("acl".into()),
+        );
         // The members speak over mutual TLS, as in production: every kill makes the survivors
-        // reconnect and the restarted member handshake again.
+        // reconnect and the restarted member handshake again; so do the clients.
         let args = [
             "serve",
             "--node-id",
@@ -68,6 +77,14 @@ impl Node {
             &key,
             "--peer-ca",
             &ca,
+            "--tls-cert",
+            &tls_cert,
+            "--tls-key",
+            &tls_key,
+            "--client-ca",
+            &client_ca,
+            "--acl-file",
+            &acl,
             "--data-dir",
             &dir,
         ];
@@ -163,12 +180,26 @@ pub async fn run(
         .join(",");
     let pki = dir.path().join("pki");
     crate::certs::peer_credentials(&pki, 1..=MEMBERS)?;
+    crate::certs::client_credentials(&pki, &["churn"])?;
+    std::fs::write(pki.join("acl"), "churn acquire failover/\nchurn read *\n")?;
     for node in &mut nodes {
         node.start(binary, &cluster, &pki)?;
     }
     let urls: Vec<String> = nodes.iter().map(Node::url).collect();
-    let client = Client::connect(&urls).await?;
+    let (ca, cert, key) = (
+        std::fs::read(pki.join("server-ca.pem"))?,
+        std::fs::read(pki.join("client-churn.pem"))?,
+        std::fs::read(pki.join("client-churn.key"))?,
+    );
+    let credentials = Credentials::default()
+        .with_ca_pem(&ca)
+        .with_identity_pem(&cert, &key);
+    let client = Client::connect_with(&urls, credentials).await?;
+    let identity = reqwest::Identity::from_pem(&[key.as_slice(), b"\n", cert.as_slice()].concat())?;
     let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+        .identity(identity)
         .timeout(Duration::from_millis(500))
         .build()?;
     wait_for("a first leader", || leader(&http, &nodes)).await?;
