@@ -4,6 +4,7 @@
 //! left); 4 the coordinator or resource is unavailable; 5 the resource rejected the write or
 //! activation (stale epoch, invalid token, …).
 
+mod backup;
 mod bench;
 mod bench_fence;
 mod cluster;
@@ -46,6 +47,13 @@ enum Command {
     /// Run or use the reference fenced store.
     #[command(subcommand)]
     Resource(resource::ResourceCommand),
+    /// Back up a coordinator's epoch counter: online from a running coordinator (admin), or
+    /// offline from a stopped single node's --data-dir.
+    Backup(backup::BackupArgs),
+    /// Make a new data directory from a backup that never issues an epoch issued before (it
+    /// starts above the backup, the high-water file, every --floor-from resource and the
+    /// clock), and print the floor it used and why.
+    Restore(backup::RestoreArgs),
     /// Make bearer secrets and the lines of `--auth-file` for them.
     #[command(subcommand)]
     Auth(AuthCommand),
@@ -113,6 +121,11 @@ struct ServeArgs {
     /// Cluster mode: the CA that signs the members' certificates (dedicated to this cluster).
     #[arg(long, requires = "peer_cert")]
     peer_ca: Option<PathBuf>,
+    /// Where the epoch high-water bound lives: a file outside the data directory, kept ahead
+    /// of issuance, so that a data directory copied back from an older copy never issues an
+    /// epoch twice [default: DATA_DIR.high-water, the data directory's sibling].
+    #[arg(long, conflicts_with = "cluster")]
+    high_water_file: Option<PathBuf>,
     /// Cluster mode without peer credentials: Raft traffic unauthenticated (loopback demos and
     /// tests only; logged as a warning at every start).
     #[arg(long, requires = "cluster", conflicts_with = "peer_cert")]
@@ -387,6 +400,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Lock(command) => lock::run(command, json).await,
         Command::Resource(command) => resource::run(command, json).await,
         Command::Auth(command) => auth(command, json),
+        Command::Backup(args) => backup::run_backup(args, json).await,
+        Command::Restore(args) => backup::run_restore(args, json).await,
         Command::Drill(args) => drill::run_drill(args, json).await,
         Command::Simulate(args) => drill::run_simulate(args, json),
         Command::DrillWorker(args) => drill::run_worker(args).await,

@@ -61,6 +61,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         insecure: args.insecure,
         peer_tls,
         client_tls,
+        high_water: args.high_water_file,
         insecure_peers: args.insecure_peers,
     })
     .await

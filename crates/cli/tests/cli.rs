@@ -17,7 +17,7 @@ fn json_of(output: &std::process::Output) -> Value {
 #[test]
 fn acquire_renew_release_list_show() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path());
+    let server = ServerProcess::start(&dir.path().join("data"));
     let acquired = json_of(&server.cli(&[
         "lock", "acquire", "report/7", "--ttl", "30s", "--holder", "me", "--json",
     ]));
@@ -58,7 +58,7 @@ fn acquire_renew_release_list_show() {
 #[test]
 fn bad_input_fails_with_a_message_and_the_server_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path());
+    let server = ServerProcess::start(&dir.path().join("data"));
     for args in [
         &["lock", "acquire", "has space"][..],
         &["lock", "acquire", "ok", "--ttl", "0s"],
@@ -86,13 +86,13 @@ fn an_unreachable_coordinator_exits_with_4() {
 #[test]
 fn sigterm_stops_the_server_cleanly_and_keeps_leases() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = ServerProcess::start(dir.path());
+    let mut server = ServerProcess::start(&dir.path().join("data"));
     let acquired = json_of(&server.cli(&["lock", "acquire", "kept", "--ttl", "1m", "--json"]));
     assert!(server.terminate().success());
-    let server = ServerProcess::start(dir.path());
+    let server = ServerProcess::start(&dir.path().join("data"));
     let shown = json_of(&server.cli(&["lock", "show", "kept", "--json"]));
     assert_eq!(shown["epoch"], acquired["epoch"]);
-    let key = std::fs::metadata(dir.path().join("signing.key")).unwrap();
+    let key = std::fs::metadata(dir.path().join("data").join("signing.key")).unwrap();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&key.permissions()) & 0o777,
         0o600

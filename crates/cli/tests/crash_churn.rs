@@ -61,7 +61,7 @@ async fn p1_p8_kill_9_under_churn_loses_nothing_acknowledged_and_reissues_no_epo
     // (The probe lock and the clean-up releases also take epochs; that is fine: P1 asks only
     // that every later epoch be above every earlier acknowledged one.)
     for round in 0..CRASHES {
-        let mut server = ServerProcess::start(dir.path());
+        let mut server = ServerProcess::start(&dir.path().join("data"));
         // Each round uses locks of its own, so every worker starts on a free lock whatever the
         // previous crash left held (lease ids are not listed: they are capabilities).
         let knowns: Vec<Arc<Mutex<Known>>> = (0..WORKERS).map(|_| Arc::default()).collect();
@@ -78,7 +78,7 @@ async fn p1_p8_kill_9_under_churn_loses_nothing_acknowledged_and_reissues_no_epo
             worker.await.unwrap();
         }
 
-        let server = ServerProcess::start(dir.path());
+        let server = ServerProcess::start(&dir.path().join("data"));
         let client = Client::connect(&[&server.url]).await.unwrap();
         for (index, known) in knowns.iter().enumerate() {
             let known = known.lock().unwrap().clone();

@@ -57,7 +57,7 @@ fn p8_idle_sockets_beyond_the_descriptor_limit_do_not_stop_acquires() {
 #[test]
 fn p8_a_declared_oversized_body_is_refused_before_it_is_sent() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path());
+    let server = ServerProcess::start(&dir.path().join("data"));
     let mut socket = TcpStream::connect(address(&server)).unwrap();
     socket
         .write_all(

@@ -187,6 +187,7 @@ fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
         ("GET", "/v1/locks/orders%2F1"),
         ("GET", "/v1/cluster"),
         ("POST", "/v1/cluster/members"),
+        ("GET", "/v1/backup"),
     ] {
         let (status, body) = s.http(None, method, path, "{}");
         assert_eq!(
@@ -231,6 +232,10 @@ fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
     );
     let (status, _) = s.http(Some("orders"), "DELETE", "/v1/cluster/members/1", "");
     assert_eq!(status, 403);
+    // A backup is an admin's (P6: it is what a restore starts from).
+    assert_eq!(s.http(Some("mallory"), "GET", "/v1/backup", "").0, 403);
+    let (status, backup) = s.http(Some("ops"), "GET", "/v1/backup", "");
+    assert_eq!(status, 200, "{backup}");
     let (status, body) = s.http(Some("ops"), "POST", "/v1/cluster/members", member);
     assert_eq!(
         (status, body["error"].as_str()),
@@ -342,7 +347,7 @@ fn a_non_loopback_listen_address_without_auth_refuses_to_start() {
 #[test]
 fn p2_on_an_open_loopback_coordinator_lease_ids_are_never_listed() {
     let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path());
+    let server = ServerProcess::start(&dir.path().join("data"));
     let out = server.cli(&["lock", "acquire", "open/1", "--json"]);
     let granted: Value = serde_json::from_slice(&out.stdout).unwrap();
     let lease = granted["lease_id"].as_str().unwrap();

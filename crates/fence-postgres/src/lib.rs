@@ -409,3 +409,56 @@ impl FencedResource for PostgresFence {
         Ok(Epoch(from_bigint(fence)?))
     }
 }
+
+/// The greatest epoch this database has accepted or fenced at, for any lock: what a restored
+/// coordinator must issue above (P6). Reads Palisade's tables (`palisade_fences`,
+/// `palisade_kv`, `palisade_lock_epochs`, `palisade_row_fences`) and the `last_fence` column of
+/// every table carrying Palisade's guard trigger, in one repeatable-read snapshot. A database
+/// without Palisade's tables has no fence: 0.
+pub async fn highest_fence(url: &str) -> Result<u64, FenceError> {
+    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(storage)?;
+    let connection = tokio::spawn(connection);
+    let result = async {
+        let txn = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let mut highest: i64 = 0;
+        for (table, column) in [
+            ("palisade_fences", "fence"),
+            ("palisade_kv", "epoch"),
+            ("palisade_lock_epochs", "epoch"),
+            ("palisade_row_fences", "fence"),
+        ] {
+            let exists: bool = txn
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                .await?
+                .get(0);
+            if exists {
+                let sql = format!("SELECT coalesce(max({column}), 0)::bigint FROM {table}");
+                highest = highest.max(txn.query_one(&sql, &[]).await?.get(0));
+            }
+        }
+        let guarded = txn
+            .query(
+                "SELECT DISTINCT tgrelid::regclass::text FROM pg_trigger \
+                 WHERE tgname = 'palisade_guard_update'",
+                &[],
+            )
+            .await?;
+        for row in guarded {
+            let table: String = row.get(0);
+            let sql = format!("SELECT coalesce(max(last_fence), 0)::bigint FROM {table}");
+            highest = highest.max(txn.query_one(&sql, &[]).await?.get(0));
+        }
+        txn.commit().await?;
+        Ok::<_, tokio_postgres::Error>(highest)
+    }
+    .await;
+    drop(client);
+    let _ = connection.await;
+    let highest = result.map_err(storage)?;
+    Ok(u64::try_from(highest).unwrap_or(0))
+}

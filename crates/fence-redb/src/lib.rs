@@ -70,6 +70,12 @@ impl RedbFence {
         })
     }
 
+    /// The greatest epoch this store has accepted or fenced at, for any lock (its fences and
+    /// its rows, in one read snapshot): what a restored coordinator must issue above (P6).
+    pub fn highest_fence(&self) -> Result<u64, FenceError> {
+        records::highest_fence(&self.db)
+    }
+
     /// The trusted keys (shared, so a server can refresh them).
     pub fn verifier(&self) -> &Arc<Verifier> {
         &self.verifier

@@ -9,7 +9,7 @@
 
 use palisade_core::Epoch;
 use palisade_fence::{FenceError, FenceMode, Stored};
-use redb::{Database, ReadableTable as _, TableDefinition};
+use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 
 pub const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 pub const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
@@ -92,4 +92,21 @@ pub fn decode_pair(bytes: &[u8]) -> Result<(Epoch, Option<u64>), FenceError> {
     let epoch = Epoch(u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")));
     let seq = u64::from_be_bytes(bytes[9..17].try_into().expect("8 bytes"));
     Ok((epoch, (bytes[8] == 1).then_some(seq)))
+}
+
+/// The greatest epoch among the fences and the stored rows.
+pub fn highest_fence(db: &Database) -> Result<u64, FenceError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let mut highest = 0;
+    let fences = txn.open_table(FENCES).map_err(storage)?;
+    for entry in fences.iter().map_err(storage)? {
+        let (_, fence) = entry.map_err(storage)?;
+        highest = highest.max(fence.value());
+    }
+    let rows = txn.open_table(KV).map_err(storage)?;
+    for entry in rows.iter().map_err(storage)? {
+        let (_, value) = entry.map_err(storage)?;
+        highest = highest.max(decode_value(value.value())?.epoch.0);
+    }
+    Ok(highest)
 }

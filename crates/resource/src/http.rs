@@ -289,8 +289,24 @@ async fn fence(
     }
 }
 
-async fn info(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
-    Json(json!({"mode": state.inner.store.mode().as_str()}))
+/// The store's mode and its highest fence (the floor a restored coordinator reads with
+/// `palisade restore --floor-from`).
+async fn info(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    let inner = state.inner.clone();
+    let highest = tokio::task::spawn_blocking(move || inner.store.highest_fence()).await;
+    match highest {
+        Ok(Ok(highest)) => Json(json!({
+            "mode": state.inner.store.mode().as_str(),
+            "highest_fence": highest,
+        }))
+        .into_response(),
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage",
+            "cannot read the store's fences",
+        )
+        .into_response(),
+    }
 }
 
 async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Response {

@@ -130,6 +130,7 @@ enum Request {
     Release(LeaseId, Option<Principal>, Reply<Lease>),
     Describe(LockName, Reply<LockSummary>),
     List(usize, Reply<Vec<LockSummary>>),
+    Counter(Reply<palisade_core::Epoch>),
 }
 
 /// A cheap, cloneable handle to the engine.
@@ -174,6 +175,12 @@ impl CoordinatorHandle {
     pub async fn list(&self, limit: usize) -> Result<Vec<LockSummary>, CoordinatorError> {
         self.call(|reply| Request::List(limit.min(MAX_LIST), reply))
             .await
+    }
+
+    /// The epoch counter, answered once it is durable (every epoch issued so far is at most
+    /// it): what a backup records.
+    pub async fn epoch_counter(&self) -> Result<palisade_core::Epoch, CoordinatorError> {
+        self.call(Request::Counter).await
     }
 
     /// Ownership transitions from now on.
@@ -453,6 +460,7 @@ impl<S: LeaseStore> Engine<S> {
             Request::List(limit, reply) => {
                 Some(Box::new(Answer(reply, Ok(self.table.list(limit, now)))))
             }
+            Request::Counter(reply) => Some(Box::new(Answer(reply, Ok(self.table.last_epoch())))),
         }
     }
 

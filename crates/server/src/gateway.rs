@@ -92,6 +92,11 @@ impl Gateway {
         self.engine()?.describe(lock).await
     }
 
+    /// See [`CoordinatorHandle::epoch_counter`].
+    pub async fn epoch_counter(&self) -> Result<palisade_core::Epoch, CoordinatorError> {
+        self.engine()?.epoch_counter().await
+    }
+
     /// See [`CoordinatorHandle::list`].
     pub async fn list(&self, limit: usize) -> Result<Vec<LockSummary>, CoordinatorError> {
         self.engine()?.list(limit).await

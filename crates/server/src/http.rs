@@ -38,6 +38,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/leases/{id}/release", post(release))
         .route("/v1/keys", get(keys))
+        .route("/v1/backup", get(backup))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/cluster/members", post(add_member))
         .route(
@@ -336,6 +337,30 @@ async fn show_lock(
     caller.require(Right::Read, Some(&lock))?;
     let summary = api.coordinator.describe(lock).await?;
     Ok(Json(LockReply::new(summary, &caller)))
+}
+
+/// An online backup (`admin`): the epoch counter once it is durable, in the backup file format
+/// ([`crate::backup`]).
+async fn backup(State(api): State<Api>, caller: Caller) -> Result<Response, ApiError> {
+    caller.require(Right::Admin, None)?;
+    let last_epoch = api.coordinator.epoch_counter().await?;
+    let backup = crate::backup::Backup {
+        format: crate::backup::FORMAT,
+        mode: if api.cluster.is_some() {
+            "cluster"
+        } else {
+            "single"
+        }
+        .into(),
+        last_epoch: last_epoch.0,
+        taken_at_ms: crate::backup::now_ms(),
+        taken: "online".into(),
+    };
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        crate::backup::encode(&backup),
+    )
+        .into_response())
 }
 
 async fn keys(State(api): State<Api>) -> Json<serde_json::Value> {

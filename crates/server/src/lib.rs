@@ -10,10 +10,12 @@
 
 pub mod api;
 pub mod auth;
+pub mod backup;
 pub mod cluster;
 pub mod engine;
 pub mod gateway;
 pub mod grpc;
+pub mod high_water;
 pub mod http;
 pub mod keys;
 pub mod metrics;
@@ -62,6 +64,9 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Cluster mode: this member's peer credentials (mutual TLS between members).
     pub peer_tls: Option<Arc<cluster::peer_tls::PeerTls>>,
+    /// The epoch high-water file of a single node ([`high_water`]); `None`: the data
+    /// directory's sibling `DIR.high-water`.
+    pub high_water: Option<PathBuf>,
     /// TLS for clients on the port (`--tls-cert`, `--tls-key`, `--client-ca`). `None`: clients
     /// speak in clear.
     pub client_tls: Option<Arc<tls::ClientTls>>,
@@ -80,6 +85,7 @@ impl Default for ServerConfig {
             insecure: false,
             peer_tls: None,
             client_tls: None,
+            high_water: None,
             insecure_peers: false,
         }
     }
@@ -253,7 +259,13 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
     let (mut api, raft_service, core) = match &config.cluster {
-        None => start_single(dir, signer, metrics, shutdown_signal.clone())?,
+        None => {
+            let high_water = config
+                .high_water
+                .clone()
+                .unwrap_or_else(|| high_water::default_path(dir));
+            start_single(dir, &high_water, signer, metrics, shutdown_signal.clone())?
+        }
         Some(cluster) => {
             let peer_tls = config.peer_tls.clone();
             let cluster = ClusterConfig {
@@ -287,6 +299,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
 /// A single node: the engine over `coordinator.redb`.
 fn start_single(
     dir: &Path,
+    high_water: &Path,
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
     shutdown_signal: watch::Receiver<bool>,
@@ -302,6 +315,36 @@ fn start_single(
         )));
     }
     let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
+    let bound = high_water::HighWater::open(high_water)?;
+    let stored = store::LeaseStore::load(&store)?.last_epoch;
+    if bound.bound() > stored.0 {
+        tracing::info!(
+            high_water = %bound.path().display(),
+            bound = bound.bound(),
+            stored = stored.0,
+            "the epoch counter starts above the high-water bound (epochs up to it may have been \
+             issued: reserved ahead, or by a newer copy of this data directory)"
+        );
+    } else if !bound.existed() && stored.0 > 0 {
+        tracing::warn!(
+            high_water = %bound.path().display(),
+            stored = stored.0,
+            "no high-water file for a data directory that has issued epochs: it is created now. \
+             If this directory was copied or restored from an older copy, epochs may be issued \
+             again: stop and use palisade restore"
+        );
+    }
+    if let Some(record) = backup::restore_record(dir) {
+        tracing::info!(
+            backup_epoch = record.backup.last_epoch,
+            floor = record.floor,
+            counter = record.counter,
+            decided_by = %record.decided_by,
+            floors = ?record.floors,
+            "this data directory was made by palisade restore"
+        );
+    }
+    let store = high_water::Witnessed::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
     let (handle, engine) =
         engine::start_with(store, metrics.clone(), shutdown_signal, transitions.clone())?;

@@ -1,0 +1,217 @@
+//! Restore safety (P6) with real processes: a single node's data directory copied back with
+//! `cp -a` (or deleted) never issues an epoch twice, and `palisade restore` makes a data
+//! directory whose epochs start above everything issued — the backup, the high-water file, the
+//! fences of the resources named with `--floor-from`, the clock — so the next owner makes
+//! progress at a resource that saw epochs issued after the backup, and an old owner's token is
+//! refused there.
+//!
+//! Before: the copied-back directory issued epochs 4–6 a second time (and a third time after a
+//! second copy-back), and the resource refused every one of them.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{ResourceProcess, ServerProcess, BINARY};
+use serde_json::Value;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `lock acquire LOCK --json` then `lock release`; the grant.
+fn cycle(server: &ServerProcess, lock: &str) -> Value {
+    let out = server.cli(&["lock", "acquire", lock, "--ttl", "1m", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let grant: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = server.cli(&["lock", "release", grant["lease_id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    grant
+}
+
+fn epoch(grant: &Value) -> u64 {
+    grant["epoch"].as_u64().unwrap()
+}
+
+fn cp_a(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn p6_a_data_directory_copied_back_or_deleted_never_issues_an_epoch_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let copy = dir.path().join("copy");
+    let mut issued = Vec::new();
+
+    let mut server = ServerProcess::start(&data);
+    issued.extend((0..3).map(|_| epoch(&cycle(&server, "restore/a"))));
+    assert!(server.terminate().success());
+    cp_a(&data, &copy); // the operator's "backup"
+
+    let mut server = ServerProcess::start(&data);
+    issued.extend((0..3).map(|_| epoch(&cycle(&server, "restore/a"))));
+    assert!(server.terminate().success());
+
+    // Copied back, twice over; then deleted outright (the signing key with it).
+    for round in 0..3 {
+        std::fs::remove_dir_all(&data).unwrap();
+        if round < 2 {
+            cp_a(&copy, &data);
+        }
+        let mut server = ServerProcess::start(&data);
+        let next = epoch(&cycle(&server, "restore/a"));
+        assert!(
+            next > *issued.iter().max().unwrap(),
+            "round {round}: epoch {next} was issued again or below {issued:?}"
+        );
+        issued.push(next);
+        // A crash (no clean stop) keeps the bound too.
+        server.kill9();
+    }
+    let mut sorted = issued.clone();
+    sorted.dedup();
+    assert_eq!(sorted, issued, "epochs strictly increase: {issued:?}");
+    // The bound lives beside the data directory, not in it.
+    assert!(dir.path().join("data.high-water").exists());
+}
+
+#[test]
+fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first");
+    let mut coordinator = ServerProcess::start(&first);
+    let port = coordinator.url.rsplit(':').next().unwrap().to_owned();
+    let store = ResourceProcess::start(&dir.path().join("store"), "strict", &coordinator.url);
+    let put =
+        |token: &str, value: &str| store.cli(&["put", "orders/1", "k", value, "--token", token]);
+    let early = cycle(&coordinator, "orders/1");
+    assert!(put(early["token"].as_str().unwrap(), "early")
+        .status
+        .success());
+
+    // An online backup, then more owners after it (the backup cannot know them).
+    let backup = dir.path().join("backup");
+    let out = coordinator.cli(&["backup", "--out", backup.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let taken: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(taken["last_epoch"].as_u64(), Some(epoch(&early)));
+    let mut last = early.clone();
+    for _ in 0..3 {
+        last = cycle(&coordinator, "orders/1");
+    }
+    assert!(put(last["token"].as_str().unwrap(), "last")
+        .status
+        .success());
+    assert!(coordinator.terminate().success());
+
+    // The machine is lost: the data directory and its high-water file with it.
+    std::fs::remove_dir_all(&first).unwrap();
+    std::fs::remove_file(dir.path().join("first.high-water")).unwrap();
+
+    // A tampered backup is refused.
+    let tampered = dir.path().join("tampered");
+    let text = std::fs::read_to_string(&backup).unwrap();
+    let epoch_line = format!("\"last_epoch\": {}", epoch(&early));
+    let forged = format!("\"last_epoch\": {}", epoch(&early) + 1);
+    assert_eq!(epoch_line.len(), forged.len());
+    std::fs::write(&tampered, text.replace(&epoch_line, &forged)).unwrap();
+    let second = dir.path().join("second");
+    let restore = |from: &Path, data: &Path, extra: &[&str]| {
+        Command::new(BINARY)
+            .args(["restore", "--json", "--from"])
+            .arg(from)
+            .arg("--data-dir")
+            .arg(data)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = restore(&tampered, &second, &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("checksum"), "{}", stderr(&out));
+    assert!(!second.exists(), "nothing is created from a bad backup");
+
+    // A floor source that cannot be read stops the restore.
+    let out = restore(&backup, &second, &["--floor-from", "http://127.0.0.1:1"]);
+    assert!(!out.status.success());
+    assert!(!second.exists());
+
+    let out = restore(&backup, &second, &["--floor-from", &store.url]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(record["floor"].as_u64(), Some(epoch(&last)), "{record}");
+    let counter = record["counter"].as_u64().unwrap();
+    assert!(counter > epoch(&last));
+
+    // The restored coordinator (same address: the store trusts its keys from there) starts
+    // above the floor, and the next owner writes at the store that saw the later epochs.
+    let listen = format!("127.0.0.1:{port}");
+    let coordinator = ServerProcess::start_with(&["serve", "--listen", &listen], &second);
+    let next = cycle(&coordinator, "orders/1");
+    assert!(epoch(&next) > counter);
+    // (The store learns the new signing key on its next refresh: at most one a second.)
+    let mut out = put(next["token"].as_str().unwrap(), "next");
+    for _ in 0..30 {
+        if out.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        out = put(next["token"].as_str().unwrap(), "next");
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The last owner before the restore is refused (its key is gone, its epoch is lower).
+    assert!(!put(last["token"].as_str().unwrap(), "stale")
+        .status
+        .success());
+
+    // Restoring the same backup again is as safe as once: above what the first restore issued.
+    let third = dir.path().join("third");
+    let second_bound = dir.path().join("second.high-water");
+    let out = restore(
+        &backup,
+        &third,
+        &["--high-water-file", second_bound.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(again["counter"].as_u64().unwrap() > epoch(&next), "{again}");
+    // And into a directory that holds a coordinator: refused.
+    let out = restore(&backup, &second, &[]);
+    assert!(stderr(&out).contains("already holds"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_offline_backup_needs_a_stopped_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = ServerProcess::start(&data);
+    let granted = cycle(&server, "offline/1");
+    let backup = |out: &str| {
+        Command::new(BINARY)
+            .args(["backup", "--json", "--data-dir"])
+            .arg(&data)
+            .args(["--out", out])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let file = dir.path().join("b");
+    let out = backup(file.to_str().unwrap());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--endpoint"), "{}", stderr(&out));
+    assert!(server.terminate().success());
+    let out = backup(file.to_str().unwrap());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let taken: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(taken["last_epoch"].as_u64(), Some(epoch(&granted)));
+    assert_eq!(taken["taken"], "offline");
+}
