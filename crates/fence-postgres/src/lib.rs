@@ -413,47 +413,49 @@ impl FencedResource for PostgresFence {
 /// The greatest epoch this database has accepted or fenced at, for any lock: what a restored
 /// coordinator must issue above (P6). Reads Palisade's tables (`palisade_fences`,
 /// `palisade_kv`, `palisade_lock_epochs`, `palisade_row_fences`) and the `last_fence` column of
-/// every table carrying Palisade's guard trigger, in one repeatable-read snapshot. A database
+/// every table carrying Palisade's guard trigger. Fences only rise, so reading them one at a
+/// time gives a floor as good as one snapshot; a table dropped meanwhile is skipped. A database
 /// without Palisade's tables has no fence: 0.
 pub async fn highest_fence(url: &str) -> Result<u64, FenceError> {
-    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(storage)?;
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(storage)?;
     let connection = tokio::spawn(connection);
     let result = async {
-        let txn = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let mut highest: i64 = 0;
+        let mut tables: Vec<(String, &str)> = Vec::new();
         for (table, column) in [
             ("palisade_fences", "fence"),
             ("palisade_kv", "epoch"),
             ("palisade_lock_epochs", "epoch"),
             ("palisade_row_fences", "fence"),
         ] {
-            let exists: bool = txn
+            let exists: bool = client
                 .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
                 .await?
                 .get(0);
             if exists {
-                let sql = format!("SELECT coalesce(max({column}), 0)::bigint FROM {table}");
-                highest = highest.max(txn.query_one(&sql, &[]).await?.get(0));
+                tables.push((table.to_owned(), column));
             }
         }
-        let guarded = txn
+        let guarded = client
             .query(
                 "SELECT DISTINCT tgrelid::regclass::text FROM pg_trigger \
                  WHERE tgname = 'palisade_guard_update'",
                 &[],
             )
             .await?;
-        for row in guarded {
-            let table: String = row.get(0);
-            let sql = format!("SELECT coalesce(max(last_fence), 0)::bigint FROM {table}");
-            highest = highest.max(txn.query_one(&sql, &[]).await?.get(0));
+        tables.extend(
+            guarded
+                .iter()
+                .map(|row| (row.get::<_, String>(0), "last_fence")),
+        );
+        let mut highest: i64 = 0;
+        for (table, column) in tables {
+            let sql = format!("SELECT coalesce(max({column}), 0)::bigint FROM {table}");
+            match client.query_one(&sql, &[]).await {
+                Ok(row) => highest = highest.max(row.get(0)),
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {}
+                Err(e) => return Err(e),
+            }
         }
-        txn.commit().await?;
         Ok::<_, tokio_postgres::Error>(highest)
     }
     .await;

@@ -827,3 +827,29 @@ async fn the_fence_role_the_docs_describe_can_write_through_the_adapter_and_noth
     f.raw(&format!("DROP OWNED BY {role}")).await.unwrap();
     f.raw(&format!("DROP ROLE {role}")).await.unwrap();
 }
+
+#[tokio::test]
+async fn p6_the_highest_fence_covers_guarded_tables_for_a_restore_floor() {
+    let f = Fixture::new("floor", true).await;
+    // Above anything the other tests write: the floor must see this guarded row.
+    let high: i64 = (1 << 61) + i64::from(std::process::id());
+    let client = f.fence.pool().get().await.unwrap();
+    client
+        .execute(
+            &format!("UPDATE {} SET last_fence = $1 WHERE id = 1", f.name),
+            &[&high],
+        )
+        .await
+        .unwrap();
+    let floor = palisade_fence_postgres::highest_fence(&common::postgres_url())
+        .await
+        .unwrap();
+    assert!(
+        floor >= high as u64,
+        "floor {floor} below the row's fence {high}"
+    );
+    client
+        .batch_execute(&format!("DROP TABLE {}", f.name))
+        .await
+        .unwrap();
+}
