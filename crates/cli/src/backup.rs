@@ -21,7 +21,8 @@ pub struct BackupArgs {
     /// Where to write the backup (written to FILE.partial, then renamed).
     #[arg(long)]
     out: PathBuf,
-    /// Back up this stopped single node's data directory instead of a running coordinator.
+    /// Back up this stopped single node's (or cluster member's) data directory instead of a
+    /// running coordinator.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     #[command(flatten)]
@@ -48,6 +49,12 @@ pub struct RestoreArgs {
     /// The CA (PEM) of https:// floor sources.
     #[arg(long, env = "PALISADE_CA")]
     ca: Option<PathBuf>,
+    /// Restore as the founding member of a new cluster: it starts alone
+    /// (`--cluster ID=HOST:PORT` naming only itself) and the other members join it with empty
+    /// data directories (`--join`, then `palisade cluster add`). A cluster keeps no high-water
+    /// file; --high-water-file is then only read as a floor.
+    #[arg(long)]
+    cluster: bool,
 }
 
 pub async fn run_backup(args: BackupArgs, json: bool) -> anyhow::Result<()> {
@@ -119,19 +126,33 @@ pub async fn run_restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
             epoch,
         });
     }
-    let high_water = args
-        .high_water_file
-        .clone()
-        .unwrap_or_else(|| palisade_server::high_water::default_path(&args.data_dir));
+    let (high_water, target) = if args.cluster {
+        (args.high_water_file.clone(), backup::Target::ClusterFounder)
+    } else {
+        let default = palisade_server::high_water::default_path(&args.data_dir);
+        (
+            Some(args.high_water_file.clone().unwrap_or(default)),
+            backup::Target::Single,
+        )
+    };
     let record = backup::restore(
         &backup,
         &args.data_dir,
-        &high_water,
+        high_water.as_deref(),
         floors,
         backup::now_ms(),
+        target,
     )?;
     if json {
         print_json(&serde_json::to_value(&record)?);
+    } else if args.cluster {
+        println!("{record}");
+        println!(
+            "start it alone: palisade serve --data-dir {} --node-id ID --cluster ID=HOST:PORT \
+             (with its peer credentials); start the other members with empty data directories \
+             and --join, then palisade cluster add ID HOST:PORT for each",
+            args.data_dir.display()
+        );
     } else {
         println!("{record}");
         println!(

@@ -405,3 +405,165 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
     assert!(next["epoch"].as_u64() > granted["epoch"].as_u64());
     drop(nodes);
 }
+
+fn cp_a(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Starts member `id` expecting it to refuse (within 20 s); its message.
+fn refused_start(id: u64, cluster: &str, dir: &Path) -> String {
+    let mut child = Command::new(BINARY)
+        .args(["serve", "--node-id", &id.to_string(), "--cluster", cluster])
+        .arg("--insecure-peers")
+        .arg("--data-dir")
+        .arg(dir)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(!status.success(), "member {id} exited successfully");
+            let mut message = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut message).unwrap();
+            return message;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    panic!(
+        "member {id} started from {} instead of refusing",
+        dir.display()
+    );
+}
+
+/// P6, P8: a member whose data directory is copied back from an older copy (`cp -a`) refuses
+/// to start, naming the ways back — one member (it would forget acknowledged entries and votes
+/// and could help lose grants) or every member from the same copy. The way back for the
+/// latter: an offline backup of a copy, `palisade restore --cluster` into a new directory,
+/// which founds a new cluster alone and issues above every epoch issued before; the others
+/// join it empty.
+///
+/// Before: the copied-back members started and served, and the cluster issued epochs it had
+/// issued before the copy-back.
+#[test]
+fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::three();
+    let (cluster, endpoints) = (&layout.cluster, &layout.endpoints);
+    let data = |id: u64| dir.path().join(format!("n{id}"));
+    let copy = |id: u64| dir.path().join(format!("copy-n{id}"));
+    let acquire = |lock: &str| {
+        json(&cli(
+            &["lock", "acquire", lock, "--json", "--ttl", "60s"],
+            endpoints,
+        ))["epoch"]
+            .as_u64()
+            .unwrap()
+    };
+    let mut issued = Vec::new();
+    let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
+    leader(endpoints);
+    issued.push(acquire("copied/a"));
+    for node in &mut nodes {
+        assert!(node.terminate().success());
+    }
+    for id in 1..=3 {
+        cp_a(&data(id), &copy(id)); // the operator's "backup" of every member
+    }
+    let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
+    leader(endpoints);
+    for n in 0..5 {
+        issued.push(acquire(&format!("copied/b{n}")));
+    }
+    // Every member applies the last grant before it stops (a clean stop records it).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for node in &mut nodes {
+        assert!(node.terminate().success());
+    }
+
+    // One member copied back: refused, the way back named.
+    std::fs::remove_dir_all(data(3)).unwrap();
+    cp_a(&copy(3), &data(3));
+    let message = refused_start(3, cluster, &data(3));
+    assert!(message.contains("older copy"), "{message}");
+    assert!(message.contains("cluster remove 3"), "{message}");
+    // Every member copied back from the same copy: each refuses.
+    for id in 1..=2 {
+        std::fs::remove_dir_all(data(id)).unwrap();
+        cp_a(&copy(id), &data(id));
+    }
+    for id in 1..=3 {
+        let message = refused_start(id, cluster, &data(id));
+        assert!(message.contains("palisade restore --cluster"), "{message}");
+    }
+
+    // The way back: an offline backup of a member, a restore as the founder of a new cluster.
+    let backup = dir.path().join("cluster.backup");
+    let out = Command::new(BINARY)
+        .args(["backup", "--json", "--out"])
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(data(1))
+        .output()
+        .unwrap();
+    let taken = json(&out);
+    assert_eq!(taken["mode"], "cluster");
+    let restored = dir.path().join("r1");
+    let out = Command::new(BINARY)
+        .args(["restore", "--cluster", "--json", "--from"])
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(&restored)
+        .output()
+        .unwrap();
+    let record = json(&out);
+    assert_eq!(record["target"], "cluster_founder");
+    // Started with the old three-member list, it refuses: it must found alone.
+    let message = refused_start(1, cluster, &restored);
+    assert!(
+        message.contains("founds the new cluster alone"),
+        "{message}"
+    );
+    let alone = format!("1=127.0.0.1:{}", layout.ports[0]);
+    let founder = start(1, &alone, &restored);
+    let endpoint = layout.endpoint(1);
+    leader(&endpoint);
+    let next = json(&cli(&["lock", "acquire", "copied/a", "--json"], &endpoint))["epoch"]
+        .as_u64()
+        .unwrap();
+    let highest = *issued.iter().max().unwrap();
+    assert!(next > highest, "epoch {next} is not above {highest}");
+    assert!(next > record["counter"].as_u64().unwrap());
+    // A second member joins it empty and learns the counter.
+    let two = format!("{alone},2=127.0.0.1:{}", layout.ports[1]);
+    let mut joiner = Command::new(BINARY)
+        .args(["serve", "--node-id", "2", "--cluster", &two, "--join"])
+        .arg("--insecure-peers")
+        .arg("--data-dir")
+        .arg(dir.path().join("r2"))
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    answers(&layout.endpoint(2));
+    let addr2 = format!("127.0.0.1:{}", layout.ports[1]);
+    json(&cli(&["cluster", "add", "2", &addr2, "--json"], &endpoint));
+    let both = format!("{endpoint},{}", layout.endpoint(2));
+    let after = json(&cli(&["lock", "acquire", "copied/c", "--json"], &both))["epoch"]
+        .as_u64()
+        .unwrap();
+    assert!(after > next);
+    joiner.kill().unwrap();
+    joiner.wait().unwrap();
+    drop(founder);
+}

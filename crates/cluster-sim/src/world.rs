@@ -458,6 +458,7 @@ impl Cluster {
             metrics: Arc::new(Metrics::new()),
             shutdown: shutdown_signal,
             introducer: Arc::new(self.router.introducer(id)),
+            floor: palisade_core::Epoch(0),
         }
         .run(self.router.endpoint(id))
         .await

@@ -188,29 +188,43 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// A backup of a stopped single node's data directory.
+/// A backup of a stopped single node's or cluster member's data directory (a member's is the
+/// counter it applied).
 pub fn offline(data_dir: &Path) -> Result<Backup, BackupError> {
-    if data_dir.join(crate::cluster::CLUSTER_STORE_FILE).exists() {
-        return Err(BackupError::Refused(format!(
-            "{} belongs to a cluster member: back up the running cluster online \
+    let in_use = || {
+        BackupError::Refused(format!(
+            "{} is in use by a running coordinator: back it up online \
              (palisade backup --endpoint URL --out FILE)",
             data_dir.display()
-        )));
+        ))
+    };
+    let member = data_dir.join(crate::cluster::CLUSTER_STORE_FILE);
+    if member.exists() {
+        // What this member applied: the leader may have issued more since (the restore's other
+        // floors cover that).
+        let counter = crate::cluster::storage::read_counter(&member).map_err(|e| match e {
+            redb::Error::DatabaseAlreadyOpen => in_use(),
+            other => BackupError::Store(StoreError::Storage(other)),
+        })?;
+        return Ok(Backup {
+            format: FORMAT,
+            mode: "cluster".into(),
+            last_epoch: counter.0,
+            taken_at_ms: now_ms(),
+            taken: "offline".into(),
+        });
     }
     let path = data_dir.join(crate::STORE_FILE);
     if !path.exists() {
         return Err(BackupError::Refused(format!(
-            "{} holds no coordinator store ({})",
+            "{} holds no coordinator store ({} or {})",
             data_dir.display(),
-            crate::STORE_FILE
+            crate::STORE_FILE,
+            crate::cluster::CLUSTER_STORE_FILE
         )));
     }
     let store = RedbLeaseStore::open(&path).map_err(|e| match e {
-        StoreError::Storage(redb::Error::DatabaseAlreadyOpen) => BackupError::Refused(format!(
-            "{} is in use by a running coordinator: back it up online \
-                 (palisade backup --endpoint URL --out FILE)",
-            data_dir.display()
-        )),
+        StoreError::Storage(redb::Error::DatabaseAlreadyOpen) => in_use(),
         other => BackupError::Store(other),
     })?;
     Ok(Backup {
@@ -246,6 +260,23 @@ pub struct RestoreRecord {
     pub counter: u64,
     /// Which floor decided the counter.
     pub decided_by: String,
+    /// What the directory was restored as: a single node, or the founding member of a new
+    /// cluster.
+    #[serde(default)]
+    pub target: Target,
+}
+
+/// What a restore makes of its data directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// A single node (`coordinator.redb` starting at the counter; the high-water bound raised).
+    #[default]
+    Single,
+    /// The founding member of a new cluster: its store is created at its first start, and its
+    /// first entry as leader raises the replicated counter to the restored one. It founds the
+    /// cluster alone; the other members join it empty.
+    ClusterFounder,
 }
 
 impl fmt::Display for RestoreRecord {
@@ -266,24 +297,18 @@ impl fmt::Display for RestoreRecord {
     }
 }
 
-/// Turns `backup` into a fresh single-node data directory `data_dir` whose first epoch is
-/// above every floor (see the module's documentation), raising the high-water bound at
-/// `high_water` to it. `resources`: floors read from the resources. Refuses a directory that
-/// already holds a coordinator.
+/// Turns `backup` (of a single node or a cluster) into a fresh data directory `data_dir` for
+/// `target` whose first epoch is above every floor (see the module's documentation), raising
+/// the high-water bound at `high_water` to it (a cluster keeps none: `None`). `resources`:
+/// floors read from the resources. Refuses a directory that already holds a coordinator.
 pub fn restore(
     backup: &Backup,
     data_dir: &Path,
-    high_water: &Path,
+    high_water: Option<&Path>,
     resources: Vec<Floor>,
     now_ms: u64,
+    target: Target,
 ) -> Result<RestoreRecord, BackupError> {
-    if backup.mode != "single" {
-        return Err(BackupError::Refused(
-            "this backup is of a cluster: restoring a cluster is not supported yet (see \
-             docs/operations.md)"
-                .into(),
-        ));
-    }
     for existing in [
         crate::STORE_FILE,
         crate::cluster::CLUSTER_STORE_FILE,
@@ -297,19 +322,25 @@ pub fn restore(
             )));
         }
     }
-    let mut bound = HighWater::open(high_water)?;
     let mut floors = vec![Floor {
-        source: "backup".into(),
+        source: format!("backup ({}, {})", backup.mode, backup.taken),
         epoch: backup.last_epoch,
     }];
-    floors.push(Floor {
-        source: format!(
-            "high-water file {}{}",
-            high_water.display(),
-            if bound.existed() { "" } else { " (absent)" }
-        ),
-        epoch: bound.bound(),
-    });
+    let mut bound = match high_water {
+        Some(path) => {
+            let bound = HighWater::open(path)?;
+            floors.push(Floor {
+                source: format!(
+                    "high-water file {}{}",
+                    path.display(),
+                    if bound.existed() { "" } else { " (absent)" }
+                ),
+                epoch: bound.bound(),
+            });
+            Some(bound)
+        }
+        None => None,
+    };
     floors.extend(resources);
     let (known, known_source) = floors
         .iter()
@@ -339,13 +370,16 @@ pub fn restore(
     }
     crate::keys::create_data_dir(data_dir).map_err(io(data_dir))?;
     // The bound first: once it is raised, no copy of any data directory can issue below it.
-    bound.raise(counter)?;
-    let mut store = RedbLeaseStore::open(&data_dir.join(crate::STORE_FILE))?;
-    store.commit(&Changes {
-        locks: Vec::new(),
-        last_epoch: Epoch(counter),
-    })?;
-    drop(store);
+    if let Some(bound) = &mut bound {
+        bound.raise(counter)?;
+    }
+    if target == Target::Single {
+        let mut store = RedbLeaseStore::open(&data_dir.join(crate::STORE_FILE))?;
+        store.commit(&Changes {
+            locks: Vec::new(),
+            last_epoch: Epoch(counter),
+        })?;
+    }
     let record = RestoreRecord {
         restored_at_ms: now_ms,
         backup: backup.clone(),
@@ -353,6 +387,7 @@ pub fn restore(
         floor: known,
         counter,
         decided_by,
+        target,
     };
     let path = data_dir.join(RESTORE_RECORD);
     let json = serde_json::to_vec_pretty(&record).expect("a record serializes");
@@ -409,7 +444,15 @@ mod tests {
             source: "store".into(),
             epoch: 5_000_000_000,
         }];
-        let first = restore(&backup, &dir.path().join("a"), &high_water, resources, 1).unwrap();
+        let first = restore(
+            &backup,
+            &dir.path().join("a"),
+            Some(&high_water),
+            resources,
+            1,
+            Target::Single,
+        )
+        .unwrap();
         assert_eq!(first.floor, 5_000_000_000);
         assert_eq!(first.counter, 5_000_000_000 + RESTORE_MARGIN);
         assert!(first.decided_by.contains("store"), "{}", first.decided_by);
@@ -422,18 +465,76 @@ mod tests {
         );
         // Restoring the same backup again with no resource named: the high-water bound the
         // first restore raised still puts it above.
-        let second = restore(&backup, &dir.path().join("b"), &high_water, Vec::new(), 2).unwrap();
+        let second = restore(
+            &backup,
+            &dir.path().join("b"),
+            Some(&high_water),
+            Vec::new(),
+            2,
+            Target::Single,
+        )
+        .unwrap();
         assert!(second.counter > first.counter);
         // Even with the high-water file lost, the clock puts a later restore above.
         std::fs::remove_file(&high_water).unwrap();
         let now = now_ms();
-        let third = restore(&backup, &dir.path().join("c"), &high_water, Vec::new(), now).unwrap();
+        let third = restore(
+            &backup,
+            &dir.path().join("c"),
+            Some(&high_water),
+            Vec::new(),
+            now,
+            Target::Single,
+        )
+        .unwrap();
         assert_eq!(third.decided_by, "the clock");
         assert!(third.counter > second.counter);
         // A directory that holds a coordinator is refused.
-        let error = restore(&backup, &dir.path().join("a"), &high_water, Vec::new(), now)
-            .unwrap_err()
-            .to_string();
+        let error = restore(
+            &backup,
+            &dir.path().join("a"),
+            Some(&high_water),
+            Vec::new(),
+            now,
+            Target::Single,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(error.contains("already holds"), "{error}");
+    }
+
+    #[test]
+    fn p6_a_cluster_restore_leaves_only_its_record_and_keeps_no_high_water() {
+        let dir = tempfile::tempdir().unwrap();
+        let member = dir.path().join("n1");
+        let mut backup = sample(10);
+        backup.mode = "cluster".into();
+        let record = restore(
+            &backup,
+            &member,
+            None,
+            Vec::new(),
+            1,
+            Target::ClusterFounder,
+        )
+        .unwrap();
+        assert_eq!(record.counter, 10 + RESTORE_MARGIN);
+        assert_eq!(record.target, Target::ClusterFounder);
+        assert_eq!(restore_record(&member).unwrap(), record);
+        // The member creates its store at its first start (and its signing key then).
+        assert!(!member.join(crate::STORE_FILE).exists());
+        assert!(!member.join(crate::cluster::CLUSTER_STORE_FILE).exists());
+        assert!(!crate::high_water::default_path(&member).exists());
+        // An offline backup of a stopped member reads its applied counter.
+        let stopped = dir.path().join("m");
+        std::fs::create_dir(&stopped).unwrap();
+        let store =
+            crate::cluster::storage::open(&stopped.join(crate::cluster::CLUSTER_STORE_FILE))
+                .unwrap();
+        let error = offline(&stopped).unwrap_err().to_string();
+        assert!(error.contains("in use"), "{error}");
+        drop(store);
+        let taken = offline(&stopped).unwrap();
+        assert_eq!((taken.mode.as_str(), taken.last_epoch), ("cluster", 0));
     }
 }

@@ -31,15 +31,33 @@ const MAGIC: &str = "palisade-high-water v1";
 /// The default place of the bound for data directory `data_dir`: its sibling
 /// `NAME.high-water`.
 pub fn default_path(data_dir: &Path) -> PathBuf {
+    sibling(data_dir, ".high-water")
+}
+
+/// The file beside data directory `data_dir` named after it with `suffix` (outside it, so a
+/// copy of the directory does not carry it).
+pub fn sibling(data_dir: &Path, suffix: &str) -> PathBuf {
     let mut name = data_dir
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_else(|| "palisade-data".into());
-    name.push(".high-water");
+    name.push(suffix);
     match data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         Some(parent) => parent.join(name),
         None => PathBuf::from(name),
     }
+}
+
+/// Writes `text` to `path` durably: a temporary file, fsync, rename, fsync the directory.
+pub(crate) fn write_durably(path: &Path, text: &str) -> io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let mut file = fs::File::create(&temporary)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    fs::rename(&temporary, path)?;
+    crate::keys::sync_parent_dir(path)
 }
 
 /// The bound and its file.
@@ -100,15 +118,8 @@ impl HighWater {
         if bound <= self.bound {
             return Ok(());
         }
-        let temporary = self.path.with_extension("high-water.tmp");
-        let write = || -> io::Result<()> {
-            let mut file = fs::File::create(&temporary)?;
-            writeln!(file, "{MAGIC} {bound}")?;
-            file.sync_all()?;
-            fs::rename(&temporary, &self.path)?;
-            crate::keys::sync_parent_dir(&self.path)
-        };
-        write().map_err(|e| io_error(&self.path, e))?;
+        write_durably(&self.path, &format!("{MAGIC} {bound}\n"))
+            .map_err(|e| io_error(&self.path, e))?;
         self.bound = bound;
         Ok(())
     }

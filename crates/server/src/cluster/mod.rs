@@ -26,6 +26,7 @@ pub mod peer_tls;
 pub mod runtime;
 pub mod storage;
 pub mod supervisor;
+pub mod witness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
@@ -107,6 +108,10 @@ pub enum Command {
         key_id: String,
         /// Its public key (base64url).
         public_key: String,
+        /// The epoch counter a restore started this member at (`palisade restore --cluster`,
+        /// [`crate::backup`]): applying the entry raises the counter to it (0: none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        floor: Epoch,
     },
     /// One group commit of the leader's engine.
     Apply {
@@ -115,6 +120,10 @@ pub enum Command {
         /// The locks the batch changed, with their lease now (`None`: free).
         locks: Vec<(LockName, Option<Lease>)>,
     },
+}
+
+fn is_zero(epoch: &Epoch) -> bool {
+    epoch.0 == 0
 }
 
 /// What applying an entry answers.
@@ -439,6 +448,30 @@ pub async fn start_member(
         )));
     }
     let stores = storage::open(&path)?;
+    let (applied, fresh) = {
+        let shared = stores.1.shared();
+        let state = shared.lock().expect("not poisoned");
+        let seen = (
+            state.header.last_applied.map_or(0, |l| l.index),
+            state
+                .header
+                .membership
+                .membership()
+                .nodes()
+                .next()
+                .is_none(),
+        );
+        seen
+    };
+    let witness = witness::Witness::check(
+        &witness::default_path(dir),
+        config.node_id,
+        &path.display().to_string(),
+        stores.1.identity().store(),
+        applied,
+    )?;
+    let floor = restored_floor(config, dir, fresh)?;
+    tokio::spawn(witness.follow(stores.1.applied_watch(), shutdown.clone()));
     let network = network::Network::new(config.node_id, stores.1.identity(), peer_tls.clone());
     let start = MemberStart {
         config,
@@ -449,8 +482,45 @@ pub async fn start_member(
         metrics,
         shutdown,
         introducer: Arc::new(network::GrpcIntroducer { tls: peer_tls }),
+        floor,
     };
     start.run(network).await
+}
+
+/// The floor of a member restored by `palisade restore --cluster` (its `restore.json`), or 0.
+/// A restored member that has not joined a cluster yet must found one alone: were another
+/// (unrestored) member to lead first, it would issue epochs from 1 (P6). The others join it
+/// empty with --join and `palisade cluster add`, and learn the counter from it.
+fn restored_floor(
+    config: &ClusterConfig,
+    dir: &std::path::Path,
+    fresh: bool,
+) -> Result<Epoch, ClusterError> {
+    let Some(record) = crate::backup::restore_record(dir) else {
+        return Ok(Epoch(0));
+    };
+    if fresh && !config.join && config.members.len() > 1 {
+        return Err(ClusterError::DataDirectory(format!(
+            "{} was restored (palisade restore --cluster, counter {}): it founds the new \
+             cluster alone. Start it with --cluster listing only itself ({}={}), start the \
+             other members with empty data directories and --join, and add them with \
+             `palisade cluster add ID HOST:PORT`",
+            dir.display(),
+            record.counter,
+            config.node_id,
+            config
+                .members
+                .get(&config.node_id)
+                .map_or("HOST:PORT", String::as_str)
+        )));
+    }
+    tracing::info!(
+        counter = record.counter,
+        floor = record.floor,
+        decided_by = %record.decided_by,
+        "restored member: every term it leads starts above the restored counter"
+    );
+    Ok(Epoch(record.counter))
 }
 
 /// What starting a member takes, whatever its storage backend and network.
@@ -471,6 +541,9 @@ pub struct MemberStart<'a> {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Asks other nodes who they are (founding a cluster, `cluster add`).
     pub introducer: Arc<dyn membership::Introducer>,
+    /// The epoch counter a restore started this member at (`palisade restore --cluster`; 0:
+    /// none): its first entry as leader raises the replicated counter to it.
+    pub floor: Epoch,
 }
 
 impl MemberStart<'_> {
@@ -563,6 +636,7 @@ impl MemberStart<'_> {
                 self.signer.key_id().to_string(),
                 palisade_core::token::encode_public_key(&self.signer.verifying_key()),
             ),
+            floor: self.floor,
             metrics: self.metrics,
             serving,
             transitions,

@@ -173,6 +173,25 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
     ))
 }
 
+/// The applied epoch counter of the (stopped) member store at `path`, read without writing
+/// (an offline backup). `DatabaseAlreadyOpen` when a running member holds it.
+pub fn read_counter(path: &Path) -> std::result::Result<Epoch, redb::Error> {
+    let db = Database::open(path)?;
+    let txn = db.begin_read()?;
+    let meta = match txn.open_table(SM_META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Epoch(0)),
+        Err(e) => return Err(e.into()),
+    };
+    let header: SmHeader = match meta.get("header")? {
+        Some(bytes) => serde_json::from_slice(bytes.value()).map_err(|e| {
+            redb::Error::Corrupted(format!("the state machine header does not parse: {e}"))
+        })?,
+        None => SmHeader::default(),
+    };
+    Ok(header.last_epoch)
+}
+
 fn load_state(db: &Database) -> Result<SmState> {
     let txn = db.begin_read().map_err(read_err)?;
     let meta = txn.open_table(SM_META).map_err(read_err)?;
@@ -433,6 +452,11 @@ impl StateMachine {
         self.identity.clone()
     }
 
+    /// The durably applied log id, as it changes (published after each apply's commit).
+    pub fn applied_watch(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
+        self.applied.subscribe()
+    }
+
     fn snapshot_now(&mut self) -> Result<Snapshot<TypeConfig>> {
         let state = self.state.lock().expect("not poisoned").clone();
         self.snapshot_seq += 1;
@@ -498,10 +522,15 @@ fn apply_command(
 ) -> std::result::Result<(), RefusedEntry> {
     match command {
         Command::LeaderStart {
-            key_id, public_key, ..
+            key_id,
+            public_key,
+            floor,
+            ..
         } => {
             state.header.keys.insert(key_id, public_key);
             state.header.leader_starts += 1;
+            // A restored member's floor (P6): nothing at or below it is issued from now on.
+            state.header.last_epoch = state.header.last_epoch.max(floor);
         }
         Command::Apply { last_epoch, locks } => {
             if last_epoch < state.header.last_epoch {

@@ -41,6 +41,9 @@ pub struct Supervisor {
     pub state: Arc<Mutex<SmState>>,
     /// This node's token key: id and base64url public key.
     pub key: (String, String),
+    /// The epoch counter a restore started this member at (0: not restored); every term it
+    /// leads starts by raising the replicated counter to it.
+    pub floor: palisade_core::Epoch,
     /// Metrics of the engine.
     pub metrics: Arc<Metrics>,
     /// Where the gateway looks.
@@ -295,6 +298,7 @@ impl Supervisor {
             node: self.node_id,
             key_id: self.key.0.clone(),
             public_key: self.key.1.clone(),
+            floor: self.floor,
         };
         match tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(barrier)).await {
             Ok(Ok(_)) => {}
