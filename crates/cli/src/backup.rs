@@ -168,7 +168,7 @@ pub async fn run_restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
 }
 
 /// A source as it may be shown: a URL without its credentials.
-fn shown(source: &str) -> String {
+pub fn shown(source: &str) -> String {
     match source.split_once("://") {
         Some((scheme, rest)) => match rest.rsplit_once('@') {
             Some((_, host)) => format!("{scheme}://{host}"),

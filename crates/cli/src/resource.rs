@@ -49,6 +49,10 @@ pub enum ResourceCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Apply a restore floor from the coordinator to a stopped store that was restored from an
+    /// older copy or copied back (or to a PostgreSQL database restored from a backup): from
+    /// then on it refuses every token issued before the floor, and accepts writes again.
+    Restore(RestoreArgs),
     /// Activate a lock's new epoch (activated mode), before the new owner works.
     Activate {
         /// The lock.
@@ -101,6 +105,23 @@ pub struct ServeArgs {
     revoke_key: Vec<palisade_core::KeyId>,
 }
 
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// The stopped store's data directory (as given to `resource serve`).
+    #[arg(
+        long,
+        required_unless_present = "postgres",
+        conflicts_with = "postgres"
+    )]
+    data_dir: Option<PathBuf>,
+    /// A PostgreSQL database with Palisade's tables (postgres://…), restored from a backup.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
+    /// The coordinator that gives the floor (an epoch it issues now, signed).
+    #[command(flatten)]
+    endpoint: crate::EndpointArgs,
+}
+
 fn parse_key_id(text: &str) -> Result<palisade_core::KeyId, String> {
     text.parse()
         .map_err(|e: palisade_core::TokenError| e.to_string())
@@ -143,6 +164,7 @@ impl ResourceFailure {
 pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
     match command {
         ResourceCommand::Serve(args) => serve(args).await,
+        ResourceCommand::Restore(args) => restore(args, json).await,
         ResourceCommand::Put {
             lock,
             key,
@@ -329,4 +351,114 @@ async fn expect_json(response: reqwest::Result<reqwest::Response>) -> anyhow::Re
         .json()
         .await
         .context("the resource answered with invalid JSON")
+}
+
+/// The floor lock of a store: acquiring it makes the coordinator issue (and sign) an epoch
+/// above every epoch it issued before.
+const FLOOR_LOCK_PREFIX: &str = "palisade-restore/";
+
+/// A floor from the coordinator: an epoch it issues now for `lock`, with its token, verified
+/// against the keys the coordinator publishes.
+async fn coordinator_floor(
+    endpoint: &crate::EndpointArgs,
+    lock: &str,
+) -> anyhow::Result<(u64, String)> {
+    let client = endpoint.connect().await?;
+    let mut options = palisade_client::AcquireOptions::new(lock);
+    options.ttl = std::time::Duration::from_secs(10);
+    options.wait = std::time::Duration::from_secs(10);
+    let grant = client.acquire_once(&options).await.with_context(|| {
+        format!("the coordinator did not grant the floor lock {lock} (it needs the acquire right)")
+    })?;
+    if let Err(error) = client.release(&grant.lease_id).await {
+        tracing::warn!(%error, "the floor lock was not released; it expires in 10 s");
+    }
+    let http = endpoint.http(std::time::Duration::from_secs(10))?;
+    let lock_name = palisade_core::LockName::new(lock.to_owned())?;
+    let mut failures = Vec::new();
+    for base in &endpoint.endpoint {
+        let url = format!("{}/v1/keys", base.trim_end_matches('/'));
+        let text = match http
+            .get(&url)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+        {
+            Ok(response) => response.text().await?,
+            Err(error) => {
+                failures.push(format!("{base}: {error}"));
+                continue;
+            }
+        };
+        let verifier = palisade_resource::parse_keys(&text).map_err(anyhow::Error::msg)?;
+        let claims = verifier
+            .verify(&grant.token, Some(&lock_name))
+            .context("the floor token is not signed by a key the coordinator publishes")?;
+        anyhow::ensure!(
+            claims.epoch.0 == grant.epoch,
+            "the floor token says epoch {}, the grant {}",
+            claims.epoch,
+            grant.epoch
+        );
+        return Ok((grant.epoch, grant.token));
+    }
+    anyhow::bail!(
+        "cannot read the coordinator's keys to check the floor: {}",
+        failures.join("; ")
+    )
+}
+
+async fn restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
+    if let Some(url) = &args.postgres {
+        let lock = format!("{FLOOR_LOCK_PREFIX}postgres");
+        let (floor, token) = coordinator_floor(&args.endpoint, &lock).await?;
+        let applied = palisade_fence_postgres::apply_restore_floor(url, floor, &token).await?;
+        let report = json!({
+            "postgres": crate::backup::shown(url),
+            "highest_before": applied.highest_before,
+            "floor": applied.floor,
+        });
+        print_restore(&report, json);
+        return Ok(());
+    }
+    let data_dir = args
+        .data_dir
+        .expect("clap requires --data-dir or --postgres");
+    let file = data_dir.join(palisade_resource::STORE_FILE);
+    let store_id = palisade_resource::store_id(&data_dir)
+        .with_context(|| format!("cannot open {} (is the store stopped?)", file.display()))?
+        .with_context(|| {
+            format!(
+                "{} was never opened by this version: start it once, stop it, and restore again",
+                file.display()
+            )
+        })?;
+    let lock = format!("{FLOOR_LOCK_PREFIX}{store_id}");
+    let (floor, token) = coordinator_floor(&args.endpoint, &lock).await?;
+    let record = json!({
+        "floor": floor,
+        "token": token,
+        "applied_at_ms": palisade_server::backup::now_ms(),
+    });
+    let applied = palisade_resource::apply_restore_floor(&data_dir, floor, &record.to_string())?;
+    let report = json!({
+        "data_dir": data_dir.display().to_string(),
+        "highest_before": applied.highest_before,
+        "witness_saw": applied.witness_seen,
+        "floor": applied.floor,
+    });
+    print_restore(&report, json);
+    Ok(())
+}
+
+fn print_restore(report: &Value, json: bool) {
+    if json {
+        print_json(report);
+    } else {
+        println!(
+            "restore floor {} applied (the store's highest epoch was {}): every token issued \
+             before it is refused from now on; the current owners acquire again to write",
+            report["floor"], report["highest_before"]
+        );
+    }
 }

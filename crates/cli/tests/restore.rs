@@ -215,3 +215,91 @@ fn an_offline_backup_needs_a_stopped_single_node() {
     assert_eq!(taken["last_epoch"].as_u64(), Some(epoch(&granted)));
     assert_eq!(taken["taken"], "offline");
 }
+
+/// P6 at the resource: a reference store whose directory is copied back (`cp -a`) forgot the
+/// fence the next owner raised, so the old owner's token would be accepted again. Found
+/// behind its witness, the store accepts no write (503 restore_required) until
+/// `palisade resource restore` applies a floor the coordinator issues and signs; from then on
+/// every token issued before the floor is refused, and the next owner writes.
+#[test]
+fn p6_a_copied_back_store_writes_nothing_until_resource_restore_then_refuses_old_owners() {
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = ServerProcess::start(&dir.path().join("coordinator"));
+    let store_dir = dir.path().join("store");
+    let copy = dir.path().join("store-copy");
+    let put = |store: &ResourceProcess, grant: &Value, value: &str| {
+        store.cli(&[
+            "put",
+            "ledger/1",
+            "balance",
+            value,
+            "--token",
+            grant["token"].as_str().unwrap(),
+        ])
+    };
+
+    let mut store = ResourceProcess::start(&store_dir, "strict", &coordinator.url);
+    let old = cycle(&coordinator, "ledger/1"); // the old owner, paused later
+    assert!(put(&store, &old, "100").status.success());
+    store.kill9();
+    cp_a(&store_dir, &copy); // the operator's copy of the store
+
+    let mut store = ResourceProcess::start(&store_dir, "strict", &coordinator.url);
+    let new = cycle(&coordinator, "ledger/1");
+    assert!(put(&store, &new, "90").status.success());
+    let stale = put(&store, &old, "110");
+    assert_eq!(stale.status.code(), Some(5), "{}", stderr(&stale));
+    store.kill9();
+
+    // Copied back: the fence of `new` is forgotten. Nothing is written, not even by `new`.
+    std::fs::remove_dir_all(&store_dir).unwrap();
+    cp_a(&copy, &store_dir);
+    let mut store = ResourceProcess::start(&store_dir, "strict", &coordinator.url);
+    for grant in [&old, &new] {
+        let refused = put(&store, grant, "110");
+        assert_eq!(refused.status.code(), Some(4), "{}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains("restore_required"),
+            "{}",
+            stderr(&refused)
+        );
+    }
+    // The restore needs the store stopped.
+    let restore = || {
+        Command::new(BINARY)
+            .args(["resource", "restore", "--json", "--data-dir"])
+            .arg(&store_dir)
+            .args(["--endpoint", &coordinator.url])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let busy = restore();
+    assert!(!busy.status.success());
+    assert!(stderr(&busy).contains("stopped"), "{}", stderr(&busy));
+    store.kill9();
+    let out = restore();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let floor = applied["floor"].as_u64().unwrap();
+    assert!(floor > epoch(&new), "{applied}");
+    assert_eq!(applied["highest_before"].as_u64(), Some(epoch(&old)));
+    assert_eq!(applied["witness_saw"].as_u64(), Some(epoch(&new)));
+
+    // Every token issued before the floor is refused; the next owner writes.
+    let store = ResourceProcess::start(&store_dir, "strict", &coordinator.url);
+    for grant in [&old, &new] {
+        let refused = put(&store, grant, "110");
+        assert_eq!(refused.status.code(), Some(5), "{}", stderr(&refused));
+    }
+    let next = cycle(&coordinator, "ledger/1");
+    assert!(epoch(&next) > floor);
+    let accepted = put(&store, &next, "90");
+    assert!(accepted.status.success(), "{}", stderr(&accepted));
+    let address = store.url.trim_start_matches("http://");
+    let (status, body) = common::http_request(address, "GET", "/v1/info", None, "");
+    assert_eq!(status, 200, "{body}");
+    let info: Value = serde_json::from_str(body.rsplit("\r\n\r\n").next().unwrap()).unwrap();
+    assert_eq!(info["restore_floor"].as_u64(), Some(floor));
+    assert!(info["restore_required"].is_null(), "{info}");
+}

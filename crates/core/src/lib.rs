@@ -12,6 +12,7 @@ pub mod lease_table;
 pub mod limits;
 pub mod token;
 pub mod types;
+pub mod witness;
 
 pub use lease_table::{
     AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseTable, LockSummary,

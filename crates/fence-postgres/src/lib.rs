@@ -65,6 +65,22 @@ fn storage(error: impl std::error::Error + Send + Sync + 'static) -> FenceError 
     FenceError::Storage(Box::new(error))
 }
 
+/// SQLSTATE of a row written at or below the restore floor (migration 7; DETAIL: the floor).
+pub const RESTORE_FLOOR_SQLSTATE: &str = "P5007";
+
+/// The rejection of a write the restore floor refused, when that is what `error` is (P6).
+pub(crate) fn below_restore_floor(error: &tokio_postgres::Error) -> Option<Rejection> {
+    let db = error.as_db_error()?;
+    if db.code().code() != RESTORE_FLOOR_SQLSTATE {
+        return None;
+    }
+    let floor = db.detail()?.parse().ok()?;
+    Some(Rejection::StaleEpoch {
+        fence: Epoch(floor),
+        fence_seq: None,
+    })
+}
+
 /// PostgreSQL stores signed 64-bit integers; a larger epoch or sequence number is refused
 /// rather than wrapped.
 fn to_bigint(value: u64, what: &str) -> Result<i64, Rejection> {
@@ -315,8 +331,16 @@ impl FencedResource for PostgresFence {
                     [&lock, &write.key, &write.value, &epoch, &seq, &digest];
                 client.query(&statement, &params).await
             }
-        }
-        .map_err(storage)?;
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                return match below_restore_floor(&error) {
+                    Some(rejection) => Ok(Outcome::Rejected(rejection)),
+                    None => Err(storage(error)),
+                }
+            }
+        };
         if rows.is_empty() {
             return self.rejected_write(&client, &write, epoch, seq).await;
         }
@@ -343,10 +367,18 @@ impl FencedResource for PostgresFence {
             .prepare_cached(sql::ACTIVATE)
             .await
             .map_err(storage)?;
-        let advanced = client
+        let advanced = match client
             .query_opt(&statement, &[&lock.as_str(), &epoch])
             .await
-            .map_err(storage)?;
+        {
+            Ok(advanced) => advanced,
+            Err(error) => {
+                return match below_restore_floor(&error) {
+                    Some(rejection) => Ok(Activation::Rejected(rejection)),
+                    None => Err(storage(error)),
+                }
+            }
+        };
         if advanced.is_some() {
             return Ok(Activation::Activated {
                 fence: Epoch(from_bigint(epoch)?),
@@ -412,7 +444,8 @@ impl FencedResource for PostgresFence {
 
 /// The greatest epoch this database has accepted or fenced at, for any lock: what a restored
 /// coordinator must issue above (P6). Reads Palisade's tables (`palisade_fences`,
-/// `palisade_kv`, `palisade_lock_epochs`, `palisade_row_fences`) and the `last_fence` column of
+/// `palisade_kv`, `palisade_lock_epochs`, `palisade_row_fences`, `palisade_restore_floor`) and
+/// the `last_fence` column of
 /// every table carrying Palisade's guard trigger. Fences only rise, so reading them one at a
 /// time gives a floor as good as one snapshot; a table dropped meanwhile is skipped. A database
 /// without Palisade's tables has no fence: 0.
@@ -426,6 +459,7 @@ pub async fn highest_fence(url: &str) -> Result<u64, FenceError> {
             ("palisade_kv", "epoch"),
             ("palisade_lock_epochs", "epoch"),
             ("palisade_row_fences", "fence"),
+            ("palisade_restore_floor", "floor"),
         ] {
             let exists: bool = client
                 .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
@@ -463,4 +497,65 @@ pub async fn highest_fence(url: &str) -> Result<u64, FenceError> {
     let _ = connection.await;
     let highest = result.map_err(storage)?;
     Ok(u64::try_from(highest).unwrap_or(0))
+}
+
+/// What [`apply_restore_floor`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreApplied {
+    /// The database's highest fence before ([`highest_fence`]).
+    pub highest_before: u64,
+    /// The floor now: no row is written at or below it.
+    pub floor: u64,
+}
+
+/// Applies a restore floor to the database at `url`, restored from a backup (`palisade
+/// resource restore --postgres`, P6): records `floor` — an epoch the coordinator issued after
+/// the restore, with its `token` — and installs the floor trigger on Palisade's tables and on
+/// every guarded table, so that every row written from now on at or below the floor fails, on
+/// the adapter's path or in plain SQL. Refuses a floor not above the database's highest fence
+/// (the coordinator would be behind the database: restore it first with `--floor-from`). The
+/// floor never goes down; applying it twice is harmless. Run it as the tables' owner, before
+/// writers come back (a statement already running when the floor commits is not stopped).
+pub async fn apply_restore_floor(
+    url: &str,
+    floor: u64,
+    token: &str,
+) -> Result<RestoreApplied, FenceError> {
+    let highest_before = highest_fence(url).await?;
+    if floor <= highest_before {
+        return Err(FenceError::Integrity(format!(
+            "the coordinator's floor {floor} is not above epoch {highest_before}, which this \
+             database holds: the coordinator is behind the database (was it restored without \
+             --floor-from this database?). Restore the coordinator above it first"
+        )));
+    }
+    let floor_sql = i64::try_from(floor)
+        .map_err(|_| FenceError::Integrity(format!("floor {floor} is above PostgreSQL bigint")))?;
+    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(storage)?;
+    let connection = tokio::spawn(connection);
+    let result = async {
+        migrations::apply(&mut client).await?;
+        let txn = client.transaction().await?;
+        let row = txn
+            .query_one(
+                "INSERT INTO palisade_restore_floor AS f (floor, token) VALUES ($1, $2) \
+                 ON CONFLICT (singleton) DO UPDATE \
+                     SET floor = greatest(f.floor, EXCLUDED.floor), token = EXCLUDED.token, \
+                         applied_at = now() \
+                 RETURNING floor",
+                &[&floor_sql, &token],
+            )
+            .await?;
+        txn.execute("SELECT palisade_install_floor()", &[]).await?;
+        txn.commit().await?;
+        Ok::<i64, tokio_postgres::Error>(row.get(0))
+    }
+    .await;
+    drop(client);
+    let _ = connection.await;
+    let applied = result.map_err(storage)?;
+    Ok(RestoreApplied {
+        highest_before,
+        floor: from_bigint(applied)?,
+    })
 }

@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "guard roles and locks",
         include_str!("../sql/006_guard_roles_and_locks.sql"),
     ),
+    (
+        7,
+        "restore floor",
+        include_str!("../sql/007_restore_floor.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

@@ -201,6 +201,14 @@ impl GuardedTable {
             )
             .await
             .map_err(storage)?;
+        // A table guarded after a restore gets the restore floor too.
+        client
+            .execute(
+                "SELECT palisade_install_floor() WHERE EXISTS (SELECT 1 FROM palisade_restore_floor)",
+                &[],
+            )
+            .await
+            .map_err(storage)?;
         Ok(())
     }
 
@@ -301,10 +309,13 @@ impl GuardedTable {
         let statement = client.prepare_cached(&self.update).await.map_err(storage)?;
         let lock_name = lock.as_str();
         let params: [&(dyn ToSql + Sync); 4] = [id, &epoch, payload, &lock_name];
-        let updated = client
+        let updated = match client
             .query_opt(&statement, &params[..self.params(3)])
             .await
-            .map_err(storage)?;
+        {
+            Ok(updated) => updated,
+            Err(error) => return floor_or_failure(error),
+        };
         if updated.is_some() {
             return Ok(Outcome::Accepted {
                 epoch: Epoch(from_bigint(epoch)?),
@@ -443,7 +454,7 @@ impl GuardedTable {
             Some(code) if *code == SqlState::from_code(GUARD_TOMBSTONE_SQLSTATE) => {
                 self.rejection(&client, lock, id, epoch).await
             }
-            _ => Err(storage(error)),
+            _ => floor_or_failure(error),
         }
     }
 
@@ -468,10 +479,16 @@ impl GuardedTable {
             .map_err(storage)?;
         let lock_name = lock.as_str();
         let params: [&(dyn ToSql + Sync); 3] = [id, &epoch, &lock_name];
-        let raised = txn
+        let raised = match txn
             .query_opt(&self.raise_fence, &params[..self.params(2)])
             .await
-            .map_err(storage)?;
+        {
+            Ok(raised) => raised,
+            Err(error) => {
+                txn.rollback().await.map_err(storage)?;
+                return floor_or_failure(error);
+            }
+        };
         if raised.is_none() {
             txn.rollback().await.map_err(storage)?;
             return self.rejection(&client, lock, id, epoch).await;
@@ -482,5 +499,13 @@ impl GuardedTable {
             epoch: Epoch(from_bigint(epoch)?),
             seq: None,
         })
+    }
+}
+
+/// A write the restore floor refused is a stale-epoch rejection; any other error a failure.
+fn floor_or_failure(error: tokio_postgres::Error) -> Result<Outcome, FenceError> {
+    match crate::below_restore_floor(&error) {
+        Some(rejection) => Ok(Outcome::Rejected(rejection)),
+        None => Err(storage(error)),
     }
 }

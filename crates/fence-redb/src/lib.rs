@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod records;
+pub mod witness;
 mod writer;
 
 use std::path::Path;
@@ -22,10 +23,10 @@ use palisade_fence::{
     precheck_activation, precheck_write, Activation, FenceError, FenceMode, FencedResource,
     Outcome, Stored, Verifier, Write,
 };
-use redb::{Database, ReadableDatabase as _};
+use redb::{Database, ReadableDatabase as _, ReadableTable as _};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::records::{storage, FENCES, KV};
+use crate::records::{storage, FENCES, KV, META};
 use crate::writer::{Job, Writer};
 
 /// Jobs waiting for the writer thread; callers wait when it is full.
@@ -38,12 +39,40 @@ pub struct RedbFence {
     db: Arc<Database>,
     jobs: Option<mpsc::Sender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// No epoch at or below it is accepted (a restore's floor).
+    floor: Epoch,
+    /// Set when the store was found behind its witness: why no write is accepted.
+    restore_required: Option<String>,
+}
+
+/// What `palisade resource restore` did ([`apply_restore_floor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreApplied {
+    /// The store's highest epoch before.
+    pub highest_before: u64,
+    /// The highest epoch its witness had seen (0: no witness).
+    pub witness_seen: u64,
+    /// The floor now: no epoch at or below it is accepted.
+    pub floor: u64,
 }
 
 impl RedbFence {
     /// Opens (or creates) the store at `path` in `mode`. A store created in one mode refuses to
     /// open in another: the modes' fences mean different things.
     pub fn open(path: &Path, mode: FenceMode, verifier: Arc<Verifier>) -> Result<Self, FenceError> {
+        Self::open_with(path, mode, verifier, None)
+    }
+
+    /// [`Self::open`], with a witness file at `witness` (outside the store's directory, see
+    /// [`witness`]): a store found behind its witness — copied back, or restored from an older
+    /// copy — opens, serves reads, and refuses every write and activation with
+    /// [`FenceError::RestoreRequired`] until [`apply_restore_floor`] is run on it (P6).
+    pub fn open_with(
+        path: &Path,
+        mode: FenceMode,
+        verifier: Arc<Verifier>,
+        witness: Option<&Path>,
+    ) -> Result<Self, FenceError> {
         let created = !path.exists();
         let db = Arc::new(Database::create(path).map_err(storage)?);
         if created {
@@ -54,9 +83,21 @@ impl RedbFence {
                     .map_err(|e| FenceError::Storage(Box::new(e)))?;
             }
         }
-        records::initialize(&db, mode)?;
+        let meta = records::initialize(&db, mode)?;
+        let (witness, restore_required) = match witness {
+            Some(witness) => {
+                match witness::StoreWitness::open(witness, &meta.store_id, meta.highest)? {
+                    witness::Opened::Current(witness) => (Some(witness), None),
+                    witness::Opened::Behind(why) => {
+                        tracing::error!("{why}");
+                        (None, Some(why))
+                    }
+                }
+            }
+            None => (None, None),
+        };
         let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
-        let writer = Writer::new(db.clone(), mode);
+        let writer = Writer::new(db.clone(), mode, &meta, witness);
         let writer = std::thread::Builder::new()
             .name("palisade-fence-writer".into())
             .spawn(move || writer.run(queue))
@@ -67,7 +108,26 @@ impl RedbFence {
             db,
             jobs: Some(jobs),
             writer: Some(writer),
+            floor: Epoch(meta.floor),
+            restore_required,
         })
+    }
+
+    /// Why the store accepts no write (it was found behind its witness), if it does not.
+    pub fn restore_required(&self) -> Option<&str> {
+        self.restore_required.as_deref()
+    }
+
+    /// The restore floor: no epoch at or below it is accepted (0: never restored).
+    pub fn restore_floor(&self) -> Epoch {
+        self.floor
+    }
+
+    fn refuse_if_restore_required(&self) -> Result<(), FenceError> {
+        match &self.restore_required {
+            Some(why) => Err(FenceError::RestoreRequired(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// The greatest epoch this store has accepted or fenced at, for any lock (its fences and
@@ -120,6 +180,7 @@ impl FencedResource for RedbFence {
     }
 
     async fn write<'a>(&'a self, write: Write<'a>) -> Result<Outcome, FenceError> {
+        self.refuse_if_restore_required()?;
         let epoch = match precheck_write(&self.verifier, self.mode, &write) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
@@ -140,6 +201,7 @@ impl FencedResource for RedbFence {
         lock: &'a LockName,
         token: &'a str,
     ) -> Result<Activation, FenceError> {
+        self.refuse_if_restore_required()?;
         let epoch = match precheck_activation(&self.verifier, self.mode, lock, token) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Activation::Rejected(rejection)),
@@ -173,6 +235,7 @@ impl FencedResource for RedbFence {
             Ok(Epoch(fence.map_or(0, |f| f.value())))
         })
         .await
+        .map(|fence| fence.max(self.floor))
     }
 }
 
@@ -180,4 +243,100 @@ impl FencedResource for RedbFence {
 /// decision).
 pub fn claimed_key_id(token: &str) -> Option<palisade_core::KeyId> {
     decode_unverified(token).ok().map(|claims| claims.key_id)
+}
+
+/// Applies a restore floor to the stopped store at `path` (`palisade resource restore`, P6):
+/// from now on no epoch at or below `floor` is accepted — every token issued before the floor
+/// was taken from the coordinator — and the store's witness at `witness` is brought up to it,
+/// so the store accepts writes again. `record` (JSON) is kept for people. Refuses a floor
+/// below what the witness saw the store accept: the coordinator would be behind the store
+/// (restore the coordinator first, with `--floor-from` this store). Raising the floor twice is
+/// harmless: it never goes down.
+pub fn apply_restore_floor(
+    path: &Path,
+    witness: Option<&Path>,
+    floor: u64,
+    record: &str,
+) -> Result<RestoreApplied, FenceError> {
+    if !path.exists() {
+        return Err(FenceError::Integrity(format!(
+            "{} does not exist: restore the store's files first",
+            path.display()
+        )));
+    }
+    let db = Database::open(path).map_err(storage)?;
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_durability(redb::Durability::Immediate)
+        .map_err(storage)?;
+    let (store_id, highest_before, old_floor) = {
+        let meta = txn.open_table(META).map_err(storage)?;
+        let store_id = meta
+            .get(records::STORE_ID)
+            .map_err(storage)?
+            .map(|v| v.value().to_owned());
+        (
+            store_id,
+            records::meta_u64(&meta, records::HIGHEST)?,
+            records::meta_u64(&meta, records::RESTORE_FLOOR)?.unwrap_or(0),
+        )
+    };
+    let (Some(store_id), Some(highest_before)) = (store_id, highest_before) else {
+        return Err(FenceError::Integrity(format!(
+            "{} was never opened by this version of the store: start it once (it accepts no \
+             write while it is behind its witness), stop it, and run the restore again",
+            path.display()
+        )));
+    };
+    let seen = match witness {
+        Some(witness) => witness::read(witness)?
+            .filter(|w| w.store == store_id && w.kind == witness::KIND)
+            .map_or(0, |w| w.mark),
+        None => 0,
+    };
+    if floor <= seen {
+        return Err(FenceError::Integrity(format!(
+            "the coordinator's floor {floor} is not above epoch {seen}, which this store \
+             accepted: the coordinator is behind the store (was it restored without \
+             --floor-from this store?). Restore the coordinator above it first"
+        )));
+    }
+    let new_floor = floor.max(old_floor);
+    let highest = highest_before.max(new_floor);
+    {
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        meta.insert(records::RESTORE_FLOOR, new_floor.to_string().as_str())
+            .map_err(storage)?;
+        meta.insert(records::HIGHEST, highest.to_string().as_str())
+            .map_err(storage)?;
+        meta.insert(records::RESTORE_RECORD, record)
+            .map_err(storage)?;
+    }
+    txn.commit().map_err(storage)?;
+    if let Some(witness) = witness {
+        witness::record(
+            witness,
+            &palisade_core::witness::WitnessRecord {
+                kind: witness::KIND.into(),
+                store: store_id,
+                mark: highest,
+            },
+        )?;
+    }
+    Ok(RestoreApplied {
+        highest_before,
+        witness_seen: seen,
+        floor: new_floor,
+    })
+}
+
+/// The store id of the stopped store at `path` (`None`: never opened by this version).
+pub fn store_id(path: &Path) -> Result<Option<String>, FenceError> {
+    let db = Database::open(path).map_err(storage)?;
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = txn.open_table(META).map_err(storage)?;
+    let id = meta
+        .get(records::STORE_ID)
+        .map_err(storage)?
+        .map(|v| v.value().to_owned());
+    Ok(id)
 }

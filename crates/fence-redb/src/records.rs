@@ -2,14 +2,14 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | `"mode"`, `"format_version"` | text |
+//! | `meta` | `"mode"`, `"format_version"`, `"store_id"` (random), `"highest"` (greatest epoch accepted, activated or floored), `"restore_floor"`, `"restore"` (JSON of the last restore) | text |
 //! | `kv` | `(lock, key)` | `epoch:u64 ‖ has_seq:u8 ‖ seq:u64 ‖ value` (big-endian) |
 //! | `fences` | `lock` | activated: the activated epoch; other modes: the greatest accepted epoch |
 //! | `ledger` | `(lock, key, epoch, seq)` | SHA-256 of the applied value (sequenced mode) |
 
 use palisade_core::Epoch;
 use palisade_fence::{FenceError, FenceMode, Stored};
-use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use redb::{Database, ReadableDatabase as _, ReadableTable, TableDefinition};
 
 pub const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 pub const KV: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("kv");
@@ -17,6 +17,26 @@ pub const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 pub const LEDGER: TableDefinition<(&str, &str, u64, u64), &[u8]> = TableDefinition::new("ledger");
 
 const FORMAT_VERSION: &str = "1";
+
+/// `meta` key: the store's random id (a witness tells a copied-back store from a new one).
+pub const STORE_ID: &str = "store_id";
+/// `meta` key: the greatest epoch accepted, activated or floored, kept by every batch.
+pub const HIGHEST: &str = "highest";
+/// `meta` key: the restore floor: no epoch at or below it is accepted (P6).
+pub const RESTORE_FLOOR: &str = "restore_floor";
+/// `meta` key: what the last restore applied (JSON), for people.
+pub const RESTORE_RECORD: &str = "restore";
+
+/// The store-wide state a writer starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    /// The store's random id.
+    pub store_id: String,
+    /// The greatest epoch accepted, activated or floored.
+    pub highest: u64,
+    /// No epoch at or below it is accepted.
+    pub floor: u64,
+}
 const HEADER_BYTES: usize = 17;
 
 /// Wraps any storage-engine error.
@@ -24,10 +44,12 @@ pub fn storage(error: impl Into<redb::Error>) -> FenceError {
     FenceError::Storage(Box::new(error.into()))
 }
 
-/// Creates the tables and records the mode, or checks that the stored mode is `mode`.
-pub fn initialize(db: &Database, mode: FenceMode) -> Result<(), FenceError> {
+/// Creates the tables and records the mode, or checks that the stored mode is `mode`; gives
+/// the store-wide state (creating the store id, and the highest epoch of a store written
+/// before it was kept).
+pub fn initialize(db: &Database, mode: FenceMode) -> Result<Meta, FenceError> {
     let txn = db.begin_write().map_err(storage)?;
-    {
+    let meta_state = {
         let mut meta = txn.open_table(META).map_err(storage)?;
         let stored_mode = meta
             .get("mode")
@@ -55,11 +77,51 @@ pub fn initialize(db: &Database, mode: FenceMode) -> Result<(), FenceError> {
                 "store format version {version:?}; this build reads {FORMAT_VERSION}"
             )));
         }
-        txn.open_table(KV).map_err(storage)?;
-        txn.open_table(FENCES).map_err(storage)?;
+        let kv = txn.open_table(KV).map_err(storage)?;
+        let fences = txn.open_table(FENCES).map_err(storage)?;
         txn.open_table(LEDGER).map_err(storage)?;
+        let store_id = match meta.get(STORE_ID).map_err(storage)? {
+            Some(id) => id.value().to_owned(),
+            None => new_store_id()?,
+        };
+        meta.insert(STORE_ID, store_id.as_str()).map_err(storage)?;
+        let floor = meta_u64(&meta, RESTORE_FLOOR)?.unwrap_or(0);
+        let highest = match meta_u64(&meta, HIGHEST)? {
+            Some(highest) => highest,
+            None => {
+                let scanned = scan_highest(&kv, &fences)?.max(floor);
+                meta.insert(HIGHEST, scanned.to_string().as_str())
+                    .map_err(storage)?;
+                scanned
+            }
+        };
+        Meta {
+            store_id,
+            highest,
+            floor,
+        }
+    };
+    txn.commit().map_err(storage)?;
+    Ok(meta_state)
+}
+
+fn new_store_id() -> Result<String, FenceError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| FenceError::Storage(e.to_string().into()))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A number kept in `meta`.
+pub fn meta_u64(
+    meta: &impl redb::ReadableTable<&'static str, &'static str>,
+    key: &str,
+) -> Result<Option<u64>, FenceError> {
+    match meta.get(key).map_err(storage)? {
+        Some(text) => text.value().parse().map(Some).map_err(|_| {
+            FenceError::Integrity(format!("meta {key} is not a number: {:?}", text.value()))
+        }),
+        None => Ok(None),
     }
-    txn.commit().map_err(storage)
 }
 
 pub fn encode_value(epoch: Epoch, seq: Option<u64>, value: &[u8]) -> Vec<u8> {
@@ -94,19 +156,26 @@ pub fn decode_pair(bytes: &[u8]) -> Result<(Epoch, Option<u64>), FenceError> {
     Ok((epoch, (bytes[8] == 1).then_some(seq)))
 }
 
-/// The greatest epoch among the fences and the stored rows.
-pub fn highest_fence(db: &Database) -> Result<u64, FenceError> {
-    let txn = db.begin_read().map_err(storage)?;
+/// The greatest epoch among the fences and the stored rows (a full scan).
+fn scan_highest(
+    kv: &impl ReadableTable<(&'static str, &'static str), &'static [u8]>,
+    fences: &impl ReadableTable<&'static str, u64>,
+) -> Result<u64, FenceError> {
     let mut highest = 0;
-    let fences = txn.open_table(FENCES).map_err(storage)?;
     for entry in fences.iter().map_err(storage)? {
         let (_, fence) = entry.map_err(storage)?;
         highest = highest.max(fence.value());
     }
-    let rows = txn.open_table(KV).map_err(storage)?;
-    for entry in rows.iter().map_err(storage)? {
+    for entry in kv.iter().map_err(storage)? {
         let (_, value) = entry.map_err(storage)?;
         highest = highest.max(decode_value(value.value())?.epoch.0);
     }
     Ok(highest)
+}
+
+/// The greatest epoch the store accepted, activated or was floored at.
+pub fn highest_fence(db: &Database) -> Result<u64, FenceError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = txn.open_table(META).map_err(storage)?;
+    Ok(meta_u64(&meta, HIGHEST)?.unwrap_or(0))
 }

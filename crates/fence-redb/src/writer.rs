@@ -8,7 +8,8 @@ use palisade_fence::{value_digest, Activation, FenceError, FenceMode, Outcome, R
 use redb::{Database, Durability, ReadableTable, Table, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::records::{decode_pair, encode_value, storage, FENCES, KV, LEDGER};
+use crate::records::{decode_pair, encode_value, storage, Meta, FENCES, HIGHEST, KV, LEDGER, META};
+use crate::witness::StoreWitness;
 
 /// Most jobs applied in one transaction.
 pub const MAX_BATCH: usize = 1_024;
@@ -30,6 +31,14 @@ pub enum Job {
     },
 }
 
+/// The rejection of an epoch at or below the restore floor.
+fn below_floor(floor: Epoch) -> Rejection {
+    Rejection::StaleEpoch {
+        fence: floor,
+        fence_seq: None,
+    }
+}
+
 /// An answer held until the batch's commit.
 enum Answer {
     Write(oneshot::Sender<Result<Outcome, FenceError>>, Outcome),
@@ -37,6 +46,15 @@ enum Answer {
 }
 
 impl Answer {
+    /// The epoch this answer applied (0 when it applied nothing).
+    fn epoch_applied(&self) -> u64 {
+        match self {
+            Answer::Write(_, Outcome::Accepted { epoch, .. }) => epoch.0,
+            Answer::Activate(_, Activation::Activated { fence }) => fence.0,
+            _ => 0,
+        }
+    }
+
     fn send(self, failure: Option<&str>) {
         let error = |message: &str| FenceError::Storage(message.to_owned().into());
         match self {
@@ -53,6 +71,12 @@ impl Answer {
 pub struct Writer {
     db: Arc<Database>,
     mode: FenceMode,
+    /// No epoch at or below it is accepted (set offline by a restore; P6).
+    floor: Epoch,
+    /// The greatest epoch accepted, activated or floored, as committed.
+    highest: u64,
+    /// Follows `highest` beside the data directory, when the store keeps a witness.
+    witness: Option<StoreWitness>,
 }
 
 struct Tables<'txn> {
@@ -62,12 +86,23 @@ struct Tables<'txn> {
 }
 
 impl Writer {
-    pub fn new(db: Arc<Database>, mode: FenceMode) -> Self {
-        Self { db, mode }
+    pub fn new(
+        db: Arc<Database>,
+        mode: FenceMode,
+        meta: &Meta,
+        witness: Option<StoreWitness>,
+    ) -> Self {
+        Self {
+            db,
+            mode,
+            floor: Epoch(meta.floor),
+            highest: meta.highest,
+            witness,
+        }
     }
 
     /// Runs until every sender is gone and the queue is drained.
-    pub fn run(self, mut queue: mpsc::Receiver<Job>) {
+    pub fn run(mut self, mut queue: mpsc::Receiver<Job>) {
         while let Some(first) = queue.blocking_recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -78,14 +113,25 @@ impl Writer {
             }
             self.commit_batch(batch);
         }
+        // A clean stop records where the store got to.
+        if let Some(witness) = &mut self.witness {
+            witness.follow(self.highest, true);
+        }
     }
 
-    fn commit_batch(&self, batch: Vec<Job>) {
+    fn commit_batch(&mut self, batch: Vec<Job>) {
         let mut answers = Vec::with_capacity(batch.len());
         let mut pending = Vec::new();
         let result = self.apply_all(batch, &mut answers, &mut pending);
         match result {
-            Ok(()) => answers.into_iter().for_each(|a| a.send(None)),
+            Ok(highest) => {
+                self.highest = highest;
+                answers.into_iter().for_each(|a| a.send(None));
+                // After the commit: the witness never runs ahead of the store.
+                if let Some(witness) = &mut self.witness {
+                    witness.follow(highest, false);
+                }
+            }
             Err(error) => {
                 tracing::error!(%error, "fenced store commit failed; the batch is not applied");
                 let message = format!("commit failed: {error}");
@@ -110,7 +156,7 @@ impl Writer {
         batch: Vec<Job>,
         answers: &mut Vec<Answer>,
         pending: &mut Vec<Job>,
-    ) -> Result<(), FenceError> {
+    ) -> Result<u64, FenceError> {
         let mut txn: WriteTransaction = match self.db.begin_write() {
             Ok(txn) => txn,
             Err(error) => {
@@ -119,6 +165,7 @@ impl Writer {
             }
         };
         txn.set_durability(Durability::Immediate).map_err(storage)?;
+        let mut highest = self.highest;
         {
             let mut tables = Tables {
                 kv: txn.open_table(KV).map_err(storage)?,
@@ -139,11 +186,21 @@ impl Writer {
                         .write(&mut tables, &lock, &key, epoch, seq, &value)
                         .map(|outcome| Answer::Write(reply, outcome)),
                     Job::Activate { lock, epoch, reply } => {
-                        activate(&mut tables, &lock, epoch).map(|a| Answer::Activate(reply, a))
+                        if epoch <= self.floor {
+                            Ok(Answer::Activate(
+                                reply,
+                                Activation::Rejected(below_floor(self.floor)),
+                            ))
+                        } else {
+                            activate(&mut tables, &lock, epoch).map(|a| Answer::Activate(reply, a))
+                        }
                     }
                 };
                 match applied {
-                    Ok(answer) => answers.push(answer),
+                    Ok(answer) => {
+                        highest = highest.max(answer.epoch_applied());
+                        answers.push(answer);
+                    }
                     Err(error) => {
                         pending.extend(jobs);
                         return Err(error);
@@ -151,7 +208,13 @@ impl Writer {
                 }
             }
         }
-        txn.commit().map_err(storage)
+        if highest > self.highest {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            meta.insert(HIGHEST, highest.to_string().as_str())
+                .map_err(storage)?;
+        }
+        txn.commit().map_err(storage)?;
+        Ok(highest)
     }
 
     fn write(
@@ -163,6 +226,11 @@ impl Writer {
         seq: Option<u64>,
         value: &[u8],
     ) -> Result<Outcome, FenceError> {
+        if epoch <= self.floor {
+            // Issued before the store was restored: nothing proves it newer than what the
+            // store accepted since its backup (P6).
+            return Ok(Outcome::Rejected(below_floor(self.floor)));
+        }
         let stored = match tables.kv.get((lock, key)).map_err(storage)? {
             Some(record) => Some(decode_pair(record.value())?),
             None => None,
@@ -294,7 +362,7 @@ mod tests {
     fn one_batch(mode: FenceMode, writes: &[(&str, &str, u64, Option<u64>)]) -> Vec<Outcome> {
         let dir = tempfile::tempdir().unwrap();
         let db = Arc::new(Database::create(dir.path().join("fence.redb")).unwrap());
-        crate::records::initialize(&db, mode).unwrap();
+        let meta = crate::records::initialize(&db, mode).unwrap();
         let (queue, jobs) = mpsc::channel(MAX_BATCH);
         let mut answers = Vec::new();
         for (i, (lock, key, epoch, seq)) in writes.iter().enumerate() {
@@ -312,7 +380,7 @@ mod tests {
             answers.push(answer);
         }
         drop(queue);
-        Writer::new(db, mode).run(jobs);
+        Writer::new(db, mode, &meta, None).run(jobs);
         answers
             .into_iter()
             .map(|answer| answer.blocking_recv().unwrap().unwrap())

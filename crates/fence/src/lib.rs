@@ -194,6 +194,11 @@ pub enum FenceError {
     /// resource refuses to guess.
     #[error("integrity violation: {0}")]
     Integrity(String),
+    /// The store was restored from an older copy (or copied back) and may have forgotten
+    /// fences: it accepts no write until a restore floor signed by the coordinator is applied
+    /// (`palisade resource restore`; P6). Nothing was applied.
+    #[error("restore required: {0}")]
+    RestoreRequired(String),
 }
 
 /// A resource that accepts writes only from the current owner of the guarding lock.

@@ -138,6 +138,10 @@ fn rejection_response(rejection: &Rejection) -> HttpError {
 }
 
 fn storage_failure(state: &State, failure: &FenceError) -> HttpError {
+    if let FenceError::RestoreRequired(why) = failure {
+        // Not a storage fault: the store was found behind its witness (P6).
+        return error(StatusCode::SERVICE_UNAVAILABLE, "restore_required", why);
+    }
     state.inner.metrics.storage_errors.inc();
     tracing::error!(%failure, "fenced store failure");
     error(StatusCode::SERVICE_UNAVAILABLE, "storage_error", failure)
@@ -298,6 +302,8 @@ async fn info(axum::extract::State(state): axum::extract::State<State>) -> Respo
         Ok(Ok(highest)) => Json(json!({
             "mode": state.inner.store.mode().as_str(),
             "highest_fence": highest,
+            "restore_floor": state.inner.store.restore_floor().0,
+            "restore_required": state.inner.store.restore_required(),
         }))
         .into_response(),
         _ => error(

@@ -189,7 +189,8 @@ pub fn load_key_file(path: &Path) -> Result<TokenVerifier, String> {
     parse_keys(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn parse_keys(text: &str) -> Result<TokenVerifier, String> {
+/// Parses keys: the JSON of `GET /v1/keys`, or one base64url key per line.
+pub fn parse_keys(text: &str) -> Result<TokenVerifier, String> {
     let encoded: Vec<String> = match serde_json::from_str::<serde_json::Value>(text) {
         Ok(json) => json["keys"]
             .as_array()

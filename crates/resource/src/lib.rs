@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use keys::{load_key_file, KeySource, MIN_REFRESH_INTERVAL};
+pub use keys::{load_key_file, parse_keys, KeySource, MIN_REFRESH_INTERVAL};
 
 /// Default data directory of `palisade resource serve`.
 pub const DEFAULT_DATA_DIR: &str = "./palisade-resource-data";
@@ -34,6 +34,35 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7421";
 pub const STORE_FILE: &str = "fence.redb";
 /// Time open connections get to finish after a shutdown begins.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The witness of the store in `data_dir` ([`palisade_fence_redb::witness`]): its sibling
+/// `NAME.witness`, outside the directory, so a copy of the directory does not carry it.
+pub fn witness_path(data_dir: &std::path::Path) -> PathBuf {
+    palisade_core::witness::beside(data_dir, ".witness")
+}
+
+pub use palisade_fence_redb::RestoreApplied;
+
+/// The id of the stopped store in `data_dir` (`None`: never opened by this version).
+pub fn store_id(data_dir: &std::path::Path) -> Result<Option<String>, ResourceError> {
+    Ok(palisade_fence_redb::store_id(&data_dir.join(STORE_FILE))?)
+}
+
+/// Applies the coordinator's restore floor `floor` to the stopped store in `data_dir` and
+/// brings its witness up to it (`palisade resource restore`; see
+/// [`palisade_fence_redb::apply_restore_floor`]).
+pub fn apply_restore_floor(
+    data_dir: &std::path::Path,
+    floor: u64,
+    record: &str,
+) -> Result<RestoreApplied, ResourceError> {
+    Ok(palisade_fence_redb::apply_restore_floor(
+        &data_dir.join(STORE_FILE),
+        Some(&witness_path(data_dir)),
+        floor,
+        record,
+    )?)
+}
 
 /// How to run a reference fenced store.
 #[derive(Debug, Clone)]
@@ -117,7 +146,12 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         config.coordinator_ca.as_deref(),
     )?;
     keys.load_initial().await?;
-    let store = RedbFence::open(&config.data_dir.join(STORE_FILE), config.mode, verifier)?;
+    let store = RedbFence::open_with(
+        &config.data_dir.join(STORE_FILE),
+        config.mode,
+        verifier,
+        Some(&witness_path(&config.data_dir)),
+    )?;
     let state = http::State::new(store, keys);
     let app = http::router(state);
     let listener = TcpListener::bind(config.listen)

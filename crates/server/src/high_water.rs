@@ -37,15 +37,7 @@ pub fn default_path(data_dir: &Path) -> PathBuf {
 /// The file beside data directory `data_dir` named after it with `suffix` (outside it, so a
 /// copy of the directory does not carry it).
 pub fn sibling(data_dir: &Path, suffix: &str) -> PathBuf {
-    let mut name = data_dir
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_else(|| "palisade-data".into());
-    name.push(suffix);
-    match data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => parent.join(name),
-        None => PathBuf::from(name),
-    }
+    palisade_core::witness::beside(data_dir, suffix)
 }
 
 /// Writes `text` to `path` durably: a temporary file, fsync, rename, fsync the directory.

@@ -20,12 +20,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use palisade_core::witness::{judge, Verdict, WitnessRecord};
 use tokio::sync::watch;
 
 use super::{ClusterError, NodeId};
 
-/// The first word of the file (the format).
-const MAGIC: &str = "palisade-member-witness v1";
+/// The kind of store a member witness speaks of.
+const KIND: &str = "member";
 
 /// Longest time between two writes of the witness while the member applies entries.
 pub const INTERVAL: Duration = Duration::from_millis(200);
@@ -35,32 +36,11 @@ pub fn default_path(data_dir: &Path) -> PathBuf {
     crate::high_water::sibling(data_dir, ".witness")
 }
 
-/// What the witness saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Seen {
-    store: String,
-    applied: u64,
-}
-
-fn parse(text: &str) -> Option<Seen> {
-    let mut words = text.trim().strip_prefix(MAGIC)?.split_whitespace();
-    let store = words.next()?.strip_prefix("store=")?.to_owned();
-    let applied = words.next()?.strip_prefix("applied=")?.parse().ok()?;
-    if words.next().is_some() || store.is_empty() {
-        return None;
-    }
-    Some(Seen { store, applied })
-}
-
-fn render(seen: &Seen) -> String {
-    format!("{MAGIC} store={} applied={}\n", seen.store, seen.applied)
-}
-
 /// A member's witness file.
 #[derive(Debug)]
 pub struct Witness {
     path: PathBuf,
-    seen: Seen,
+    seen: WitnessRecord,
 }
 
 impl Witness {
@@ -74,59 +54,58 @@ impl Witness {
         store: &str,
         applied: u64,
     ) -> Result<Self, ClusterError> {
-        let current = Seen {
-            store: store.to_owned(),
-            applied,
-        };
         let witness = Self {
             path: path.to_owned(),
-            seen: current.clone(),
+            seen: WitnessRecord {
+                kind: KIND.into(),
+                store: store.to_owned(),
+                mark: applied,
+            },
         };
-        match std::fs::read_to_string(path) {
-            Ok(text) => {
-                let seen = parse(&text).ok_or_else(|| {
-                    ClusterError::DataDirectory(format!(
-                        "{} is not a Palisade member witness (expected \"{MAGIC} store=ID \
-                         applied=N\"); it tells whether the data directory is older than what \
-                         this member acknowledged, so the member will not start without it: \
-                         restore the file, or move it away if the data directory is known to be \
-                         current",
-                        path.display()
-                    ))
-                })?;
-                if seen.store == store && seen.applied > applied {
-                    return Err(ClusterError::DataDirectory(format!(
-                        "{store_name} is an older copy of member {node}'s store: it applied the \
-                         log up to entry {applied}, but this member had applied up to entry {} \
-                         ({}). A member restarted from an older copy forgets entries and votes \
-                         it acknowledged, which can lose granted leases and reissue epochs. \
-                         If the other members are current: `palisade cluster remove {node}`, \
-                         start this member with an empty data directory and --join, and \
-                         `palisade cluster add` it. If every member went back to a copy: take \
-                         `palisade backup` of it and `palisade restore --cluster` a new cluster \
-                         from it (see docs/operations.md).",
-                        seen.applied,
-                        path.display()
-                    )));
-                }
-                if seen.store != store {
-                    tracing::info!(
-                        witness = %path.display(),
-                        "the data directory holds a new store: the member witness follows it"
-                    );
-                } else if seen == current {
-                    return Ok(witness);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        let found = match std::fs::read_to_string(path) {
+            Ok(text) => Some(WitnessRecord::parse(&text).ok_or_else(|| {
+                ClusterError::DataDirectory(format!(
+                    "{} is not a Palisade witness; it tells whether the data directory is older \
+                     than what this member acknowledged, so the member will not start without \
+                     it: restore the file, or move it away if the data directory is known to be \
+                     current",
+                    path.display()
+                ))
+            })?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(witness_io(path, e)),
+        };
+        match judge(found.as_ref(), &witness.seen) {
+            Verdict::Current => return Ok(witness),
+            Verdict::Record => {}
+            Verdict::Behind { seen } => {
+                return Err(ClusterError::DataDirectory(format!(
+                    "{store_name} is an older copy of member {node}'s store: it applied the \
+                     log up to entry {applied}, but this member had applied up to entry {seen} \
+                     ({}). A member restarted from an older copy forgets entries and votes it \
+                     acknowledged, which can lose granted leases and reissue epochs. If the \
+                     other members are current: `palisade cluster remove {node}`, start this \
+                     member with an empty data directory and --join, and `palisade cluster \
+                     add` it. If every member went back to a copy: take `palisade backup` of it \
+                     and `palisade restore --cluster` a new cluster from it (see \
+                     docs/operations.md).",
+                    path.display()
+                )))
+            }
+            Verdict::OtherKind(kind) => {
+                return Err(ClusterError::DataDirectory(format!(
+                    "{} is the witness of a {kind}, not of a cluster member: is --data-dir \
+                     right?",
+                    path.display()
+                )))
+            }
         }
         witness.write()?;
         Ok(witness)
     }
 
     fn write(&self) -> Result<(), ClusterError> {
-        crate::high_water::write_durably(&self.path, &render(&self.seen))
+        crate::high_water::write_durably(&self.path, &self.seen.render())
             .map_err(|e| witness_io(&self.path, e))
     }
 
@@ -144,9 +123,9 @@ impl Witness {
                 _ = shutdown.wait_for(|stop| *stop) => true,
             };
             let index = applied.borrow_and_update().map_or(0, |l| l.index);
-            if index > self.seen.applied {
-                self.seen.applied = index;
-                let (path, text) = (self.path.clone(), render(&self.seen));
+            if index > self.seen.mark {
+                self.seen.mark = index;
+                let (path, text) = (self.path.clone(), self.seen.render());
                 let written = tokio::task::spawn_blocking(move || {
                     crate::high_water::write_durably(&path, &text)
                 })
@@ -177,19 +156,19 @@ fn witness_io(path: &Path, error: io::Error) -> ClusterError {
 mod tests {
     use super::*;
 
+    fn mark(path: &Path) -> u64 {
+        WitnessRecord::parse(&std::fs::read_to_string(path).unwrap())
+            .unwrap()
+            .mark
+    }
+
     #[test]
     fn p6_p8_a_store_behind_its_witness_is_refused_and_a_new_store_is_followed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("n1.witness");
         // First start: recorded.
         Witness::check(&path, 1, "s", "aaaa", 5).unwrap();
-        assert_eq!(
-            parse(&std::fs::read_to_string(&path).unwrap()),
-            Some(Seen {
-                store: "aaaa".into(),
-                applied: 5
-            })
-        );
+        assert_eq!(mark(&path), 5);
         // The same store, further on: fine, and recorded.
         Witness::check(&path, 1, "s", "aaaa", 9).unwrap();
         // The same store, behind: a copy went back.
@@ -229,17 +208,12 @@ mod tests {
             .unwrap();
         for _ in 0..200 {
             let text = std::fs::read_to_string(&path).unwrap();
-            if parse(&text).unwrap().applied == 7 {
+            if WitnessRecord::parse(&text).unwrap().mark == 7 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(
-            parse(&std::fs::read_to_string(&path).unwrap())
-                .unwrap()
-                .applied,
-            7
-        );
+        assert_eq!(mark(&path), 7);
         stop.send(true).unwrap();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
