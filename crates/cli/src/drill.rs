@@ -14,7 +14,9 @@ use crate::output::print_table;
 #[derive(Args)]
 pub struct DrillArgs {
     /// A scenario (stale-process, delayed-delivery, duplicate-token, forged-token, bypass,
-    /// coordinator-failover) or all. For coordinator-failover, iterations = leader kills.
+    /// coordinator-failover, restore, resource-restore) or all. For coordinator-failover,
+    /// iterations = leader kills; for the restores, iterations = restores (their orders
+    /// alternate), always on the drill's own embedded store.
     scenario: String,
     /// `embedded` (stores started by the drill) or a postgres:// URL (the drill creates and
     /// drops its own table there).
@@ -96,6 +98,28 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
                     f.grants,
                     f.unavailable_p50_ms,
                     f.unavailable_max_ms
+                );
+            }
+            if let Some(f) = &report.restore {
+                let orders = f
+                    .orders
+                    .iter()
+                    .map(|(order, n)| format!("{order}×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                println!(
+                    "\n{}: {} restores ({orders}), {} grants after them, {} epochs reused, \
+                     obsolete writes {} tried / {} accepted, {} refused until the floor, \
+                     progress after {}; restore to the next write p50 {} ms",
+                    report.scenario,
+                    f.restores,
+                    f.grants_after_restore,
+                    f.epochs_reused,
+                    f.obsolete_attempted,
+                    f.obsolete_accepted,
+                    f.refused_until_floor,
+                    f.progressed,
+                    f.restore_to_write_p50_ms
                 );
             }
         }

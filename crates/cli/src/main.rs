@@ -61,7 +61,7 @@ enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Fault drills with real processes: stale-process, delayed-delivery, duplicate-token,
-    /// forged-token, bypass, or all.
+    /// forged-token, bypass, coordinator-failover, restore, resource-restore, or all.
     Drill(drill::DrillArgs),
     /// Deterministic simulation: seeds of random pauses, delays, drops, reorders and crashes.
     Simulate(drill::SimulateArgs),

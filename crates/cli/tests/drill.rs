@@ -49,8 +49,36 @@ fn check_report(report: &Value, resource: &str) {
             "duplicate-token",
             "forged-token",
             "bypass",
-            "coordinator-failover"
+            "coordinator-failover",
+            "restore",
+            "resource-restore"
         ]
+    );
+    // P6: two restores of each order; after each, the next owner wrote, every earlier owner was
+    // refused, and no epoch was issued twice (P1 on the history across restores).
+    for (index, orders) in [
+        (6, ["copy-back", "lost"]),
+        (7, ["store", "store+coordinator"]),
+    ] {
+        let restore = &scenarios[index];
+        assert_eq!(restore["passed"], true, "{restore}");
+        let figures = &restore["restore"];
+        for order in orders {
+            assert_eq!(figures["orders"][order], 1, "{restore}");
+        }
+        assert_eq!(figures["progressed"], 2, "{restore}");
+        assert_eq!(figures["epochs_reused"], 0, "{restore}");
+        assert_eq!(figures["obsolete_accepted"], 0, "{restore}");
+        assert!(
+            figures["obsolete_attempted"].as_u64().unwrap() > 0,
+            "{restore}"
+        );
+    }
+    assert!(
+        scenarios[7]["restore"]["refused_until_floor"]
+            .as_u64()
+            .unwrap()
+            > 0
     );
     // P1/P8 across leader changes: the 3-process cluster survived a kill -9 of its leader per
     // iteration, and the checker found every grant's epoch new and above every earlier one.
@@ -90,8 +118,11 @@ fn p1_p2_p4_p5_every_drill_passes_on_postgres() {
 }
 
 #[test]
-fn unknown_and_future_scenarios_are_refused_clearly() {
-    for (scenario, expected) in [("nope", "unknown scenario"), ("restore", "not built yet")] {
+fn unknown_scenarios_are_refused_clearly() {
+    for (scenario, expected) in [
+        ("nope", "unknown scenario"),
+        ("restores", "unknown scenario"),
+    ] {
         let output = Command::new(BINARY)
             .args(["drill", scenario])
             .output()

@@ -7,8 +7,9 @@
 //! processes. Every invocation and completion goes into a [`History`]; each iteration's history
 //! is checked for P1, P2, P4 and P5, and the first violation is printed with its entries.
 //!
-//! Scenarios live in [`scenarios`]; adding one (`coordinator-failover`, `restore`,
-//! `resource-restore` come with their issues) is one function and one [`Scenario`] variant.
+//! Scenarios live in [`scenarios`]; `coordinator-failover` ([`failover`]), `restore` and
+//! `resource-restore` ([`restore`]) run processes of their own (a cluster; a coordinator and a
+//! store they restore) and always use the embedded store.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod clock;
 mod env;
 pub mod failover;
 pub mod proxy;
+pub mod restore;
 pub mod scenarios;
 pub mod target;
 pub mod worker;
@@ -75,17 +77,23 @@ pub enum Scenario {
     Bypass,
     /// The leader of a 3-node coordinator is killed (-9) during acquire churn, repeatedly.
     CoordinatorFailover,
+    /// The coordinator restored from a backup, or its directory copied back.
+    Restore,
+    /// The reference store copied back (and the coordinator restored too, every other time).
+    ResourceRestore,
 }
 
 impl Scenario {
     /// Every scenario built so far, in `drill all` order.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::StaleProcess,
         Scenario::DelayedDelivery,
         Scenario::DuplicateToken,
         Scenario::ForgedToken,
         Scenario::Bypass,
         Scenario::CoordinatorFailover,
+        Scenario::Restore,
+        Scenario::ResourceRestore,
     ];
 
     /// The scenario's name on the command line.
@@ -97,6 +105,8 @@ impl Scenario {
             Scenario::ForgedToken => "forged-token",
             Scenario::Bypass => "bypass",
             Scenario::CoordinatorFailover => "coordinator-failover",
+            Scenario::Restore => "restore",
+            Scenario::ResourceRestore => "resource-restore",
         }
     }
 
@@ -108,15 +118,10 @@ impl Scenario {
         if let Some(found) = Self::ALL.into_iter().find(|s| s.name() == text) {
             return Ok(vec![found]);
         }
-        match text {
-            "restore" | "resource-restore" => anyhow::bail!(
-                "scenario {text} needs coordinator/resource backups, which are not built yet"
-            ),
-            _ => anyhow::bail!(
-                "unknown scenario {text:?}; use one of: all, {}",
-                Self::ALL.map(Self::name).join(", ")
-            ),
-        }
+        anyhow::bail!(
+            "unknown scenario {text:?}; use one of: all, {}",
+            Self::ALL.map(Self::name).join(", ")
+        )
     }
 
     /// The fence mode the scenario's resource runs in.
@@ -171,6 +176,8 @@ pub struct ScenarioReport {
     /// coordinator-failover: leader kills, grants, unavailability after each kill.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover: Option<failover::FailoverFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore: Option<restore::RestoreFigures>,
 }
 
 impl ScenarioReport {
@@ -187,6 +194,7 @@ impl ScenarioReport {
             passed: true,
             violation: None,
             failover: None,
+            restore: None,
         }
     }
 
@@ -230,6 +238,25 @@ pub async fn run(
             )
             .await?;
             report.failover = Some(figures);
+            reports.push(report);
+            continue;
+        }
+        if let Some(kind) = match scenario {
+            Scenario::Restore => Some(restore::Kind::Coordinator),
+            Scenario::ResourceRestore => Some(restore::Kind::Resource),
+            _ => None,
+        } {
+            // Its own coordinator and reference store (restored, copied back).
+            report.resource = "embedded";
+            let figures = restore::run(
+                &config.binary,
+                kind,
+                config.iterations,
+                config.progress,
+                &mut report,
+            )
+            .await?;
+            report.restore = Some(figures);
             reports.push(report);
             continue;
         }

@@ -35,6 +35,9 @@ pub async fn run_iteration(
         Scenario::CoordinatorFailover => {
             anyhow::bail!("coordinator-failover runs its own cluster (see `failover::run`)")
         }
+        Scenario::Restore | Scenario::ResourceRestore => {
+            anyhow::bail!("the restore drills run their own processes (see `restore::run`)")
+        }
     }
     Ok(report.absorb(&history, scenario.mode()))
 }

@@ -90,7 +90,8 @@ impl KeyRing {
                 self.install(keys);
             }
             KeySource::Coordinator(url) => {
-                if let Err(error) = self.refresh(true).await {
+                let mut last = self.last_fetch.lock().await;
+                if let Err(error) = self.fetch(&mut last).await {
                     tracing::warn!(%url, %error, "cannot fetch the coordinator's keys yet");
                 }
             }
@@ -114,25 +115,34 @@ impl KeyRing {
         self.verifier.has_any_key()
     }
 
-    /// Called when a token names `key_id`: fetches the coordinator's keys if the id is unknown
-    /// and the last fetch is old enough. The token is verified afterwards either way.
+    /// Called when a token names `key_id`: fetches the coordinator's keys if the id is unknown.
+    /// Fetches are at least [`MIN_REFRESH_INTERVAL`] apart: a token that arrives sooner waits
+    /// for the next fetch (a coordinator restored a moment ago signs with a new key), and any
+    /// fetch that started after the token arrived answers it — so a stream of tokens with
+    /// unknown keys costs the coordinator one fetch per interval and no caller waits more than
+    /// one interval and one fetch. The token is verified afterwards either way.
     pub async fn ensure_known(&self, key_id: KeyId) {
         if self.verifier.knows(key_id) {
             return;
         }
-        if let Err(error) = self.refresh(false).await {
+        let arrived = Instant::now();
+        let mut last = self.last_fetch.lock().await;
+        if self.verifier.knows(key_id) || last.is_some_and(|at| at >= arrived) {
+            return; // fetched while this token waited
+        }
+        if let Some(at) = *last {
+            tokio::time::sleep_until(at + MIN_REFRESH_INTERVAL).await;
+        }
+        if let Err(error) = self.fetch(&mut last).await {
             tracing::warn!(%error, "key refresh failed");
         }
     }
 
-    async fn refresh(&self, force: bool) -> Result<(), String> {
+    /// Fetches and installs the coordinator's keys now; `last` is the held fetch time.
+    async fn fetch(&self, last: &mut Option<Instant>) -> Result<(), String> {
         let KeySource::Coordinator(url) = &self.source else {
             return Ok(());
         };
-        let mut last = self.last_fetch.lock().await;
-        if !force && last.is_some_and(|at| at.elapsed() < MIN_REFRESH_INTERVAL) {
-            return Ok(());
-        }
         *last = Some(Instant::now());
         let url = format!("{}/v1/keys", url.trim_end_matches('/'));
         let body = self
