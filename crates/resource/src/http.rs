@@ -151,7 +151,10 @@ impl State {
     /// Fetches the coordinator's keys first when the token names a key not trusted yet.
     async fn refresh_for(&self, token: &str) {
         if let Ok(claims) = decode_unverified(token) {
-            self.inner.keys.ensure_known(claims.key_id).await;
+            self.inner
+                .keys
+                .ensure_known(claims.key_id, claims.issued_at_ms)
+                .await;
         }
     }
 }

@@ -15,6 +15,9 @@ use crate::ResourceError;
 /// Refreshes from the coordinator are at least this far apart, so a stream of tokens with an
 /// unknown key cannot turn the resource into a load generator against the coordinator.
 pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// How far a token's issue time may be off the resource's clock and still count as signed
+/// after a key fetch (see [`KeyRing::ensure_known`]).
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5);
 /// Time allowed for one key fetch.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -34,8 +37,8 @@ pub struct KeyRing {
     revoked: Vec<KeyId>,
     verifier: Arc<Verifier>,
     http: reqwest::Client,
-    /// When the last fetch started; `None` before the first.
-    last_fetch: Mutex<Option<Instant>>,
+    /// When the last fetch started (monotonic, and wall-clock ms); `None` before the first.
+    last_fetch: Mutex<Option<(Instant, u64)>>,
 }
 
 impl KeyRing {
@@ -116,22 +119,32 @@ impl KeyRing {
     }
 
     /// Called when a token names `key_id`: fetches the coordinator's keys if the id is unknown.
-    /// Fetches are at least [`MIN_REFRESH_INTERVAL`] apart: a token that arrives sooner waits
-    /// for the next fetch (a coordinator restored a moment ago signs with a new key), and any
-    /// fetch that started after the token arrived answers it — so a stream of tokens with
-    /// unknown keys costs the coordinator one fetch per interval and no caller waits more than
-    /// one interval and one fetch. The token is verified afterwards either way.
-    pub async fn ensure_known(&self, key_id: KeyId) {
+    /// Fetches are at least [`MIN_REFRESH_INTERVAL`] apart. A token signed after the last fetch
+    /// began (by its own `issued_at_ms`, within [`CLOCK_SKEW`]) waits for the next fetch — a
+    /// coordinator restored a moment ago signs with a new key — and any fetch that started
+    /// after the token arrived answers it: a stream of such tokens costs the coordinator one
+    /// fetch per interval, and no caller waits more than one interval and one fetch. A token
+    /// signed before the last fetch (whose key that fetch did not have: an old or unknown key)
+    /// does not wait. The token is verified afterwards either way; the claimed time only
+    /// decides whether to wait, never what is accepted.
+    pub async fn ensure_known(&self, key_id: KeyId, issued_at_ms: u64) {
         if self.verifier.knows(key_id) {
             return;
         }
         let arrived = Instant::now();
         let mut last = self.last_fetch.lock().await;
-        if self.verifier.knows(key_id) || last.is_some_and(|at| at >= arrived) {
+        if self.verifier.knows(key_id) || last.is_some_and(|(at, _)| at >= arrived) {
             return; // fetched while this token waited
         }
-        if let Some(at) = *last {
-            tokio::time::sleep_until(at + MIN_REFRESH_INTERVAL).await;
+        if let Some((at, wall_ms)) = *last {
+            if issued_at_ms.saturating_add(CLOCK_SKEW.as_millis() as u64) < wall_ms {
+                // Older than the last fetch, which did not have its key.
+                if at.elapsed() < MIN_REFRESH_INTERVAL {
+                    return;
+                }
+            } else {
+                tokio::time::sleep_until(at + MIN_REFRESH_INTERVAL).await;
+            }
         }
         if let Err(error) = self.fetch(&mut last).await {
             tracing::warn!(%error, "key refresh failed");
@@ -139,11 +152,14 @@ impl KeyRing {
     }
 
     /// Fetches and installs the coordinator's keys now; `last` is the held fetch time.
-    async fn fetch(&self, last: &mut Option<Instant>) -> Result<(), String> {
+    async fn fetch(&self, last: &mut Option<(Instant, u64)>) -> Result<(), String> {
         let KeySource::Coordinator(url) = &self.source else {
             return Ok(());
         };
-        *last = Some(Instant::now());
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        *last = Some((Instant::now(), wall_ms));
         let url = format!("{}/v1/keys", url.trim_end_matches('/'));
         let body = self
             .http
