@@ -202,6 +202,10 @@ pub struct SimulateArgs {
     wipe: bool,
     /// With --cluster: found the cluster with member 1 alone and add every other member with
     /// --join and `cluster add` (members that talk only to the leader until they vote).
+    /// With --cluster: crashes alternate between copying the member's disk and, half of the
+    /// later times, putting the older copy back (`cp -a`); its witness must refuse it.
+    #[arg(long, requires = "cluster")]
+    copy_back: bool,
     #[arg(long, requires = "cluster")]
     join: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
@@ -220,9 +224,12 @@ pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
     }
     let started = std::time::Instant::now();
     let (mut faults, mut stale, mut events) = (0u64, 0usize, 0u64);
+    let (mut restores, mut resource_restores) = (0u64, 0u64);
     for (done, seed) in (args.from..args.from.saturating_add(args.seeds)).enumerate() {
         let report = palisade_sim::run(seed, SimConfig::default());
         faults += report.faults.total();
+        restores += report.faults.restores;
+        resource_restores += report.faults.resource_restores;
         events += report.events;
         match &report.verdict {
             Ok(summary) => stale += summary.stale_attempted,
@@ -244,12 +251,14 @@ pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
         print_json(&json!({
             "seeds": args.seeds, "from": args.from, "passed": true, "faults": faults,
             "stale_refused": stale, "events": events, "seconds": seconds, "seeds_per_minute": per_minute,
+            "restores": restores, "resource_restores": resource_restores,
         }));
     } else {
         eprintln!();
         println!(
-            "{} seeds from {} passed: {faults} faults injected ({:.0}/seed), {stale} stale writes \
-             refused, {per_minute:.0} seeds/minute",
+            "{} seeds from {} passed: {faults} faults injected ({:.0}/seed; {restores} coordinator \
+             and {resource_restores} resource restores), {stale} stale writes refused, \
+             {per_minute:.0} seeds/minute",
             args.seeds,
             args.from,
             faults as f64 / args.seeds.max(1) as f64
@@ -298,6 +307,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     use std::sync::atomic::{AtomicU64, Ordering};
     let config = ClusterSimConfig {
         wipe_on_crash: args.wipe,
+        copy_back_on_crash: args.copy_back,
         join_members: args.join,
         ..ClusterSimConfig::for_members(members)
     };

@@ -76,6 +76,32 @@ impl Disk {
         state.generation += 1;
     }
 
+    /// A copy of what the disk durably holds now (`cp -a` of a stopped member's directory): a
+    /// disk of its own.
+    pub fn copy(&self) -> Self {
+        let state = self.state.lock().expect("not poisoned");
+        let mut data = state.data.clone();
+        // Undo what is not synced: the copy holds what survives a power cut.
+        for undo in state.undo.iter().rev() {
+            match undo {
+                Undo::Bytes { offset, old } => {
+                    data[*offset..*offset + old.len()].copy_from_slice(old);
+                }
+                Undo::Len { len, cut } => {
+                    data.truncate(*len);
+                    data.extend_from_slice(cut);
+                }
+            }
+        }
+        Self {
+            state: Arc::new(Mutex::new(State {
+                data,
+                lies: state.lies,
+                ..State::default()
+            })),
+        }
+    }
+
     /// The disk fills up: from now on every write, resize and sync fails (reads still work).
     pub fn fill(&self) {
         self.state.lock().expect("not poisoned").full = true;

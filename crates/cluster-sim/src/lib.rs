@@ -62,6 +62,12 @@ pub struct ClusterSimConfig {
     /// start it with `--join`, `palisade cluster add` (a member added this way talks to the
     /// leader only until it is a voter).
     pub join_members: bool,
+    /// Crashes alternate between copying the member's disk (`cp -a` of its stopped data
+    /// directory) and, in half of the later ones, putting that older copy back (P6): its
+    /// witness refuses the start, and the operator wipes and re-adds it.
+    pub copy_back_on_crash: bool,
+    /// Plant a bug: a member put back to an older copy starts from it (no witness).
+    pub plant_no_witness: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -74,6 +80,8 @@ impl Default for ClusterSimConfig {
             plant_lying_fsync: false,
             wipe_on_crash: false,
             join_members: false,
+            copy_back_on_crash: false,
+            plant_no_witness: false,
         }
     }
 }
@@ -107,6 +115,10 @@ pub struct ClusterFaults {
     pub members_crashed: u64,
     /// Crashes that also lost the member's disk.
     pub wipes: u64,
+    /// Crashes after which an older copy of the member's disk was put back.
+    pub copy_backs: u64,
+    /// Of those, starts the member's witness refused (then wiped and re-added).
+    pub copy_backs_refused: u64,
 }
 
 impl ClusterFaults {

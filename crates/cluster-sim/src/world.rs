@@ -316,6 +316,11 @@ struct Member {
     disk: Disk,
     signer: palisade_core::TokenSigner,
     running: Option<Running>,
+    /// A copy of its disk taken while it was down (`cp -a`), to be put back later.
+    copy: Option<Disk>,
+    /// Its witness beside the data directory: store id and applied index
+    /// (`palisade_server::cluster::witness` keeps it in a file; here in memory).
+    witness: Option<palisade_core::witness::WitnessRecord>,
 }
 
 struct Running {
@@ -344,6 +349,8 @@ pub(crate) struct Cluster {
     pub(crate) failovers_ms: Vec<u64>,
     wipe_on_crash: bool,
     join_members: bool,
+    copy_back_on_crash: bool,
+    plant_no_witness: bool,
     /// Every member has been started once (the cluster is formed).
     formed: bool,
 }
@@ -383,6 +390,8 @@ impl Cluster {
                 },
                 signer: palisade_core::TokenSigner::from_secret_bytes(&[*id as u8; 32]),
                 running: None,
+                copy: None,
+                witness: None,
             })
             .collect();
         Self {
@@ -395,6 +404,8 @@ impl Cluster {
             failovers_ms: Vec::new(),
             wipe_on_crash: sim.wipe_on_crash,
             join_members: sim.join_members,
+            copy_back_on_crash: sim.copy_back_on_crash,
+            plant_no_witness: sim.plant_no_witness,
             formed: false,
         }
     }
@@ -427,14 +438,15 @@ impl Cluster {
     }
 
     pub(crate) async fn start(&mut self, id: NodeId) -> Result<(), String> {
-        self.start_as(id, false).await
+        self.start_as(id, false).await.map(drop)
     }
 
-    /// Starts `id`; with `join`, as `palisade serve --join` (wait to be added).
-    async fn start_as(&mut self, id: NodeId, join: bool) -> Result<(), String> {
+    /// Starts `id`; with `join`, as `palisade serve --join` (wait to be added). False when its
+    /// witness refused the start: its disk is an older copy of its store.
+    async fn start_as(&mut self, id: NodeId, join: bool) -> Result<bool, String> {
         let index = self.index(id);
         if self.members[index].running.is_some() {
-            return Ok(());
+            return Ok(true);
         }
         let mut config = self.config.clone();
         config.node_id = id;
@@ -449,6 +461,29 @@ impl Cluster {
         let (shutdown, shutdown_signal) = watch::channel(false);
         let member = &self.members[index];
         let stores = storage::open_backend(member.disk.open()).map_err(|e| e.to_string())?;
+        let current = palisade_core::witness::WitnessRecord {
+            kind: "member".into(),
+            store: stores.1.identity().store().to_owned(),
+            mark: stores
+                .1
+                .shared()
+                .lock()
+                .expect("not poisoned")
+                .header
+                .last_applied
+                .map_or(0, |l| l.index),
+        };
+        if let palisade_core::witness::Verdict::Behind { seen } =
+            palisade_core::witness::judge(member.witness.as_ref(), &current)
+        {
+            if !self.plant_no_witness {
+                self.shared.trace(&format!(
+                    "{id} refused: applied {} < {seen} (an older copy)",
+                    current.mark
+                ));
+                return Ok(false);
+            }
+        }
         let started = MemberStart {
             config: &config,
             raft_config,
@@ -476,7 +511,7 @@ impl Cluster {
             shutdown,
         });
         self.shared.trace(&format!("start {id}"));
-        Ok(())
+        Ok(true)
     }
 
     /// kill -9 and a power cut: unsynced writes are lost, nothing more is sent or answered.
@@ -484,6 +519,22 @@ impl Cluster {
         let Some(running) = self.take_down(id) else {
             return;
         };
+        // Its witness saw what it applied (the state machine applies durably before it
+        // publishes `last_applied`; the real witness may lag, which only weakens it).
+        let applied = running.member.raft.metrics().borrow().last_applied;
+        let seen = palisade_core::witness::WitnessRecord {
+            kind: "member".into(),
+            store: running.member.identity.store().to_owned(),
+            mark: applied.map_or(0, |l| l.index),
+        };
+        let index = self.index(id);
+        let keep = self.members[index]
+            .witness
+            .as_ref()
+            .is_some_and(|w| w.store == seen.store && w.mark > seen.mark);
+        if !keep {
+            self.members[index].witness = Some(seen);
+        }
         self.members[self.index(id)].disk.crash();
         running.stop().await;
         self.faults.crashes += 1;
@@ -650,7 +701,9 @@ impl Cluster {
                     }
                     let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
                     tokio::time::sleep(Duration::from_millis(left)).await;
-                    if self.wipe_on_crash && self.shared.chance(50) {
+                    if self.copy_back_on_crash {
+                        self.copy_or_put_back(victim).await?;
+                    } else if self.wipe_on_crash && self.shared.chance(50) {
                         // The member's data directory is lost: it restarts empty, with the same
                         // flags. Its peers must refuse it; the operator then removes it and
                         // adds it back with --join.
@@ -745,6 +798,36 @@ impl Cluster {
         self.add(id).await?;
         self.shared.trace(&format!("re-added {id}"));
         Ok(())
+    }
+
+    /// After `id` crashed: copy its disk (no copy yet), or put the older copy back (half of
+    /// the later crashes) and start it — its witness refuses, and the operator wipes and
+    /// re-adds it — or start it as it is.
+    async fn copy_or_put_back(&mut self, id: NodeId) -> Result<(), String> {
+        let index = self.index(id);
+        match self.members[index].copy.take() {
+            None => {
+                self.members[index].copy = Some(self.members[index].disk.copy());
+                self.shared.trace(&format!("copy {id}"));
+            }
+            Some(copy) if self.shared.chance(50) => {
+                self.members[index].disk = copy;
+                self.faults.copy_backs += 1;
+                self.shared.trace(&format!("put back the copy of {id}"));
+                if !self.start_as(id, false).await? {
+                    self.faults.copy_backs_refused += 1;
+                    // The way back the refusal names: remove it, start it empty, add it.
+                    self.readd(id).await?;
+                    if self.members[index].running.is_none() {
+                        self.members[index].disk = Disk::default();
+                        self.start(id).await?;
+                    }
+                }
+                return Ok(());
+            }
+            Some(copy) => self.members[index].copy = Some(copy),
+        }
+        self.start(id).await
     }
 
     /// True once a running member holds a membership (the founder wrote the first entry).

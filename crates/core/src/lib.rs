@@ -10,6 +10,7 @@
 
 pub mod lease_table;
 pub mod limits;
+pub mod restore;
 pub mod token;
 pub mod types;
 pub mod witness;

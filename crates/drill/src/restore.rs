@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use palisade_client::{AcquireOptions, Client};
+use palisade_core::restore::RESTORE_MARGIN;
 use palisade_core::LockName;
 use palisade_history::{Entry, History, Mode, Op, Outcome, TokenKind};
 use serde_json::Value;
@@ -40,9 +41,6 @@ use crate::ScenarioReport;
 const OWNERS_BETWEEN: usize = 3;
 /// The key every owner writes.
 const KEY: &str = "balance";
-/// What one restore adds at most above the greatest known floor
-/// (`palisade_server::backup::RESTORE_MARGIN`).
-pub const RESTORE_MARGIN: u64 = 1 << 32;
 
 /// Figures of a restore drill.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -63,7 +61,8 @@ pub struct RestoreFigures {
     pub refused_until_floor: usize,
     /// Restores after which the next owner wrote.
     pub progressed: usize,
-    /// From the restore (its command, or the copy put back) to the next owner's grant, ms.
+    /// From the restore (`palisade restore` or `palisade resource restore` starting, or the copy
+    /// put back) to the next owner's grant, ms.
     pub restore_to_grant_ms: Vec<u64>,
     /// From the restore to the next owner's first accepted write, ms, per restore (the store
     /// fetches a restored coordinator's new key at most once a second).
@@ -362,7 +361,6 @@ impl Drill<'_> {
         cp_a(&copy, &self.store_dir)?;
         self.store.start(self.binary)?;
         let last_before = self.last_epoch();
-        let began = Instant::now();
         if both {
             self.restore_coordinator(&backup, iteration).await?;
         }
@@ -376,6 +374,7 @@ impl Drill<'_> {
             self.figures.refused_until_floor += 1;
         }
         self.store.kill9();
+        let began = Instant::now();
         let (store_dir, url) = (
             self.store_dir.display().to_string(),
             self.coordinator_url.clone(),
@@ -391,8 +390,8 @@ impl Drill<'_> {
         .await?;
         self.store.start(self.binary)?;
         self.figures.restores += 1;
-        self.obsolete_owners_write().await?;
-        self.progress_after(began, last_before).await
+        self.progress_after(began, last_before).await?;
+        self.obsolete_owners_write().await
     }
 }
 

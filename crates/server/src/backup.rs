@@ -37,10 +37,8 @@ use crate::store::{LeaseStore, RedbLeaseStore, StoreError};
 pub const FORMAT: u32 = 1;
 /// The first word of a backup file.
 const MAGIC: &str = "palisade-backup";
-/// A restored counter is at least this far above every epoch known to be issued.
-pub const RESTORE_MARGIN: u64 = 1 << 32;
-/// The clock floor is `unix_ms << CLOCK_SHIFT`.
-pub const CLOCK_SHIFT: u32 = 20;
+use palisade_core::restore::{restored_counter, DecidedBy};
+pub use palisade_core::restore::{CLOCK_SHIFT, RESTORE_MARGIN};
 /// The record a restore leaves in the data directory (read and logged at start).
 pub const RESTORE_RECORD: &str = "restore.json";
 /// Longest backup file read.
@@ -347,20 +345,18 @@ pub fn restore(
         .map(|f| (f.epoch, f.source.clone()))
         .max_by_key(|(epoch, _)| *epoch)
         .expect("the backup is a floor");
-    let clock = now_ms.saturating_mul(1 << CLOCK_SHIFT);
     floors.push(Floor {
         source: format!("clock ({now_ms} ms × 2^{CLOCK_SHIFT})"),
-        epoch: clock,
+        epoch: now_ms.saturating_mul(1 << CLOCK_SHIFT),
     });
-    let margin = known.checked_add(RESTORE_MARGIN).ok_or_else(|| {
+    let (counter, decided) = restored_counter(known, now_ms).ok_or_else(|| {
         BackupError::Refused(format!(
             "the floor {known} leaves no room for epochs above it (u64)"
         ))
     })?;
-    let (counter, decided_by) = if clock > margin {
-        (clock, "the clock".to_owned())
-    } else {
-        (margin, format!("{known_source} + 2^32"))
+    let decided_by = match decided {
+        DecidedBy::Clock => "the clock".to_owned(),
+        DecidedBy::Floor => format!("{known_source} + 2^32"),
     };
     if counter > i64::MAX as u64 {
         return Err(BackupError::Refused(format!(

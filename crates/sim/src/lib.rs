@@ -4,8 +4,12 @@
 //!
 //! Each run ([`run`]) plays a few clients that acquire a lock, maybe activate, write to a fenced
 //! resource and release — while the simulator pauses clients past their TTL, delays messages
-//! (a buffering proxy), drops and reorders them, sends forged tokens, and crashes and restarts
-//! the coordinator from its durable image. The resource records every decision in a
+//! (a buffering proxy), drops and reorders them, sends forged tokens, crashes and restarts
+//! the coordinator from its durable image, restores it (from its last backup: a directory
+//! copied back beside its high-water bound, or a lost machine restored with the resource as a
+//! floor — the real restore rule, `palisade_core::restore`), and puts the resource back to an
+//! older copy with a restore floor from the coordinator (P6). The resource records every
+//! decision in a
 //! [`History`]; the history checker verifies P1, P2 and P4 on it after every run.
 //!
 //! Everything is a function of the seed: running a seed twice gives the same trace hash.
@@ -39,6 +43,11 @@ pub struct SimConfig {
     /// Plant a bug: in activated mode the resource accepts a write above the fence that was
     /// never activated.
     pub plant_unactivated_accepted: bool,
+    /// Plant a bug: a restored coordinator starts from its backup's counter alone (no
+    /// high-water bound, no resource floor, no margin).
+    pub plant_restore_from_backup_only: bool,
+    /// Plant a bug: the resource put back to an older copy gets no restore floor.
+    pub plant_resource_restore_without_floor: bool,
 }
 
 impl Default for SimConfig {
@@ -50,6 +59,8 @@ impl Default for SimConfig {
             plant_epoch_reset: false,
             plant_equal_accepted: false,
             plant_unactivated_accepted: false,
+            plant_restore_from_backup_only: false,
+            plant_resource_restore_without_floor: false,
         }
     }
 }
@@ -67,6 +78,10 @@ pub struct Faults {
     pub reorders: u64,
     /// Coordinator crashes (restarted from its durable image).
     pub crashes: u64,
+    /// Coordinator restores from its last backup (instead of a plain restart).
+    pub restores: u64,
+    /// Resource restores: put back to an older copy, then floored.
+    pub resource_restores: u64,
     /// Writes and activations sent with a forged or altered token.
     pub forged: u64,
 }
@@ -74,7 +89,14 @@ pub struct Faults {
 impl Faults {
     /// All faults of the run.
     pub fn total(&self) -> u64 {
-        self.pauses + self.delays + self.drops + self.reorders + self.crashes + self.forged
+        self.pauses
+            + self.delays
+            + self.drops
+            + self.reorders
+            + self.crashes
+            + self.restores
+            + self.resource_restores
+            + self.forged
     }
 }
 

@@ -41,6 +41,8 @@ struct Coordinator {
     table: LeaseTable,
     image_epoch: Epoch,
     image_leases: BTreeMap<LockName, Lease>,
+    /// Every epoch ever made durable (the high-water bound, kept outside the image).
+    high_water: Epoch,
 }
 
 impl Coordinator {
@@ -48,6 +50,7 @@ impl Coordinator {
         let changes = self.table.take_changes();
         self.table.take_events();
         self.image_epoch = changes.last_epoch;
+        self.high_water = self.high_water.max(changes.last_epoch);
         for (lock, lease) in changes.locks {
             match lease {
                 Some(lease) => self.image_leases.insert(lock, lease),
@@ -58,10 +61,29 @@ impl Coordinator {
 }
 
 /// The fenced resource: one key per lock.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Resource {
     fences: HashMap<usize, Epoch>,
     values: HashMap<usize, (Epoch, String)>,
+    /// The restore floor: nothing at or below it is accepted (set when the resource is put
+    /// back to an older copy).
+    floor: Epoch,
+}
+
+impl Resource {
+    /// The greatest epoch it holds (what `--floor-from` reads).
+    fn highest(&self) -> Epoch {
+        let fences = self.fences.values().copied();
+        let values = self.values.values().map(|(e, _)| *e);
+        fences.chain(values).fold(self.floor, Epoch::max)
+    }
+}
+
+/// The coordinator's last backup (taken at a crash): its counter and leases.
+#[derive(Default, Clone)]
+struct Backup {
+    epoch: Epoch,
+    leases: BTreeMap<LockName, Lease>,
 }
 
 /// Everything in one simulated run.
@@ -84,6 +106,12 @@ pub struct World {
     clients: Vec<Client>,
     wakes: BTreeMap<(u64, usize), ()>,
     next_crash: u64,
+    /// The coordinator's last backup.
+    backup: Backup,
+    /// When the resource is next copied, or put back to its copy.
+    next_resource_restore: u64,
+    /// The resource's copy, waiting to be put back.
+    resource_copy: Option<Resource>,
     history: History,
 }
 
@@ -124,12 +152,23 @@ impl World {
                 table: LeaseTable::new(),
                 image_epoch: Epoch(0),
                 image_leases: BTreeMap::new(),
+                high_water: Epoch(0),
             },
             resource: Resource::default(),
             clients: (0..config.clients).map(|_| Client::default()).collect(),
             wakes: BTreeMap::new(),
             next_crash,
+            backup: Backup::default(),
+            next_resource_restore: 0,
+            resource_copy: None,
             history: History::default(),
+        };
+        // A third of the seeds put the resource back to an older copy (their final reads are
+        // the copy's, so the others keep checking the final value).
+        world.next_resource_restore = if world.rng.chance(33) {
+            world.rng.range(1_000, 5_000)
+        } else {
+            u64::MAX
         };
         for client in 0..config.clients {
             let at = world.rng.range(0, 50);
@@ -162,7 +201,8 @@ impl World {
 
     fn next_event_time(&self) -> Option<u64> {
         let wake = self.wakes.keys().next().map(|(at, _)| *at);
-        [wake, self.net.next_time(), Some(self.next_crash)]
+        let restore = Some(self.next_resource_restore);
+        [wake, self.net.next_time(), Some(self.next_crash), restore]
             .into_iter()
             .flatten()
             .min()
@@ -184,6 +224,10 @@ impl World {
     fn step(&mut self) {
         if self.next_crash <= self.now {
             self.crash();
+            return;
+        }
+        if self.next_resource_restore <= self.now {
+            self.resource_restore();
             return;
         }
         if let Some(&(at, client)) = self.wakes.keys().next() {
@@ -212,6 +256,11 @@ impl World {
         self.faults.crashes += 1;
         let lost = self.net.drop_all_to(Node::Coordinator);
         self.trace(format_args!("crash coordinator, {lost} messages lost"));
+        self.next_crash = self.now + self.rng.range(3_000, 9_000);
+        if !self.config.plant_epoch_reset && self.backup.epoch > Epoch(0) && self.rng.chance(25) {
+            self.restore_coordinator();
+            return;
+        }
         let c = &mut self.coordinator;
         c.table = if self.config.plant_epoch_reset {
             c.image_leases.clear();
@@ -220,7 +269,58 @@ impl World {
         } else {
             LeaseTable::restore(c.image_epoch, c.image_leases.values().cloned(), self.now)
         };
-        self.next_crash = self.now + self.rng.range(3_000, 9_000);
+        // The operator's backup, taken while it was down.
+        self.backup = Backup {
+            epoch: c.image_epoch,
+            leases: c.image_leases.clone(),
+        };
+    }
+
+    /// The coordinator comes back from its last backup: its directory copied back (the
+    /// high-water bound beside it raises the counter; the copy's leases come back), or its
+    /// machine lost and `palisade restore --floor-from` the resource (no leases).
+    fn restore_coordinator(&mut self) {
+        self.faults.restores += 1;
+        let copy_back = self.rng.chance(50);
+        let backup = self.backup.clone();
+        let (epoch, leases) = if self.config.plant_restore_from_backup_only {
+            (backup.epoch, backup.leases)
+        } else if copy_back {
+            (backup.epoch.max(self.coordinator.high_water), backup.leases)
+        } else {
+            let known = backup.epoch.max(self.resource.highest());
+            let (counter, _) = palisade_core::restore::restored_counter(known.0, self.now)
+                .expect("simulated epochs are small");
+            (Epoch(counter), BTreeMap::new())
+        };
+        self.trace(format_args!(
+            "restore coordinator ({}) from backup {} at {epoch}",
+            if copy_back { "copy-back" } else { "lost" },
+            backup.epoch
+        ));
+        let c = &mut self.coordinator;
+        c.table = LeaseTable::restore(epoch, leases.values().cloned(), self.now);
+        c.image_epoch = epoch;
+        c.image_leases = leases;
+    }
+
+    /// Copies the resource, or puts it back to its copy and applies the coordinator's floor
+    /// (an epoch it issues now: above every token issued before), as `palisade resource
+    /// restore` does.
+    fn resource_restore(&mut self) {
+        self.next_resource_restore = self.now + self.rng.range(2_000, 6_000);
+        let Some(copy) = self.resource_copy.take() else {
+            self.resource_copy = Some(self.resource.clone());
+            self.trace(format_args!("copy resource"));
+            return;
+        };
+        self.faults.resource_restores += 1;
+        let floor = self.coordinator.table.last_epoch();
+        self.resource = copy;
+        if !self.config.plant_resource_restore_without_floor {
+            self.resource.floor = self.resource.floor.max(floor);
+        }
+        self.trace(format_args!("restore resource, floor {floor}"));
     }
 
     fn client_wake(&mut self, id: usize) {
@@ -442,6 +542,7 @@ impl World {
                 let verified = self.verifier.verify(&token, Some(&name));
                 let fence = self.resource.fences.get(&lock).copied().unwrap_or_default();
                 let ok = match verified {
+                    Ok(claims) if claims.epoch <= self.resource.floor => false,
                     Ok(claims) => match rules::activate(fence, claims.epoch) {
                         Ok(_) => {
                             self.resource.fences.insert(lock, claims.epoch);
@@ -487,6 +588,9 @@ impl World {
     }
 
     fn apply_write(&mut self, lock: usize, epoch: Epoch, value: &str) -> bool {
+        if epoch <= self.resource.floor {
+            return false; // issued before the resource was restored
+        }
         let decision = match self.mode {
             Mode::Activated => {
                 let fence = self.resource.fences.get(&lock).copied().unwrap_or_default();
@@ -530,6 +634,11 @@ impl World {
     }
 
     fn final_reads(&mut self) {
+        if self.faults.resource_restores > 0 {
+            // A restore loses the writes made after the copy: the final value is the copy's
+            // (data loss is what a restore is; fencing is checked on every write above).
+            return;
+        }
         let at = self.config.duration_ms + 1;
         for lock in 0..self.config.locks {
             let stored = self.resource.values.get(&lock).cloned();

@@ -102,3 +102,49 @@ fn p2_a_resource_that_accepts_a_never_activated_epoch_is_caught() {
         "the planted never-activated acceptance was found in {caught} of 200 seeds"
     );
 }
+
+#[test]
+fn p6_restores_happen_and_a_coordinator_restored_from_its_backup_alone_is_caught() {
+    let (mut restores, mut resource_restores) = (0, 0);
+    for seed in 0..200 {
+        let report = run(seed, SimConfig::default());
+        assert!(report.verdict.is_ok(), "seed {seed}");
+        restores += report.faults.restores;
+        resource_restores += report.faults.resource_restores;
+    }
+    assert!(
+        restores >= 50,
+        "{restores} coordinator restores in 200 seeds"
+    );
+    assert!(
+        resource_restores >= 50,
+        "{resource_restores} resource restores in 200 seeds"
+    );
+    // Restored from the backup's counter alone, it issues epochs a second time (P1).
+    let config = SimConfig {
+        plant_restore_from_backup_only: true,
+        ..SimConfig::default()
+    };
+    let caught = (0..200)
+        .filter(|&seed| run(seed, config).verdict.is_err_and(|v| v.property == "P1"))
+        .count();
+    assert!(
+        caught >= 20,
+        "the planted backup-only restore was found in {caught} of 200 seeds"
+    );
+}
+
+#[test]
+fn p6_a_resource_put_back_to_an_older_copy_without_a_floor_is_caught() {
+    let config = SimConfig {
+        plant_resource_restore_without_floor: true,
+        ..SimConfig::default()
+    };
+    let caught = (0..200)
+        .filter(|&seed| run(seed, config).verdict.is_err_and(|v| v.property == "P2"))
+        .count();
+    assert!(
+        caught >= 10,
+        "the planted floorless resource restore was found in {caught} of 200 seeds"
+    );
+}
