@@ -473,6 +473,16 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
     leader(endpoints);
     issued.push(acquire("copied/a"));
+    // An online backup asks the members in turn; the leader answers with the replicated
+    // counter.
+    let online = dir.path().join("online.backup");
+    let out = cli(
+        &["backup", "--json", "--out", online.to_str().unwrap()],
+        endpoints,
+    );
+    let taken = json(&out);
+    assert_eq!(taken["mode"], "cluster", "{taken}");
+    assert_eq!(taken["last_epoch"].as_u64(), issued.last().copied());
     for node in &mut nodes {
         assert!(node.terminate().success());
     }
