@@ -278,6 +278,8 @@ struct SeedOutcome {
     malformed_refused: u64,
     recovery_ms: Option<u64>,
     failovers_ms: Vec<u64>,
+    /// Members put back to an older copy, and of those refused by their witness.
+    copy_backs: (u64, u64),
 }
 
 /// Runs one seed on this thread (the simulation runs its own single-threaded runtime), without
@@ -296,6 +298,7 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
         malformed_refused: report.messages.malformed,
         recovery_ms: report.recovery_ms,
         failovers_ms: report.failovers_ms.clone(),
+        copy_backs: (report.faults.copy_backs, report.faults.copy_backs_refused),
         trace: report.trace,
     }
 }
@@ -360,6 +363,8 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     let grants: usize = outcomes.iter().map(|o| o.grants).sum();
     let leaders: u64 = outcomes.iter().map(|o| o.leaders).sum();
     let malformed: u64 = outcomes.iter().map(|o| o.malformed_refused).sum();
+    let copy_backs: u64 = outcomes.iter().map(|o| o.copy_backs.0).sum();
+    let copy_backs_refused: u64 = outcomes.iter().map(|o| o.copy_backs.1).sum();
     let mut recovery: Vec<u64> = outcomes.iter().filter_map(|o| o.recovery_ms).collect();
     let mut failovers: Vec<u64> = outcomes
         .iter()
@@ -370,7 +375,8 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     if json {
         print_json(&json!({
             "seeds": args.seeds, "from": args.from, "members": members, "wipe": args.wipe,
-            "join": args.join,
+            "join": args.join, "copy_back": args.copy_back, "copy_backs": copy_backs,
+            "copy_backs_refused": copy_backs_refused,
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
             "malformed_appends_refused": malformed,
@@ -384,7 +390,8 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
              faults injected ({:.1}/seed), {grants} grants, {leaders} leader terms, {malformed} \
              malformed appends refused; simulated time from a leader's crash to another member \
              serving p50 {failover_p50} ms, max {failover_max} ms ({} crashes); first acquire \
-             after the last heal p50 {p50} ms, max {max} ms; {seconds:.1} s on {threads} threads",
+             after the last heal p50 {p50} ms, max {max} ms; {copy_backs} members put back to an \
+             older copy, {copy_backs_refused} refused; {seconds:.1} s on {threads} threads",
             args.seeds,
             args.from,
             match (args.wipe, args.join) {
