@@ -128,6 +128,10 @@ fn p6_restores_happen_and_a_coordinator_restored_from_its_backup_alone_is_caught
     let caught = (0..200)
         .filter(|&seed| run(seed, config).verdict.is_err_and(|v| v.property == "P1"))
         .count();
+    eprintln!(
+        "200 seeds: {restores} coordinator and {resource_restores} resource restores; the \
+         planted backup-only restore was found in {caught}"
+    );
     assert!(
         caught >= 20,
         "the planted backup-only restore was found in {caught} of 200 seeds"
@@ -143,6 +147,7 @@ fn p6_a_resource_put_back_to_an_older_copy_without_a_floor_is_caught() {
     let caught = (0..200)
         .filter(|&seed| run(seed, config).verdict.is_err_and(|v| v.property == "P2"))
         .count();
+    eprintln!("the planted floorless resource restore was found in {caught} of 200 seeds");
     assert!(
         caught >= 10,
         "the planted floorless resource restore was found in {caught} of 200 seeds"
