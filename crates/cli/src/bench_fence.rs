@@ -300,6 +300,7 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
         principals: Vec::new(),
         revoked_keys: Vec::new(),
         coordinator_ca: None,
+        key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
         tls: None,
     };
     let resource = palisade_resource::start(config).await?;

@@ -1,5 +1,5 @@
-//! `palisade cluster status|add|remove`: a cluster's members, roles and lag; membership
-//! changes through the leader.
+//! `palisade cluster status|add|remove|retire-key`: a cluster's members, roles and lag;
+//! membership changes and key retirement through the leader.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -37,6 +37,15 @@ pub enum ClusterCommand {
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
+    /// Retire a signing key for good (a leaked key, or a removed member's): it leaves the list
+    /// `GET /v1/keys` publishes, and resources that trust the coordinator drop it. Refused for
+    /// a current member's key (remove the member first).
+    RetireKey {
+        /// The key id (16 hex digits, as `GET /v1/keys` shows it).
+        key_id: String,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
 }
 
 /// Per-node status requests are short: an unreachable member is reported, not waited for.
@@ -64,6 +73,20 @@ pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<(
             let path = format!("/v1/cluster/members/{id}");
             let reply = change(&endpoint, reqwest::Method::DELETE, &path, None).await?;
             report(&reply, json_output, &format!("node {id} removed"))
+        }
+        ClusterCommand::RetireKey { key_id, endpoint } => {
+            anyhow::ensure!(
+                key_id.len() == 16 && key_id.bytes().all(|b| b.is_ascii_hexdigit()),
+                "a key id is 16 hex digits, as GET /v1/keys shows it"
+            );
+            let path = format!("/v1/keys/{key_id}/retire");
+            let reply = change(&endpoint, reqwest::Method::POST, &path, None).await?;
+            if json_output {
+                print_json(&reply);
+            } else {
+                println!("key {key_id} retired");
+            }
+            Ok(())
         }
     }
 }

@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// coordinator or the key file still lists it (repeatable): revokes a leaked key at once.
     #[arg(long, value_name = "KEY_ID", value_parser = parse_key_id)]
     revoke_key: Vec<palisade_core::KeyId>,
+    /// Fetch the coordinator's keys this often (seconds) even when no token names a new one, so
+    /// a key it stops publishing (`palisade cluster retire-key`) is dropped within this time.
+    #[arg(long = "key-refresh", value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    key_refresh_secs: u64,
 }
 
 #[derive(Args)]
@@ -290,6 +295,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         revoked_keys: args.revoke_key,
         coordinator_ca: args.ca,
         tls: args.tls_cert.zip(args.tls_key),
+        key_refresh: std::time::Duration::from_secs(args.key_refresh_secs),
     };
     let resource = palisade_resource::start(config)
         .await

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{free_port, ServerProcess, BINARY};
+use common::{free_port, ResourceProcess, ServerProcess, BINARY};
 use serde_json::Value;
 
 /// Addresses of a 3-member cluster on free loopback ports.
@@ -576,4 +576,91 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     joiner.kill().unwrap();
     joiner.wait().unwrap();
     drop(founder);
+}
+
+/// The key ids member `endpoint` publishes at `/v1/keys` (its own first).
+fn published_keys(endpoint: &str) -> Vec<String> {
+    let address = endpoint.trim_start_matches("http://");
+    let (status, body) = common::http_request(address, "GET", "/v1/keys", None, "");
+    assert_eq!(status, 200, "{body}");
+    let keys: Value = serde_json::from_str(&body).unwrap();
+    keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// P4: a signing key leaves the replicated list for good (`palisade cluster retire-key`), and a
+/// resource that trusts the coordinator drops it on its next refresh: a token it signed is
+/// refused even though its epoch is the newest. Refused while the key's member leads or is a
+/// member. Before, every key that ever led stayed published for ever.
+#[test]
+fn p4_a_removed_members_key_is_retired_and_resources_drop_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::three();
+    let (cluster, endpoints) = (&layout.cluster, &layout.endpoints);
+    let mut nodes: Vec<Option<ServerProcess>> = (1..=3u64)
+        .map(|id| Some(start(id, cluster, &dir.path().join(format!("n{id}")))))
+        .collect();
+    let (leader_id, _) = leader(endpoints);
+    let follower = (1..=3).find(|id| *id != leader_id).unwrap();
+    let grant = json(&cli(
+        &["lock", "acquire", "keys/a", "--json", "--ttl", "60s"],
+        endpoints,
+    ));
+    let token = grant["token"].as_str().unwrap().to_owned();
+    let leader_key = published_keys(&layout.endpoint(leader_id))[0].clone();
+    assert!(published_keys(&layout.endpoint(follower)).contains(&leader_key));
+    let store = ResourceProcess::start_with(
+        &dir.path().join("store"),
+        "strict",
+        &layout.endpoint(follower),
+        &["--key-refresh", "1"],
+    );
+    let put = |key: &str| store.cli(&["put", "keys/a", key, "v", "--token", &token]);
+    assert!(put("k1").status.success());
+
+    let retire = || cli(&["cluster", "retire-key", &leader_key, "--json"], endpoints);
+    let refused = retire();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("own signing key"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    nodes[leader_id as usize - 1].take().unwrap().kill9();
+    leader(endpoints);
+    let refused = retire();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains(&format!("belongs to member {leader_id}")),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    json(&cli(
+        &["cluster", "remove", &leader_id.to_string(), "--json"],
+        endpoints,
+    ));
+    let retired = json(&retire());
+    assert_eq!(retired["retired"], leader_key.as_str());
+    for id in (1..=3).filter(|id| *id != leader_id) {
+        assert!(!published_keys(&layout.endpoint(id)).contains(&leader_key));
+    }
+    // The store drops the key on its next refresh (every second here); each attempt writes a
+    // new key, so only the key's retirement can refuse it.
+    let mut refused = put("k2-0");
+    for attempt in 1..40 {
+        if !refused.status.success() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        refused = put(&format!("k2-{attempt}"));
+    }
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(5), "{message}");
+    assert!(message.contains("invalid_token"), "{message}");
+    drop(nodes);
 }

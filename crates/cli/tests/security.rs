@@ -188,6 +188,7 @@ fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
         ("GET", "/v1/cluster"),
         ("POST", "/v1/cluster/members"),
         ("GET", "/v1/backup"),
+        ("POST", "/v1/keys/0123456789abcdef/retire"),
     ] {
         let (status, body) = s.http(None, method, path, "{}");
         assert_eq!(
@@ -237,6 +238,15 @@ fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
     let (status, backup) = s.http(Some("ops"), "GET", "/v1/backup", "");
     assert_eq!(status, 200, "{backup}");
     let (status, body) = s.http(Some("ops"), "POST", "/v1/cluster/members", member);
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("not_a_cluster")),
+        "{body}"
+    );
+    // Retiring a signing key is an admin's too (P4).
+    let retire = "/v1/keys/0123456789abcdef/retire";
+    assert_eq!(s.http(Some("mallory"), "POST", retire, "").0, 403);
+    let (status, body) = s.http(Some("ops"), "POST", retire, "");
     assert_eq!(
         (status, body["error"].as_str()),
         (409, Some("not_a_cluster")),

@@ -34,12 +34,12 @@ pub struct State {
 
 struct Inner {
     store: RedbFence,
-    keys: KeyRing,
+    keys: Arc<KeyRing>,
     metrics: Metrics,
 }
 
 impl State {
-    pub fn new(store: RedbFence, keys: KeyRing) -> Self {
+    pub fn new(store: RedbFence, keys: Arc<KeyRing>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,

@@ -18,6 +18,9 @@ pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// How far a token's issue time may be off the resource's clock and still count as signed
 /// after a key fetch (see [`KeyRing::ensure_known`]).
 pub const CLOCK_SKEW: Duration = Duration::from_secs(5);
+/// How often a resource fetches the coordinator's keys even when no token asks for it (drops
+/// retired keys).
+pub const DEFAULT_KEY_REFRESH: Duration = Duration::from_secs(30);
 /// Time allowed for one key fetch.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -148,6 +151,28 @@ impl KeyRing {
         }
         if let Err(error) = self.fetch(&mut last).await {
             tracing::warn!(%error, "key refresh failed");
+        }
+    }
+
+    /// Fetches the coordinator's keys every `every` until `shutdown`, so a key the coordinator
+    /// stops publishing (retired, rotated) is dropped even when no token names a new key.
+    pub async fn refresh_periodically(
+        self: Arc<Self>,
+        every: Duration,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if !matches!(self.source, KeySource::Coordinator(_)) {
+            return;
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            let mut last = self.last_fetch.lock().await;
+            if let Err(error) = self.fetch(&mut last).await {
+                tracing::warn!(%error, "periodic key refresh failed");
+            }
         }
     }
 

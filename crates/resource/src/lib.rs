@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use keys::{load_key_file, parse_keys, KeySource, MIN_REFRESH_INTERVAL};
+pub use keys::{load_key_file, parse_keys, KeySource, DEFAULT_KEY_REFRESH, MIN_REFRESH_INTERVAL};
 
 /// Default data directory of `palisade resource serve`.
 pub const DEFAULT_DATA_DIR: &str = "./palisade-resource-data";
@@ -84,6 +84,9 @@ pub struct ResourceConfig {
     /// TLS for the store's own port: its certificate chain and key (PEM files). With it the
     /// port speaks TLS only.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// How often the coordinator's keys are fetched even when no token asks for it
+    /// ([`DEFAULT_KEY_REFRESH`]): a key it stops publishing is dropped within this.
+    pub key_refresh: Duration,
 }
 
 /// Why the resource server could not start.
@@ -146,13 +149,14 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         config.coordinator_ca.as_deref(),
     )?;
     keys.load_initial().await?;
+    let keys = Arc::new(keys);
     let store = RedbFence::open_with(
         &config.data_dir.join(STORE_FILE),
         config.mode,
         verifier,
         Some(&witness_path(&config.data_dir)),
     )?;
-    let state = http::State::new(store, keys);
+    let state = http::State::new(store, keys.clone());
     let app = http::router(state);
     let listener = TcpListener::bind(config.listen)
         .await
@@ -165,6 +169,10 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         "fenced store serving HTTP"
     );
     let (shutdown, signal) = watch::channel(false);
+    tokio::spawn(
+        keys.clone()
+            .refresh_periodically(config.key_refresh, shutdown.subscribe()),
+    );
     let mut grace_signal = shutdown.subscribe();
     let task = tokio::spawn(async move {
         let limits = palisade_listener::Limits::default();

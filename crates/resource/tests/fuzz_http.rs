@@ -146,6 +146,7 @@ async fn fuzz(mode: FenceMode) {
         principals: Vec::new(),
         revoked_keys: Vec::new(),
         coordinator_ca: None,
+        key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
         tls: None,
     })
     .await

@@ -31,6 +31,7 @@ async fn start_resource(
         principals: Vec::new(),
         revoked_keys: Vec::new(),
         coordinator_ca: None,
+        key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
         tls: None,
     };
     palisade_resource::start(config).await.unwrap()
@@ -415,6 +416,7 @@ async fn a_store_refuses_to_reopen_in_another_mode() {
         principals: Vec::new(),
         revoked_keys: Vec::new(),
         coordinator_ca: None,
+        key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
         tls: None,
     };
     let error = palisade_resource::start(config)

@@ -103,8 +103,12 @@ impl Api {
             algorithm: "ed25519",
         }];
         if let Some(cluster) = &self.cluster {
-            // Every member that has led registered its key in the replicated state.
+            // Every member that has led registered its key in the replicated state; a retired
+            // key is published by nobody, its owner included.
             let state = cluster.state.lock().expect("not poisoned");
+            if state.header.retired_keys.contains(&own) {
+                keys.clear();
+            }
             for (key_id, public_key) in &state.header.keys {
                 if *key_id != own {
                     keys.push(PublicKeyInfo {

@@ -38,6 +38,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/leases/{id}/release", post(release))
         .route("/v1/keys", get(keys))
+        .route("/v1/keys/{id}/retire", post(retire_key))
         .route("/v1/backup", get(backup))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/cluster/members", post(add_member))
@@ -477,6 +478,81 @@ async fn add_member(
         .await
         .map_err(membership_error)?;
     Ok(Json(json!({"added": body.id, "voters": voters})))
+}
+
+/// `POST /v1/keys/{id}/retire` (`admin`, cluster mode): removes a signing key from the
+/// replicated list for good, so resources that trust the coordinator drop it. Refused for the
+/// key of a current member (remove the member first: re-added with an empty data directory, it
+/// makes a new key) and for the leader's own.
+async fn retire_key(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(key_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require(Right::Admin, None)?;
+    let member = api.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "not_a_cluster",
+            "a single node publishes only the key it signs with; to rotate it, stop the \
+             coordinator, move signing.key out of its data directory and start it again (it \
+             makes a new key; owners acquire again)",
+        )
+    })?;
+    require_leader(&api)?;
+    if key_id == api.signer.key_id().to_string() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "key_in_use",
+            "this is the leader's own signing key",
+        ));
+    }
+    let owner = {
+        let state = member.state.lock().expect("not poisoned");
+        if state.header.retired_keys.contains(&key_id) {
+            return Ok(Json(json!({"retired": key_id, "already": true})));
+        }
+        if !state.header.keys.contains_key(&key_id) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_key",
+                format!("no registered key {key_id:?} (see GET /v1/keys)"),
+            ));
+        }
+        state.header.key_owners.get(&key_id).copied()
+    };
+    let members = member.raft.metrics().borrow().membership_config.clone();
+    if let Some(node) = owner.filter(|node| members.membership().get_node(node).is_some()) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "key_in_use",
+            format!(
+                "key {key_id} belongs to member {node}: remove it first (palisade cluster remove \
+                 {node}); re-added with an empty data directory it makes a new key"
+            ),
+        ));
+    }
+    let command = crate::cluster::Command::RetireKey {
+        key_id: key_id.clone(),
+    };
+    match tokio::time::timeout(
+        crate::cluster::COMMIT_TIMEOUT,
+        member.raft.client_write(command),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(Json(json!({"retired": key_id}))),
+        Ok(Err(error)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("the retirement did not commit: {error}"),
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the retirement did not commit in time",
+        )),
+    }
 }
 
 /// `DELETE /v1/cluster/members/{id}`: removes a member (voter or learner).

@@ -113,6 +113,12 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "is_zero")]
         floor: Epoch,
     },
+    /// An operator retired a signing key (`palisade keys retire`): it leaves the published
+    /// list for good, and a later `LeaderStart` carrying it does not bring it back.
+    RetireKey {
+        /// The key id (16 hex digits).
+        key_id: String,
+    },
     /// One group commit of the leader's engine.
     Apply {
         /// The epoch counter after the batch.

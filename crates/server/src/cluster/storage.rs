@@ -71,6 +71,13 @@ pub struct SmHeader {
     pub keys: BTreeMap<String, String>,
     /// How many leader terms have started (`LeaderStart` entries applied).
     pub leader_starts: u64,
+    /// Which node registered each key (key id → node; keys registered before this was kept
+    /// have none).
+    #[serde(default)]
+    pub key_owners: BTreeMap<String, NodeId>,
+    /// Keys retired by an operator: never published again.
+    #[serde(default)]
+    pub retired_keys: std::collections::BTreeSet<String>,
 }
 
 /// The replicated state machine in memory (mirrors the redb rows).
@@ -522,15 +529,25 @@ fn apply_command(
 ) -> std::result::Result<(), RefusedEntry> {
     match command {
         Command::LeaderStart {
+            node,
             key_id,
             public_key,
             floor,
-            ..
         } => {
-            state.header.keys.insert(key_id, public_key);
+            // A retired key stays retired: that leader's tokens are refused by resources
+            // (unavailable, never unsafe) until it runs with a new key.
+            if !state.header.retired_keys.contains(&key_id) {
+                state.header.key_owners.insert(key_id.clone(), node);
+                state.header.keys.insert(key_id, public_key);
+            }
             state.header.leader_starts += 1;
             // A restored member's floor (P6): nothing at or below it is issued from now on.
             state.header.last_epoch = state.header.last_epoch.max(floor);
+        }
+        Command::RetireKey { key_id } => {
+            state.header.keys.remove(&key_id);
+            state.header.key_owners.remove(&key_id);
+            state.header.retired_keys.insert(key_id);
         }
         Command::Apply { last_epoch, locks } => {
             if last_epoch < state.header.last_epoch {
@@ -795,6 +812,33 @@ mod tests {
             indexes(&log.try_get_log_entries(8..).await.unwrap()),
             [8, 9]
         );
+    }
+
+    #[test]
+    fn p4_p6_a_retired_key_stays_retired_and_a_restored_floor_raises_the_counter() {
+        let mut state = SmState::default();
+        let mut changed = Vec::new();
+        let start = |key: &str, floor: u64| Command::LeaderStart {
+            node: 2,
+            key_id: key.into(),
+            public_key: format!("pk-{key}"),
+            floor: Epoch(floor),
+        };
+        apply_command(&mut state, start("k2", 0), &mut changed).unwrap();
+        assert_eq!(state.header.key_owners.get("k2"), Some(&2));
+        let retire = Command::RetireKey {
+            key_id: "k2".into(),
+        };
+        apply_command(&mut state, retire, &mut changed).unwrap();
+        assert!(!state.header.keys.contains_key("k2"));
+        // Its member leads again with the same key: not published again.
+        apply_command(&mut state, start("k2", 0), &mut changed).unwrap();
+        assert!(!state.header.keys.contains_key("k2"));
+        // A restored member's first entry raises the counter; a lower floor never lowers it.
+        apply_command(&mut state, start("k3", 1 << 40), &mut changed).unwrap();
+        assert_eq!(state.header.last_epoch, Epoch(1 << 40));
+        apply_command(&mut state, start("k3", 5), &mut changed).unwrap();
+        assert_eq!(state.header.last_epoch, Epoch(1 << 40));
     }
 
     #[test]
