@@ -297,3 +297,110 @@ fn p6_a_copied_back_store_writes_nothing_until_resource_restore_then_refuses_old
     assert_eq!(info["restore_floor"].as_u64(), Some(floor));
     assert!(info["restore_required"].is_null(), "{info}");
 }
+
+/// P6 at a PostgreSQL database restored from a backup: `palisade resource restore --postgres`
+/// takes an epoch from the coordinator (signed, checked against its keys) as the floor, and
+/// from then on a row written at or below it fails — here in plain SQL, as an old owner's
+/// write would through any path.
+#[test]
+fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_issued() {
+    let maintenance = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
+    let name = format!("cli_restore_{}", std::process::id());
+    let (server, _) = maintenance.rsplit_once('/').unwrap();
+    let url = format!("{server}/{name}");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let admin = |sql: String| {
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&maintenance, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            client.batch_execute(&sql).await.unwrap();
+        })
+    };
+    admin(format!("DROP DATABASE IF EXISTS {name}"));
+    admin(format!("CREATE DATABASE {name}"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = ServerProcess::start(&dir.path().join("data"));
+    let old = cycle(&coordinator, "ledger/pg");
+    let out = coordinator.cli(&["resource", "restore", "--postgres", &url, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let floor = applied["floor"].as_u64().unwrap();
+    assert!(floor > epoch(&old), "{applied}");
+    assert!(
+        !applied["postgres"].as_str().unwrap().contains('@'),
+        "{applied}"
+    );
+    let next = cycle(&coordinator, "ledger/pg"); // the next owner, above the floor
+
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let recorded: i64 = client
+            .query_one("SELECT floor FROM palisade_restore_floor", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(recorded as u64, floor);
+        let old_epoch = epoch(&old) as i64;
+        let error = client
+            .execute(
+                "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k', \
+                 '\\x00', $1)",
+                &[&old_epoch],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error.code().unwrap().code(), "P5007", "{error}");
+        let above = epoch(&next) as i64;
+        assert!(above as u64 > floor);
+        client
+            .execute(
+                "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k', \
+                 '\\x00', $1)",
+                &[&above],
+            )
+            .await
+            .unwrap();
+    });
+    // Again: harmless, the floor only rises.
+    let out = coordinator.cli(&["resource", "restore", "--postgres", &url, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let floor = again["floor"].as_u64().unwrap();
+    assert!(floor > epoch(&next));
+    // A database ahead of the coordinator (a coordinator restored without --floor-from it):
+    // the floor would not cover what the database holds, so the restore is refused.
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let ahead = floor as i64 + 1_000;
+        client
+            .execute(
+                "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k2', \
+                 '\\x00', $1)",
+                &[&ahead],
+            )
+            .await
+            .unwrap();
+    });
+    let out = coordinator.cli(&["resource", "restore", "--postgres", &url]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("behind the database"),
+        "{}",
+        stderr(&out)
+    );
+    drop(coordinator);
+    admin(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+    ));
+    admin(format!("DROP DATABASE IF EXISTS {name}"));
+}
