@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{free_port, ResourceProcess, ServerProcess, BINARY};
+use common::{cp_a, free_port, ResourceProcess, ServerProcess, BINARY};
 use serde_json::Value;
 
 /// Addresses of a 3-member cluster on free loopback ports.
@@ -404,16 +404,6 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
     let next = json(&cli(&["lock", "acquire", "wiped/c", "--json"], endpoints));
     assert!(next["epoch"].as_u64() > granted["epoch"].as_u64());
     drop(nodes);
-}
-
-fn cp_a(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 /// Starts member `id` expecting it to refuse (within 20 s); its message.

@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{ResourceProcess, ServerProcess, BINARY};
+use common::{cp_a, ResourceProcess, ServerProcess, BINARY};
 use serde_json::Value;
 
 fn stderr(out: &Output) -> String {
@@ -32,16 +32,6 @@ fn cycle(server: &ServerProcess, lock: &str) -> Value {
 
 fn epoch(grant: &Value) -> u64 {
     grant["epoch"].as_u64().unwrap()
-}
-
-fn cp_a(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[test]
@@ -337,10 +327,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     let next = cycle(&coordinator, "ledger/pg"); // the next owner, above the floor
 
     runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = connect(&url).await;
         let recorded: i64 = client
             .query_one("SELECT floor FROM palisade_restore_floor", &[])
             .await
@@ -377,10 +364,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     // A database ahead of the coordinator (a coordinator restored without --floor-from it):
     // the floor would not cover what the database holds, so the restore is refused.
     runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = connect(&url).await;
         let ahead = floor as i64 + 1_000;
         client
             .execute(
@@ -403,4 +387,13 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
     ));
     admin(format!("DROP DATABASE IF EXISTS {name}"));
+}
+
+/// A connection to `url` (its driver task spawned on the current runtime).
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
 }

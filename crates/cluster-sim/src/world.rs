@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use palisade_core::{AcquireRequest, HolderId, Lease, LockClass, LockName, RequestId};
 use palisade_history::{Entry, History, Op, Outcome};
+#[cfg(test)]
 use palisade_server::cluster::membership::Changes;
 use palisade_server::cluster::storage::{self, SmState};
-use palisade_server::cluster::{ClusterConfig, MemberStart, MembershipError, NodeId};
+use palisade_server::cluster::{ClusterConfig, MemberStart, NodeId};
 use palisade_server::engine::CoordinatorError;
 use palisade_server::gateway::Gateway;
 use palisade_server::metrics::Metrics;
@@ -21,6 +22,8 @@ use tokio::time::Instant;
 use crate::disk::Disk;
 use crate::network::Router;
 use crate::{ClusterFaults, ClusterSimConfig, Hold};
+
+mod faults;
 
 /// Lease TTL of the simulated clients, ms.
 const TTL_MS: u64 = 400;
@@ -655,235 +658,6 @@ impl Cluster {
             (metrics.current_leader == Some(m.id) && running.member.gateway.not_serving().is_none())
                 .then_some(m.id)
         })
-    }
-
-    /// Injects faults until `until_ms`, each healed before the next.
-    pub(crate) async fn drive_faults(&mut self, until_ms: u64) -> Result<(), String> {
-        let ids = self.ids();
-        // Crash every member in turn (a seeded order), so each one crashes and restarts.
-        let mut crash_order = ids.clone();
-        for i in (1..crash_order.len()).rev() {
-            let j = self.shared.range(0, i as u64 + 1) as usize;
-            crash_order.swap(i, j);
-        }
-        let mut next_victim = 0;
-        for fault in 0.. {
-            let gap = self.shared.range(100, 800);
-            tokio::time::sleep(Duration::from_millis(gap)).await;
-            let lasts = self.shared.range(200, 2_000);
-            if self.shared.now_ms() + lasts >= until_ms {
-                break;
-            }
-            let minority = (ids.len() - 1) / 2;
-            // Every other fault is a crash, so every member crashes in a run of a few seconds.
-            let kind = if fault % 2 == 0 {
-                0
-            } else {
-                self.shared.range(30, 100)
-            };
-            match kind {
-                0..30 => {
-                    let victim = crash_order[next_victim % crash_order.len()];
-                    next_victim += 1;
-                    self.faults.members_crashed = (next_victim as u64).min(ids.len() as u64);
-                    let was_leading = self.serving_leader() == Some(victim);
-                    self.crash(victim).await;
-                    let crashed = self.shared.now_ms();
-                    if was_leading {
-                        // Failover: how long until another member serves.
-                        while self.shared.now_ms() < crashed + lasts {
-                            if self.serving_leader().is_some() {
-                                self.failovers_ms.push(self.shared.now_ms() - crashed);
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                    }
-                    let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
-                    tokio::time::sleep(Duration::from_millis(left)).await;
-                    if self.copy_back_on_crash {
-                        self.copy_or_put_back(victim).await?;
-                    } else if self.wipe_on_crash && self.shared.chance(50) {
-                        // The member's data directory is lost: it restarts empty, with the same
-                        // flags. Its peers must refuse it; the operator then removes it and
-                        // adds it back with --join.
-                        let index = self.index(victim);
-                        self.members[index].disk = Disk::default();
-                        self.faults.wipes += 1;
-                        self.shared.trace(&format!("wipe {victim}"));
-                        self.start(victim).await?;
-                        tokio::time::sleep(Duration::from_millis(self.shared.range(100, 600)))
-                            .await;
-                        self.readd(victim).await?;
-                    } else {
-                        self.start(victim).await?;
-                    }
-                }
-                30..55 => {
-                    // Leader isolation: the serving leader (or anyone) alone, both ways.
-                    let victim = self
-                        .serving_leader()
-                        .unwrap_or_else(|| self.shared.random_node());
-                    self.shared.trace(&format!("isolate leader {victim}"));
-                    self.router.isolate(&[victim], &ids);
-                    self.faults.leader_isolations += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-                55..75 => {
-                    // A minority partition that may or may not hold the leader.
-                    let mut group = ids.clone();
-                    while group.len() > minority {
-                        let i = self.shared.range(0, group.len() as u64) as usize;
-                        group.remove(i);
-                    }
-                    self.shared.trace(&format!("partition {group:?}"));
-                    self.router.isolate(&group, &ids);
-                    self.faults.minority_partitions += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-                75..90 => {
-                    // One-way cut: the leader's messages to one member are lost, not back.
-                    let leader = self
-                        .serving_leader()
-                        .unwrap_or_else(|| self.shared.random_node());
-                    let others: Vec<NodeId> =
-                        ids.iter().copied().filter(|i| *i != leader).collect();
-                    let to = others[self.shared.range(0, others.len() as u64) as usize];
-                    self.shared.trace(&format!("cut {leader} -> {to}"));
-                    self.router.cut(leader, to);
-                    self.faults.one_way_cuts += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-                _ => {
-                    // A majority lost: every member alone; nobody may decide until it heals.
-                    self.shared.trace("every member alone");
-                    for id in &ids {
-                        self.router.isolate(&[*id], &ids);
-                    }
-                    self.faults.majority_losses += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The documented way back for a member that lost its data: `palisade cluster remove`,
-    /// restart it with `--join` and an empty data directory, `palisade cluster add`.
-    async fn readd(&mut self, id: NodeId) -> Result<(), String> {
-        if !self.founded() {
-            // Lost before the cluster was founded: the founder introduces it anew (it has
-            // restarted already); there is nothing to remove.
-            self.shared.trace(&format!(
-                "{id} lost its data before the cluster was founded"
-            ));
-            return Ok(());
-        }
-        self.stop(id).await;
-        self.through_leader(&format!("remove {id}"), |changes| async move {
-            match changes.remove(id).await {
-                // A retry after a timeout whose change did complete.
-                Err(MembershipError::Unknown(_)) => Ok(()),
-                other => other.map(|_| ()),
-            }
-        })
-        .await?;
-        let index = self.index(id);
-        self.members[index].disk = Disk::default();
-        self.start_as(id, true).await?;
-        self.add(id).await?;
-        self.shared.trace(&format!("re-added {id}"));
-        Ok(())
-    }
-
-    /// After `id` crashed: copy its disk (no copy yet), or put the older copy back (half of
-    /// the later crashes) and start it — its witness refuses, and the operator wipes and
-    /// re-adds it — or start it as it is.
-    async fn copy_or_put_back(&mut self, id: NodeId) -> Result<(), String> {
-        let index = self.index(id);
-        match self.members[index].copy.take() {
-            None => {
-                self.members[index].copy = Some(self.members[index].disk.copy());
-                self.shared.trace(&format!("copy {id}"));
-            }
-            Some(copy) if self.shared.chance(50) => {
-                self.members[index].disk = copy;
-                self.faults.copy_backs += 1;
-                self.shared.trace(&format!("put back the copy of {id}"));
-                if !self.start_as(id, false).await? {
-                    self.faults.copy_backs_refused += 1;
-                    // The way back the refusal names: remove it, start it empty, add it.
-                    self.readd(id).await?;
-                    if self.members[index].running.is_none() {
-                        self.members[index].disk = Disk::default();
-                        self.start(id).await?;
-                    }
-                }
-                return Ok(());
-            }
-            Some(copy) => self.members[index].copy = Some(copy),
-        }
-        self.start(id).await
-    }
-
-    /// True once a running member holds a membership (the founder wrote the first entry).
-    fn founded(&self) -> bool {
-        self.members
-            .iter()
-            .filter_map(|m| m.running.as_ref())
-            .any(|r| {
-                r.member
-                    .raft
-                    .metrics()
-                    .borrow()
-                    .membership_config
-                    .nodes()
-                    .next()
-                    .is_some()
-            })
-    }
-
-    /// `palisade cluster add` of `id` (running with `--join`), through the serving leader.
-    async fn add(&mut self, id: NodeId) -> Result<(), String> {
-        let addr = self.config.members[&id].clone();
-        self.through_leader(&format!("add {id}"), |changes| {
-            let addr = addr.clone();
-            async move { changes.add(id, &addr).await.map(|_| ()) }
-        })
-        .await
-    }
-
-    /// Runs a membership change on whichever member serves as leader, retrying for 10 s.
-    async fn through_leader<F, Fut>(&self, what: &str, change: F) -> Result<(), String>
-    where
-        F: Fn(Arc<Changes>) -> Fut,
-        Fut: std::future::Future<Output = Result<(), MembershipError>>,
-    {
-        let since = self.shared.now_ms();
-        let mut last_error = String::from("no leader");
-        while self.shared.now_ms() < since + RECOVERY_MS {
-            if let Some(leader) = self.serving_leader() {
-                let changes = self.members[self.index(leader)]
-                    .running
-                    .as_ref()
-                    .expect("the leader is up")
-                    .member
-                    .changes
-                    .clone();
-                match change(changes).await {
-                    Ok(()) => return Ok(()),
-                    Err(error) => last_error = error.to_string(),
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(format!(
-            "membership change `{what}` failed for 10 s: {last_error}"
-        ))
     }
 
     /// Stops `id` without losing anything (as SIGTERM).

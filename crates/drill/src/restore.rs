@@ -4,9 +4,10 @@
 //! `palisade restore`, `palisade resource restore`) and `cp -a`.
 //!
 //! `restore`, one lock across iterations, alternating two orders:
-//! - `lost`: an online backup, three more owners write, the coordinator is killed and its
-//!   machine lost (data directory and high-water file), `palisade restore --floor-from` the
-//!   store into a new directory;
+//! - `lost`: three more owners write after an online backup (taken once: every later `lost`
+//!   restores the same backup again), the coordinator is killed and its machine lost (data
+//!   directory and high-water file), `palisade restore --floor-from` the store into a new
+//!   directory;
 //! - `copy-back`: the stopped coordinator's directory is copied with `cp -a`, three more
 //!   owners write, it is killed and the copy put back.
 //!
@@ -112,6 +113,8 @@ struct Drill<'a> {
     coordinator_dir: PathBuf,
     coordinator: Process,
     store_url: String,
+    /// The store, as writers reach it (one HTTP client for the whole drill).
+    store_target: Target,
     store_dir: PathBuf,
     store: Process,
     lock: LockName,
@@ -203,11 +206,12 @@ impl Drill<'_> {
 
     /// A write by `owner` (recorded); its outcome code.
     async fn write(&mut self, owner: &(String, u64, String)) -> anyhow::Result<String> {
-        let target =
-            Target::connect(&self.store_url, palisade_fence::FenceMode::Strict, "", "").await?;
         let value = format!("{}@{}", owner.0, self.history.entries.len());
         let invoked = self.now();
-        let code = target.write(&self.lock, KEY, &owner.2, &value).await;
+        let code = self
+            .store_target
+            .write(&self.lock, KEY, &owner.2, &value)
+            .await;
         let outcome = match code.as_str() {
             "accepted" => Outcome::Accepted,
             error if error.starts_with("error") => Outcome::Unknown,
@@ -313,10 +317,14 @@ impl Drill<'_> {
         let began;
         if iteration.is_multiple_of(2) {
             *self.figures.orders.entry("lost".into()).or_default() += 1;
-            let backup = self.dir.join(format!("backup-{iteration}"));
-            let (out, url) = (backup.display().to_string(), self.coordinator_url.clone());
-            self.command(&["backup", "--out", &out, "--endpoint", &url])
-                .await?;
+            // One backup for every lost machine: restoring twice from the same backup must be
+            // as safe as once.
+            let backup = self.dir.join("backup-lost");
+            if !backup.exists() {
+                let (out, url) = (backup.display().to_string(), self.coordinator_url.clone());
+                self.command(&["backup", "--out", &out, "--endpoint", &url])
+                    .await?;
+            }
             self.owners_write(OWNERS_BETWEEN).await?;
             last_before = self.last_epoch();
             began = Instant::now();
@@ -441,6 +449,13 @@ pub async fn run(
         coordinator_url,
         coordinator_dir,
         store_url: format!("http://{store_address}"),
+        store_target: Target::connect(
+            &format!("http://{store_address}"),
+            palisade_fence::FenceMode::Strict,
+            "",
+            "",
+        )
+        .await?,
         store_dir,
         store: Process {
             args: store_args,

@@ -80,11 +80,18 @@ pub fn initialize(db: &Database, mode: FenceMode) -> Result<Meta, FenceError> {
         let kv = txn.open_table(KV).map_err(storage)?;
         let fences = txn.open_table(FENCES).map_err(storage)?;
         txn.open_table(LEDGER).map_err(storage)?;
-        let store_id = match meta.get(STORE_ID).map_err(storage)? {
-            Some(id) => id.value().to_owned(),
-            None => new_store_id()?,
+        let existing = meta
+            .get(STORE_ID)
+            .map_err(storage)?
+            .map(|id| id.value().to_owned());
+        let store_id = match existing {
+            Some(id) => id,
+            None => {
+                let id = new_store_id()?;
+                meta.insert(STORE_ID, id.as_str()).map_err(storage)?;
+                id
+            }
         };
-        meta.insert(STORE_ID, store_id.as_str()).map_err(storage)?;
         let floor = meta_u64(&meta, RESTORE_FLOOR)?.unwrap_or(0);
         let highest = match meta_u64(&meta, HIGHEST)? {
             Some(highest) => highest,

@@ -111,26 +111,16 @@ async fn p6_an_activated_store_refuses_activations_at_or_below_its_floor() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("fence.redb");
     let witness = dir.path().join("store.witness");
-    let store = RedbFence::open_with(
-        &file,
-        FenceMode::Activated,
-        harness.verifier.clone(),
-        Some(&witness),
-    )
-    .unwrap();
+    let open =
+        |mode| RedbFence::open_with(&file, mode, harness.verifier.clone(), Some(&witness)).unwrap();
+    let store = open(FenceMode::Activated);
     assert!(matches!(
         store.activate(&lock, &harness.token(&lock, 3)).await,
         Ok(Activation::Activated { .. })
     ));
     drop(store);
     apply_restore_floor(&file, Some(&witness), 20, "{}").unwrap();
-    let store = RedbFence::open_with(
-        &file,
-        FenceMode::Activated,
-        harness.verifier.clone(),
-        Some(&witness),
-    )
-    .unwrap();
+    let store = open(FenceMode::Activated);
     for old in [3, 19, 20] {
         let activation = store.activate(&lock, &harness.token(&lock, old)).await;
         assert!(

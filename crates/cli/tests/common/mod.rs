@@ -282,3 +282,14 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// `cp -a FROM TO`: an operator's copy of a data directory (or putting one back).
+pub fn cp_a(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
