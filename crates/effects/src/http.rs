@@ -1,0 +1,423 @@
+//! The embedded ledger over HTTP: [`routes`] serves a [`LocalLedger`] (the reference store,
+//! `palisade resource serve`, mounts them under `/v1/effects`), and [`HttpLedger`] is the
+//! [`Ledger`] that reaches it from other processes.
+//!
+//! Owners authenticate with their token (in the request body, verified by the ledger). The
+//! reconciler's and people's requests (`settle` without a token, `reattempt`, `resolve`)
+//! need the ledger's admin secret in the [`ADMIN_HEADER`] header; without a configured secret
+//! they are refused.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::ledger::{
+    Answer, Begin, BeginRequest, Ledger, LedgerError, ListFilter, LocalLedger, Stats, Store,
+};
+use crate::model::{OpId, OpState, Record, SendResult, Settlement, Verdict};
+
+/// Header carrying the ledger's admin secret.
+pub const ADMIN_HEADER: &str = "palisade-effects-admin";
+/// Largest request body: a payload (64 KiB) in base64 plus the rest.
+pub const MAX_BODY_BYTES: usize = 128 * 1024;
+
+#[derive(Serialize, Deserialize)]
+struct FinishBody {
+    token: String,
+    id: OpId,
+    attempt: u32,
+    result: SendResult,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SettleBody {
+    #[serde(default)]
+    token: Option<String>,
+    id: OpId,
+    attempt: u32,
+    settlement: Settlement,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ReattemptBody {
+    id: OpId,
+    attempt: u32,
+    attempt_timeout_ms: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ResolveBody {
+    id: OpId,
+    verdict: Verdict,
+    by: String,
+    why: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct OpQuery {
+    id: String,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct ListQuery {
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    lock: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// What the routes serve.
+pub struct Served<S> {
+    ledger: LocalLedger<S>,
+    admin_secret: Option<String>,
+}
+
+impl<S> Served<S> {
+    /// `ledger`, with the admin secret for reconcilers and people (`None`: their requests
+    /// are refused).
+    pub fn new(ledger: LocalLedger<S>, admin_secret: Option<String>) -> Arc<Self> {
+        Arc::new(Self {
+            ledger,
+            admin_secret,
+        })
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &LocalLedger<S> {
+        &self.ledger
+    }
+
+    fn admin(&self, headers: &HeaderMap) -> Result<(), Response> {
+        let given = headers
+            .get(ADMIN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        match &self.admin_secret {
+            None => Err(error(
+                StatusCode::FORBIDDEN,
+                "admin_disabled",
+                "this ledger has no admin secret (--effects-admin-secret-file): reconcilers and \
+                 resolutions cannot use it over HTTP",
+            )),
+            Some(secret) if constant_time_eq(secret.as_bytes(), given.as_bytes()) => Ok(()),
+            Some(_) => Err(error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "wrong or missing palisade-effects-admin header",
+            )),
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (status, Json(json!({"error": code, "message": message}))).into_response()
+}
+
+fn failed(e: LedgerError) -> Response {
+    let code = match e {
+        LedgerError::Storage(_) => "storage_error",
+        LedgerError::Integrity(_) => "integrity_violation",
+    };
+    error(StatusCode::SERVICE_UNAVAILABLE, code, &e.to_string())
+}
+
+fn reply<T: Serialize>(result: Result<T, LedgerError>) -> Response {
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+/// The ledger's routes, to be nested under `/v1/effects`.
+pub fn routes<S: Store>(served: Arc<Served<S>>) -> Router {
+    Router::new()
+        .route("/", get(list::<S>))
+        .route("/op", get(show::<S>))
+        .route("/stats", get(stats::<S>))
+        .route("/begin", post(begin::<S>))
+        .route("/finish", post(finish::<S>))
+        .route("/settle", post(settle::<S>))
+        .route("/reattempt", post(reattempt::<S>))
+        .route("/resolve", post(resolve::<S>))
+        .with_state(served)
+}
+
+async fn begin<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    Json(body): Json<BeginRequest>,
+) -> Response {
+    reply(served.ledger.begin(body).await)
+}
+
+async fn finish<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    Json(body): Json<FinishBody>,
+) -> Response {
+    reply(
+        served
+            .ledger
+            .finish(&body.token, &body.id, body.attempt, body.result)
+            .await,
+    )
+}
+
+async fn settle<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    headers: HeaderMap,
+    Json(body): Json<SettleBody>,
+) -> Response {
+    if body.token.is_none() {
+        if let Err(denied) = served.admin(&headers) {
+            return denied;
+        }
+    }
+    reply(
+        served
+            .ledger
+            .settle(body.token.as_deref(), &body.id, body.attempt, body.settlement)
+            .await,
+    )
+}
+
+async fn reattempt<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    headers: HeaderMap,
+    Json(body): Json<ReattemptBody>,
+) -> Response {
+    if let Err(denied) = served.admin(&headers) {
+        return denied;
+    }
+    reply(
+        served
+            .ledger
+            .reattempt(&body.id, body.attempt, body.attempt_timeout_ms)
+            .await,
+    )
+}
+
+async fn resolve<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    headers: HeaderMap,
+    Json(body): Json<ResolveBody>,
+) -> Response {
+    if let Err(denied) = served.admin(&headers) {
+        return denied;
+    }
+    reply(
+        served
+            .ledger
+            .resolve(&body.id, body.verdict, &body.by, &body.why)
+            .await,
+    )
+}
+
+async fn show<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    Query(query): Query<OpQuery>,
+) -> Response {
+    let id = match OpId::parse(&query.id) {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", &e.0),
+    };
+    match served.ledger.get(&id).await {
+        Ok(Some(record)) => Json(record).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", &format!("no operation {id}")),
+        Err(e) => failed(e),
+    }
+}
+
+fn parse_filter(query: ListQuery) -> Result<ListFilter, String> {
+    let states = match query.state.as_deref() {
+        None | Some("") => Vec::new(),
+        Some(text) => text
+            .split(',')
+            .map(|s| OpState::parse(s.trim()).map_err(|e| e.0))
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(ListFilter {
+        states,
+        lock: query.lock,
+        limit: query.limit,
+    })
+}
+
+async fn list<S: Store>(
+    State(served): State<Arc<Served<S>>>,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    match parse_filter(query) {
+        Ok(filter) => reply(served.ledger.list(&filter).await),
+        Err(message) => error(StatusCode::BAD_REQUEST, "invalid_request", &message),
+    }
+}
+
+async fn stats<S: Store>(State(served): State<Arc<Served<S>>>) -> Response {
+    reply(served.ledger.stats().await)
+}
+
+/// A [`Ledger`] served by another process (see [`routes`]).
+#[derive(Clone)]
+pub struct HttpLedger {
+    base: String,
+    admin_secret: Option<String>,
+    http: reqwest::Client,
+}
+
+impl HttpLedger {
+    /// The ledger at `base` (e.g. `http://127.0.0.1:7300`), with the admin secret when this
+    /// client reconciles or resolves.
+    pub fn new(base: &str, admin_secret: Option<String>) -> Result<Self, LedgerError> {
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(10))
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| LedgerError::Storage(e.to_string()))?;
+        Ok(Self {
+            base: format!("{}/v1/effects", base.trim_end_matches('/')),
+            admin_secret,
+            http,
+        })
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Option<T>, LedgerError> {
+        let request = match &self.admin_secret {
+            Some(secret) => request.header(ADMIN_HEADER, secret),
+            None => request,
+        };
+        let response = request
+            .send()
+            .await
+            .map_err(|e| LedgerError::Storage(format!("ledger unreachable: {e}")))?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            return Err(LedgerError::Storage(format!("ledger answered {status}: {text}")));
+        }
+        response
+            .json()
+            .await
+            .map(Some)
+            .map_err(|e| LedgerError::Storage(format!("unreadable ledger answer: {e}")))
+    }
+
+    async fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, LedgerError> {
+        self.call(self.http.post(format!("{}/{path}", self.base)).json(body))
+            .await?
+            .ok_or_else(|| LedgerError::Storage(format!("no ledger at {}", self.base)))
+    }
+}
+
+impl Ledger for HttpLedger {
+    async fn begin(&self, request: BeginRequest) -> Result<Begin, LedgerError> {
+        self.post("begin", &request).await
+    }
+
+    async fn finish(
+        &self,
+        token: &str,
+        id: &OpId,
+        attempt: u32,
+        result: SendResult,
+    ) -> Result<Answer, LedgerError> {
+        let body = FinishBody {
+            token: token.to_owned(),
+            id: id.clone(),
+            attempt,
+            result,
+        };
+        self.post("finish", &body).await
+    }
+
+    async fn settle(
+        &self,
+        token: Option<&str>,
+        id: &OpId,
+        attempt: u32,
+        settlement: Settlement,
+    ) -> Result<Answer, LedgerError> {
+        let body = SettleBody {
+            token: token.map(str::to_owned),
+            id: id.clone(),
+            attempt,
+            settlement,
+        };
+        self.post("settle", &body).await
+    }
+
+    async fn reattempt(
+        &self,
+        id: &OpId,
+        attempt: u32,
+        attempt_timeout_ms: u64,
+    ) -> Result<Answer, LedgerError> {
+        let body = ReattemptBody {
+            id: id.clone(),
+            attempt,
+            attempt_timeout_ms,
+        };
+        self.post("reattempt", &body).await
+    }
+
+    async fn resolve(
+        &self,
+        id: &OpId,
+        verdict: Verdict,
+        by: &str,
+        why: &str,
+    ) -> Result<Answer, LedgerError> {
+        let body = ResolveBody {
+            id: id.clone(),
+            verdict,
+            by: by.to_owned(),
+            why: why.to_owned(),
+        };
+        self.post("resolve", &body).await
+    }
+
+    async fn get(&self, id: &OpId) -> Result<Option<Record>, LedgerError> {
+        let query = OpQuery { id: id.to_string() };
+        self.call(self.http.get(format!("{}/op", self.base)).query(&query))
+            .await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, LedgerError> {
+        let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        let query = ListQuery {
+            state: (!states.is_empty()).then(|| states.join(",")),
+            lock: filter.lock.clone(),
+            limit: filter.limit,
+        };
+        Ok(self
+            .call(self.http.get(&self.base).query(&query))
+            .await?
+            .unwrap_or_default())
+    }
+
+    async fn stats(&self) -> Result<Stats, LedgerError> {
+        self.call(self.http.get(format!("{}/stats", self.base)))
+            .await?
+            .ok_or_else(|| LedgerError::Storage(format!("no ledger at {}", self.base)))
+    }
+}
