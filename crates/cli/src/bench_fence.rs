@@ -301,6 +301,7 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
         revoked_keys: Vec::new(),
         coordinator_ca: None,
         key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
+        effects_admin_secret: None,
         tls: None,
     };
     let resource = palisade_resource::start(config).await?;

@@ -9,6 +9,7 @@ mod bench;
 mod bench_fence;
 mod cluster;
 mod drill;
+mod effects;
 mod lock;
 mod output;
 mod resource;
@@ -60,6 +61,13 @@ enum Command {
     /// Measure the coordinator.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// The effects ledger: operations, their attempts and reviews; perform, reconcile and
+    /// resolve (docs/effects.md).
+    #[command(subcommand)]
+    Effects(effects::EffectsCommand),
+    /// The fake receiver of effects, for tests and drills.
+    #[command(subcommand)]
+    Receiver(effects::ReceiverCommand),
     /// Fault drills with real processes: stale-process, delayed-delivery, duplicate-token,
     /// forged-token, bypass, coordinator-failover, restore, resource-restore, or all.
     Drill(drill::DrillArgs),
@@ -399,6 +407,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(command) => cluster::run(command, json).await,
         Command::Lock(command) => lock::run(command, json).await,
         Command::Resource(command) => resource::run(command, json).await,
+        Command::Effects(command) => effects::run(command, json).await,
+        Command::Receiver(command) => effects::run_receiver(command).await,
         Command::Auth(command) => auth(command, json),
         Command::Backup(args) => backup::run_backup(args, json).await,
         Command::Restore(args) => backup::run_restore(args, json).await,

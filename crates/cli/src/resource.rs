@@ -108,6 +108,25 @@ pub struct ServeArgs {
     #[arg(long = "key-refresh", value_name = "SECONDS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     key_refresh_secs: u64,
+    /// A file holding the secret (at least 16 characters) that reconcilers and people present
+    /// to settle, retry and resolve operations in the effects ledger this store hosts
+    /// (`palisade effects reconcile|resolve --admin-secret-file`). Without it those requests
+    /// are refused; owners need only their tokens.
+    #[arg(long, value_name = "FILE")]
+    effects_admin_secret_file: Option<PathBuf>,
+}
+
+/// Reads an admin secret file: one line, at least 16 characters.
+pub fn read_secret_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the secret file {}", path.display()))?;
+    let secret = text.trim().to_owned();
+    anyhow::ensure!(
+        secret.len() >= 16 && !secret.contains(char::is_whitespace),
+        "the secret in {} must be one word of at least 16 characters",
+        path.display()
+    );
+    Ok(secret)
 }
 
 #[derive(Args)]
@@ -296,6 +315,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         coordinator_ca: args.ca,
         tls: args.tls_cert.zip(args.tls_key),
         key_refresh: std::time::Duration::from_secs(args.key_refresh_secs),
+        effects_admin_secret: args
+            .effects_admin_secret_file
+            .as_deref()
+            .map(read_secret_file)
+            .transpose()?,
     };
     let resource = palisade_resource::start(config)
         .await

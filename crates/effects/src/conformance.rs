@@ -9,9 +9,7 @@ use palisade_fence::conformance::Harness;
 use palisade_fence::Verifier;
 
 use crate::ledger::{Answer, Begin, BeginRequest, Ledger, ListFilter};
-use crate::model::{
-    Capability, LedgerRejection, OpId, OpState, SendResult, Settlement, Verdict,
-};
+use crate::model::{Capability, LedgerRejection, OpId, OpState, SendResult, Settlement, Verdict};
 
 /// Builds ledgers for the suite.
 pub trait LedgerFactory: Sync {
@@ -90,7 +88,10 @@ pub async fn p7_attempts_are_recorded_before_send_and_stale_owners_refused<F: Le
     let a = op(&h, "stale", "a");
     let b = op(&h, "stale", "b");
     let c = op(&h, "stale", "c");
-    assert_eq!(sent(&begin(&ledger, request(&h, &a, 5, Capability::Idempotent)).await), 1);
+    assert_eq!(
+        sent(&begin(&ledger, request(&h, &a, 5, Capability::Idempotent)).await),
+        1
+    );
     let record = ledger.get(&a).await.unwrap().expect("recorded before send");
     assert_eq!((record.state, record.epoch), (OpState::InFlight, 5));
     sent(&begin(&ledger, request(&h, &b, 6, Capability::Idempotent)).await);
@@ -131,11 +132,19 @@ pub async fn p4_bad_tokens_begin_nothing<F: LedgerFactory>(factory: &F) {
     // A finish with a token for another epoch is refused too.
     sent(&begin(&ledger, request(&h, &id, 3, Capability::Idempotent)).await);
     let answer = ledger
-        .finish(&h.token(&id.lock, 4), &id, 1, SendResult::Performed { reference: None })
+        .finish(
+            &h.token(&id.lock, 4),
+            &id,
+            1,
+            SendResult::Performed { reference: None },
+        )
         .await
         .unwrap();
     assert!(matches!(answer, Answer::Rejected { .. }), "{answer:?}");
-    assert_eq!(ledger.get(&id).await.unwrap().unwrap().state, OpState::InFlight);
+    assert_eq!(
+        ledger.get(&id).await.unwrap().unwrap().state,
+        OpState::InFlight
+    );
 }
 
 /// P7: the key is the identity's: the same for a newer owner's retry of an attempt in doubt.
@@ -167,7 +176,10 @@ pub async fn p7_an_operation_id_names_one_payload<F: LedgerFactory>(factory: &F)
         }
     ));
     let record = ledger.get(&id).await.unwrap().unwrap();
-    assert_eq!((record.attempt, record.payload.as_slice()), (1, &b"amount=10"[..]));
+    assert_eq!(
+        (record.attempt, record.payload.as_slice()),
+        (1, &b"amount=10"[..])
+    );
 }
 
 /// P7, P8: answers are recorded; a final operation is never handed out again.
@@ -214,9 +226,19 @@ pub async fn p7_an_old_attempts_answer_is_superseded<F: LedgerFactory>(factory: 
     let (h, ledger) = setup(factory).await;
     let id = op(&h, "superseded", "charge");
     sent(&begin(&ledger, request(&h, &id, 3, Capability::Idempotent)).await);
-    assert_eq!(sent(&begin(&ledger, request(&h, &id, 4, Capability::Idempotent)).await), 2);
+    assert_eq!(
+        sent(&begin(&ledger, request(&h, &id, 4, Capability::Idempotent)).await),
+        2
+    );
     let answer = ledger
-        .finish(&h.token(&id.lock, 3), &id, 1, SendResult::Ambiguous { reason: "late".into() })
+        .finish(
+            &h.token(&id.lock, 3),
+            &id,
+            1,
+            SendResult::Ambiguous {
+                reason: "late".into(),
+            },
+        )
         .await
         .unwrap();
     assert!(matches!(answer, Answer::Superseded { .. }), "{answer:?}");
@@ -235,12 +257,18 @@ pub async fn p7_lookup_receivers_wait_and_are_settled_by_lookup<F: LedgerFactory
         begin(&ledger, request(&h, &id, 4, Capability::Lookup)).await,
         Begin::Wait { .. }
     ));
-    let answer = ledger.settle(None, &id, 1, Settlement::NotPerformed).await.unwrap();
+    let answer = ledger
+        .settle(None, &id, 1, Settlement::NotPerformed)
+        .await
+        .unwrap();
     assert!(matches!(answer, Answer::Rejected { .. }), "{answer:?}");
     let performed = Settlement::Performed {
         reference: Some("msg-9".into()),
     };
-    let answer = ledger.settle(Some(&h.token(&id.lock, 4)), &id, 1, performed).await.unwrap();
+    let answer = ledger
+        .settle(Some(&h.token(&id.lock, 4)), &id, 1, performed)
+        .await
+        .unwrap();
     assert_eq!(answer.record().unwrap().state, OpState::Reconciled);
     assert!(matches!(
         begin(&ledger, request(&h, &id, 4, Capability::Lookup)).await,
@@ -277,13 +305,21 @@ pub async fn p7_receivers_without_dedup_go_to_review_and_people_resolve<F: Ledge
     let blank = ledger.resolve(&id, Verdict::NotDone, "", "").await.unwrap();
     assert!(matches!(blank, Answer::Rejected { .. }));
     let answer = ledger
-        .resolve(&id, Verdict::NotDone, "alice", "no SMS in the gateway's log")
+        .resolve(
+            &id,
+            Verdict::NotDone,
+            "alice",
+            "no SMS in the gateway's log",
+        )
         .await
         .unwrap();
     let record = answer.record().unwrap();
     assert_eq!(record.state, OpState::Pending);
     assert_eq!(record.review.as_ref().unwrap().by, "alice");
-    assert_eq!(sent(&begin(&ledger, request(&h, &id, 4, Capability::None)).await), 2);
+    assert_eq!(
+        sent(&begin(&ledger, request(&h, &id, 4, Capability::None)).await),
+        2
+    );
 }
 
 /// P7: a reconciler may hand out a new attempt only for an idempotent receiver.
@@ -333,7 +369,10 @@ pub async fn p3_concurrent_owners_get_distinct_attempts<F: LedgerFactory>(factor
     let mut numbers: Vec<u32> = all.iter().map(|(n, _)| *n).collect();
     numbers.sort_unstable();
     let expected: Vec<u32> = (1..=all.len() as u32).collect();
-    assert_eq!(numbers, expected, "attempt numbers must be distinct and gapless");
+    assert_eq!(
+        numbers, expected,
+        "attempt numbers must be distinct and gapless"
+    );
     // Attempt numbers rise with epochs: no older owner got an attempt after a newer one.
     all.sort_unstable();
     assert!(all.windows(2).all(|w| w[0].1 <= w[1].1), "{all:?}");
@@ -349,7 +388,12 @@ pub async fn list_and_stats_count_states<F: LedgerFactory>(factory: &F) {
     sent(&begin(&ledger, request(&h, &a, 3, Capability::Idempotent)).await);
     sent(&begin(&ledger, request(&h, &b, 3, Capability::Idempotent)).await);
     ledger
-        .finish(&h.token(&a.lock, 3), &a, 1, SendResult::Performed { reference: None })
+        .finish(
+            &h.token(&a.lock, 3),
+            &a,
+            1,
+            SendResult::Performed { reference: None },
+        )
         .await
         .unwrap();
     let lock = Some(a.lock.as_str().to_owned());

@@ -195,8 +195,30 @@ pub fn record_path(dir: &Path) -> PathBuf {
     dir.join("effects.jsonl")
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response {
-    (status, Json(json!({"error": code, "message": message}))).into_response()
+/// An error answer `{"error": CODE, "message": …}`, small enough to return in a `Result`.
+pub(crate) struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = json!({"error": self.code, "message": self.message});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.to_owned(),
+    }
+}
+
+fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
+    refusal(status, code, message).into_response()
 }
 
 /// The receiver's routes.
@@ -220,12 +242,12 @@ struct Request {
     hash: String,
 }
 
-fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Request, Response> {
+fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Request, Refusal> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let number = |name: &str| text(name).and_then(|v| v.parse::<u64>().ok());
     let key = text(KEY_HEADER).unwrap_or("");
     if key.is_empty() || key.len() > MAX_KEY_BYTES {
-        return Err(error(
+        return Err(refusal(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             &format!("an {KEY_HEADER} header of 1 to {MAX_KEY_BYTES} bytes is required"),
@@ -242,7 +264,7 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Request, Response> {
 }
 
 /// Performs (or refuses) one delivery of `request`; the answer's status and body.
-fn deliver(fake: &Fake, request: &Request) -> Result<(StatusCode, serde_json::Value), Response> {
+fn deliver(fake: &Fake, request: &Request) -> Result<(StatusCode, serde_json::Value), Refusal> {
     let mut book = fake.book.lock().expect("not poisoned");
     let event = |kind: &str, reference: String| Event {
         kind: kind.to_owned(),
@@ -255,15 +277,24 @@ fn deliver(fake: &Fake, request: &Request) -> Result<(StatusCode, serde_json::Va
         at_ms: now_ms(),
     };
     let broken = |e: std::io::Error| {
-        error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", &e.to_string())
+        refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "storage_error",
+            &e.to_string(),
+        )
     };
     if book.events.len() >= MAX_EVENTS {
-        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "full", "the record is full"));
+        return Err(refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "full",
+            "the record is full",
+        ));
     }
     if fake.capability == Capability::Lookup {
         let deadline = request.deadline_ms.unwrap_or(0);
         if now_ms() > deadline {
-            book.append(event("refused_late", String::new())).map_err(broken)?;
+            book.append(event("refused_late", String::new()))
+                .map_err(broken)?;
             return Ok((
                 StatusCode::GONE,
                 json!({"error": "deadline_passed",
@@ -280,26 +311,42 @@ fn deliver(fake: &Fake, request: &Request) -> Result<(StatusCode, serde_json::Va
                            "message": "this idempotency key was used with another payload"}),
                 ));
             }
-            book.append(event("replayed", first.reference.clone())).map_err(broken)?;
-            return Ok((StatusCode::OK, json!({"reference": first.reference, "replayed": true})));
+            book.append(event("replayed", first.reference.clone()))
+                .map_err(broken)?;
+            return Ok((
+                StatusCode::OK,
+                json!({"reference": first.reference, "replayed": true}),
+            ));
         }
     }
     let reference = format!("fx-{}", book.events.len() + 1);
-    book.append(event("performed", reference.clone())).map_err(broken)?;
-    Ok((StatusCode::OK, json!({"reference": reference, "replayed": false})))
+    book.append(event("performed", reference.clone()))
+        .map_err(broken)?;
+    Ok((
+        StatusCode::OK,
+        json!({"reference": reference, "replayed": false}),
+    ))
 }
 
 async fn perform(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
     let request = match parse(&headers, &body) {
         Ok(request) => request,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let n = fake.requests.fetch_add(1, Ordering::Relaxed);
     if fake.roll(n, 1) < fake.faults.timeout_before {
         tokio::time::sleep(fake.faults.hang).await;
-        return error(StatusCode::SERVICE_UNAVAILABLE, "timeout", "timed out; nothing performed");
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            "timed out; nothing performed",
+        );
     }
-    let deliveries = if fake.roll(n, 2) < fake.faults.duplicate { 2 } else { 1 };
+    let deliveries = if fake.roll(n, 2) < fake.faults.duplicate {
+        2
+    } else {
+        1
+    };
     let mut answer = None;
     for _ in 0..deliveries {
         let worker = fake.clone();
@@ -309,7 +356,7 @@ async fn perform(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes)
             .expect("delivery does not panic");
         match delivered {
             Ok(done) => answer = Some(done),
-            Err(response) => return response,
+            Err(refusal) => return refusal.into_response(),
         }
     }
     let (status, body) = answer.expect("at least one delivery");
@@ -345,12 +392,22 @@ fn clone_request(r: &Request) -> Request {
 
 async fn status(State(fake): State<Arc<Fake>>, UrlPath(key): UrlPath<String>) -> Response {
     if fake.capability == Capability::None {
-        return error(StatusCode::NOT_IMPLEMENTED, "unsupported", "this receiver has no lookup");
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            "this receiver has no lookup",
+        );
     }
     let book = fake.book.lock().expect("not poisoned");
     match book.performed(&key) {
-        Some(event) => Json(json!({"reference": event.reference, "performed": true})).into_response(),
-        None => error(StatusCode::NOT_FOUND, "not_performed", "no effect with this key"),
+        Some(event) => {
+            Json(json!({"reference": event.reference, "performed": true})).into_response()
+        }
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_performed",
+            "no effect with this key",
+        ),
     }
 }
 
@@ -359,7 +416,11 @@ async fn compensate(State(fake): State<Arc<Fake>>, UrlPath(key): UrlPath<String>
     let done = tokio::task::spawn_blocking(move || {
         let mut book = worker.book.lock().expect("not poisoned");
         let Some(first) = book.performed(&key).cloned() else {
-            return error(StatusCode::NOT_FOUND, "not_performed", "no effect with this key");
+            return error(
+                StatusCode::NOT_FOUND,
+                "not_performed",
+                "no effect with this key",
+            );
         };
         let reference = format!("comp-{}", first.reference);
         let event = Event {
@@ -370,11 +431,21 @@ async fn compensate(State(fake): State<Arc<Fake>>, UrlPath(key): UrlPath<String>
         };
         match book.append(event) {
             Ok(()) => Json(json!({"reference": reference})).into_response(),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", &e.to_string()),
+            Err(e) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "storage_error",
+                &e.to_string(),
+            ),
         }
     })
     .await;
-    done.unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string()))
+    done.unwrap_or_else(|e| {
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            &e.to_string(),
+        )
+    })
 }
 
 async fn record(State(fake): State<Arc<Fake>>) -> Response {

@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::ledger::{
     Answer, Begin, BeginRequest, Ledger, LedgerError, ListFilter, LocalLedger, Stats, Store,
 };
+use crate::metrics::EffectsMetrics;
 use crate::model::{OpId, OpState, Record, SendResult, Settlement, Verdict};
 
 /// Header carrying the ledger's admin secret.
@@ -78,6 +79,18 @@ struct ListQuery {
 pub struct Served<S> {
     ledger: LocalLedger<S>,
     admin_secret: Option<String>,
+    metrics: EffectsMetrics,
+    keys: Option<Arc<dyn KeyRefresh>>,
+}
+
+/// Called with each token before the ledger verifies it, so a host that fetches its trusted
+/// keys on demand (the reference store) can learn a new coordinator key first.
+pub trait KeyRefresh: Send + Sync {
+    /// Makes sure the key that signed `token` is known, if it can be.
+    fn refresh_for<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 }
 
 impl<S> Served<S> {
@@ -87,7 +100,35 @@ impl<S> Served<S> {
         Arc::new(Self {
             ledger,
             admin_secret,
+            metrics: EffectsMetrics::default(),
+            keys: None,
         })
+    }
+
+    /// [`Self::new`], with the host's key refresh.
+    pub fn with_keys(
+        ledger: LocalLedger<S>,
+        admin_secret: Option<String>,
+        keys: Arc<dyn KeyRefresh>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            ledger,
+            admin_secret,
+            metrics: EffectsMetrics::default(),
+            keys: Some(keys),
+        })
+    }
+
+    async fn refresh_for(&self, token: &str) {
+        if let Some(keys) = &self.keys {
+            keys.refresh_for(token).await;
+        }
+    }
+
+    /// The metrics: reconciliation outcomes are counted as they are recorded; call
+    /// [`EffectsMetrics::set_stats`] before rendering for the gauges.
+    pub fn metrics(&self) -> &EffectsMetrics {
+        &self.metrics
     }
 
     /// The ledger.
@@ -95,20 +136,20 @@ impl<S> Served<S> {
         &self.ledger
     }
 
-    fn admin(&self, headers: &HeaderMap) -> Result<(), Response> {
+    fn admin(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let given = headers
             .get(ADMIN_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         match &self.admin_secret {
-            None => Err(error(
+            None => Err(refusal(
                 StatusCode::FORBIDDEN,
                 "admin_disabled",
                 "this ledger has no admin secret (--effects-admin-secret-file): reconcilers and \
                  resolutions cannot use it over HTTP",
             )),
             Some(secret) if constant_time_eq(secret.as_bytes(), given.as_bytes()) => Ok(()),
-            Some(_) => Err(error(
+            Some(_) => Err(refusal(
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 "wrong or missing palisade-effects-admin header",
@@ -121,8 +162,30 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response {
-    (status, Json(json!({"error": code, "message": message}))).into_response()
+/// An error answer `{"error": CODE, "message": …}`, small enough to return in a `Result`.
+pub(crate) struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = json!({"error": self.code, "message": self.message});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
+    Refusal {
+        status,
+        code,
+        message: message.to_owned(),
+    }
+}
+
+fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
+    refusal(status, code, message).into_response()
 }
 
 fn failed(e: LedgerError) -> Response {
@@ -151,6 +214,7 @@ pub fn routes<S: Store>(served: Arc<Served<S>>) -> Router {
         .route("/settle", post(settle::<S>))
         .route("/reattempt", post(reattempt::<S>))
         .route("/resolve", post(resolve::<S>))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(served)
 }
 
@@ -158,6 +222,7 @@ async fn begin<S: Store>(
     State(served): State<Arc<Served<S>>>,
     Json(body): Json<BeginRequest>,
 ) -> Response {
+    served.refresh_for(&body.token).await;
     reply(served.ledger.begin(body).await)
 }
 
@@ -165,6 +230,7 @@ async fn finish<S: Store>(
     State(served): State<Arc<Served<S>>>,
     Json(body): Json<FinishBody>,
 ) -> Response {
+    served.refresh_for(&body.token).await;
     reply(
         served
             .ledger
@@ -178,17 +244,33 @@ async fn settle<S: Store>(
     headers: HeaderMap,
     Json(body): Json<SettleBody>,
 ) -> Response {
-    if body.token.is_none() {
-        if let Err(denied) = served.admin(&headers) {
-            return denied;
+    match body.token.as_deref() {
+        Some(token) => served.refresh_for(token).await,
+        None => {
+            if let Err(denied) = served.admin(&headers) {
+                return denied.into_response();
+            }
         }
     }
-    reply(
-        served
-            .ledger
-            .settle(body.token.as_deref(), &body.id, body.attempt, body.settlement)
-            .await,
-    )
+    let result = match &body.settlement {
+        Settlement::Performed { .. } => "performed",
+        Settlement::NotPerformed => "not_performed",
+        Settlement::Refused { .. } => "refused",
+        Settlement::Review { .. } => "to_review",
+    };
+    let answer = served
+        .ledger
+        .settle(
+            body.token.as_deref(),
+            &body.id,
+            body.attempt,
+            body.settlement,
+        )
+        .await;
+    if let Ok(Answer::Recorded { .. }) = answer {
+        served.metrics.count(result);
+    }
+    reply(answer)
 }
 
 async fn reattempt<S: Store>(
@@ -197,14 +279,16 @@ async fn reattempt<S: Store>(
     Json(body): Json<ReattemptBody>,
 ) -> Response {
     if let Err(denied) = served.admin(&headers) {
-        return denied;
+        return denied.into_response();
     }
-    reply(
-        served
-            .ledger
-            .reattempt(&body.id, body.attempt, body.attempt_timeout_ms)
-            .await,
-    )
+    let answer = served
+        .ledger
+        .reattempt(&body.id, body.attempt, body.attempt_timeout_ms)
+        .await;
+    if let Ok(Answer::Recorded { .. }) = answer {
+        served.metrics.count("retried");
+    }
+    reply(answer)
 }
 
 async fn resolve<S: Store>(
@@ -213,14 +297,21 @@ async fn resolve<S: Store>(
     Json(body): Json<ResolveBody>,
 ) -> Response {
     if let Err(denied) = served.admin(&headers) {
-        return denied;
+        return denied.into_response();
     }
-    reply(
-        served
-            .ledger
-            .resolve(&body.id, body.verdict, &body.by, &body.why)
-            .await,
-    )
+    let answer = served
+        .ledger
+        .resolve(&body.id, body.verdict, &body.by, &body.why)
+        .await;
+    if let Ok(Answer::Recorded { .. }) = answer {
+        served.metrics.count(match body.verdict {
+            Verdict::Done => "resolved_done",
+            Verdict::NotDone => "resolved_not_done",
+            Verdict::Compensated => "resolved_compensated",
+            Verdict::Abandon => "resolved_abandon",
+        });
+    }
+    reply(answer)
 }
 
 async fn show<S: Store>(
@@ -233,7 +324,11 @@ async fn show<S: Store>(
     };
     match served.ledger.get(&id).await {
         Ok(Some(record)) => Json(record).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", &format!("no operation {id}")),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no operation {id}"),
+        ),
         Err(e) => failed(e),
     }
 }
@@ -309,7 +404,9 @@ impl HttpLedger {
         }
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            return Err(LedgerError::Storage(format!("ledger answered {status}: {text}")));
+            return Err(LedgerError::Storage(format!(
+                "ledger answered {status}: {text}"
+            )));
         }
         response
             .json()

@@ -10,10 +10,9 @@ use palisade_fence::Verifier;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    apply_finish, apply_reattempt, apply_resolve, apply_settle, bounded_text, decide_begin,
-    now_ms, start_attempt, Applied, BeginCheck, BeginDecision, Capability, InvalidOp,
-    LedgerRejection, OpId, OpState, Record, Review, SendResult, Settlement, Verdict,
-    MAX_PAYLOAD_BYTES,
+    apply_finish, apply_reattempt, apply_resolve, apply_settle, bounded_text, decide_begin, now_ms,
+    start_attempt, Applied, BeginCheck, BeginDecision, Capability, InvalidOp, LedgerRejection,
+    OpId, OpState, Record, Review, SendResult, Settlement, Verdict, MAX_PAYLOAD_BYTES,
 };
 
 /// How long an attempt may take, by default, before it must not be sent any more: 30 s.
@@ -240,8 +239,10 @@ impl Stats {
 /// - storage failures are `Err`, never rejections.
 pub trait Ledger: Send + Sync {
     /// Records a new attempt if the owner may make one now.
-    fn begin(&self, request: BeginRequest)
-        -> impl Future<Output = Result<Begin, LedgerError>> + Send;
+    fn begin(
+        &self,
+        request: BeginRequest,
+    ) -> impl Future<Output = Result<Begin, LedgerError>> + Send;
 
     /// Records the receiver's answer to the owner's attempt `attempt` (its token).
     fn finish(

@@ -21,16 +21,19 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod any;
 pub mod conformance;
 pub mod fake;
 pub mod http;
 pub mod ledger;
+pub mod metrics;
 pub mod model;
 mod postgres;
 pub mod receiver;
 mod redb_store;
 pub mod runner;
 
+pub use any::AnyLedger;
 pub use http::{HttpLedger, ADMIN_HEADER};
 pub use ledger::{
     Answer, Attempt, Begin, BeginRequest, Ledger, LedgerError, ListFilter, LocalLedger, Stats,

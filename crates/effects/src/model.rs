@@ -457,7 +457,11 @@ pub fn fence_check(fence: u64, epoch: u64) -> Result<bool, LedgerRejection> {
 }
 
 /// `begin`: may this owner attempt this operation now?
-pub fn decide_begin(fence: u64, existing: Option<&Record>, check: &BeginCheck<'_>) -> BeginDecision {
+pub fn decide_begin(
+    fence: u64,
+    existing: Option<&Record>,
+    check: &BeginCheck<'_>,
+) -> BeginDecision {
     let advance = match fence_check(fence, check.epoch.0) {
         Ok(advance) => advance,
         Err(rejection) => return BeginDecision::Reject(rejection),
@@ -546,7 +550,13 @@ pub fn start_attempt(existing: Option<Record>, check: &BeginCheck<'_>, by: &str)
         review: None,
         attempts: Vec::new(),
     });
-    next_attempt(&mut record, check.epoch.0, by, check.now_ms, check.attempt_timeout_ms);
+    next_attempt(
+        &mut record,
+        check.epoch.0,
+        by,
+        check.now_ms,
+        check.attempt_timeout_ms,
+    );
     record
 }
 
@@ -633,7 +643,12 @@ fn log_result(record: &mut Record, attempt: u32, result: String) {
 
 /// `finish`: records the receiver's answer to `attempt`. Evidence from the attempt itself is
 /// accepted while the operation is in doubt (even after it went to review without a verdict).
-pub fn apply_finish(record: &mut Record, attempt: u32, result: &SendResult, now_ms: u64) -> Applied {
+pub fn apply_finish(
+    record: &mut Record,
+    attempt: u32,
+    result: &SendResult,
+    now_ms: u64,
+) -> Applied {
     if !open_to_answers(record, attempt) {
         return Applied::Superseded;
     }

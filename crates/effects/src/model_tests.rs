@@ -141,7 +141,11 @@ fn p7_final_operations_are_never_sent_again() {
         assert_eq!(apply_finish(&mut record, 1, &result, 5), Applied::Recorded);
         assert!(record.state.is_final());
         assert_eq!(
-            decide_begin(3, Some(&record), &check(&op, 9, Capability::Idempotent, 9_999)),
+            decide_begin(
+                3,
+                Some(&record),
+                &check(&op, 9, Capability::Idempotent, 9_999)
+            ),
             BeginDecision::Final
         );
     }
@@ -160,7 +164,10 @@ fn p7_an_ambiguous_answer_is_unknown_or_review_by_capability() {
     assert_eq!(record.state, OpState::NeedsReview);
     // Evidence from the attempt itself still counts while nobody has decided.
     let performed = SendResult::Performed { reference: None };
-    assert_eq!(apply_finish(&mut record, 1, &performed, 6), Applied::Recorded);
+    assert_eq!(
+        apply_finish(&mut record, 1, &performed, 6),
+        Applied::Recorded
+    );
     assert_eq!(record.state, OpState::Succeeded);
 }
 
@@ -168,12 +175,19 @@ fn p7_an_ambiguous_answer_is_unknown_or_review_by_capability() {
 fn p7_an_old_attempts_answer_does_not_overwrite_a_newer_one() {
     let op = id();
     let mut record = in_flight(Capability::Idempotent, 3, 0);
-    record = start_attempt(Some(record), &check(&op, 4, Capability::Idempotent, 1), "owner");
+    record = start_attempt(
+        Some(record),
+        &check(&op, 4, Capability::Idempotent, 1),
+        "owner",
+    );
     assert_eq!(record.attempt, 2);
     let answer = SendResult::Ambiguous {
         reason: "late".into(),
     };
-    assert_eq!(apply_finish(&mut record, 1, &answer, 2), Applied::Superseded);
+    assert_eq!(
+        apply_finish(&mut record, 1, &answer, 2),
+        Applied::Superseded
+    );
     assert_eq!(record.state, OpState::InFlight);
     assert_eq!(record.attempts.len(), 2);
 }
@@ -200,9 +214,15 @@ fn p7_only_idempotent_receivers_are_reattempted_by_a_reconciler() {
         assert_eq!(record.attempt, 1);
     }
     let mut record = in_flight(Capability::Idempotent, 3, 0);
-    assert_eq!(apply_reattempt(&mut record, 1, 10, 1_000), Ok(Applied::Recorded));
+    assert_eq!(
+        apply_reattempt(&mut record, 1, 10, 1_000),
+        Ok(Applied::Recorded)
+    );
     assert_eq!((record.attempt, record.epoch), (2, 3));
-    assert_eq!(apply_reattempt(&mut record, 1, 10, 1_000), Ok(Applied::Superseded));
+    assert_eq!(
+        apply_reattempt(&mut record, 1, 10, 1_000),
+        Ok(Applied::Superseded)
+    );
 }
 
 #[test]
@@ -225,10 +245,18 @@ fn p7_a_person_resolves_review_items_with_who_and_why() {
     assert_eq!(record.review.as_ref().unwrap().by, "alice");
     // The person's retry is a new attempt; the verdict stays in the first attempt's log.
     let op = id();
-    let record = start_attempt(Some(record), &check(&op, 4, Capability::None, 3_000), "owner");
+    let record = start_attempt(
+        Some(record),
+        &check(&op, 4, Capability::None, 3_000),
+        "owner",
+    );
     assert_eq!(record.attempt, 2);
     assert!(record.review.is_none());
-    assert!(record.attempts[0].result.as_deref().unwrap().contains("alice"));
+    assert!(record.attempts[0]
+        .result
+        .as_deref()
+        .unwrap()
+        .contains("alice"));
     for (verdict, state) in [
         (Verdict::Done, OpState::Reconciled),
         (Verdict::Compensated, OpState::Compensated),

@@ -71,7 +71,10 @@ impl PostgresStore {
             .await
             .map_err(db)?;
             let done = txn
-                .query_opt("SELECT 1 FROM palisade_effects_schema WHERE version = 1", &[])
+                .query_opt(
+                    "SELECT 1 FROM palisade_effects_schema WHERE version = 1",
+                    &[],
+                )
                 .await
                 .map_err(db)?
                 .is_some();
@@ -79,9 +82,12 @@ impl PostgresStore {
                 txn.batch_execute(include_str!("../sql/001_effects.sql"))
                     .await
                     .map_err(db)?;
-                txn.execute("INSERT INTO palisade_effects_schema (version) VALUES (1)", &[])
-                    .await
-                    .map_err(db)?;
+                txn.execute(
+                    "INSERT INTO palisade_effects_schema (version) VALUES (1)",
+                    &[],
+                )
+                .await
+                .map_err(db)?;
             }
             txn.commit().await.map_err(db)?;
         }
@@ -91,7 +97,10 @@ impl PostgresStore {
 
 async fn schema_applied(client: &tokio_postgres::Client) -> Result<bool, LedgerError> {
     let exists: bool = client
-        .query_one("SELECT to_regclass('palisade_effects_schema') IS NOT NULL", &[])
+        .query_one(
+            "SELECT to_regclass('palisade_effects_schema') IS NOT NULL",
+            &[],
+        )
         .await
         .map_err(db)?
         .get(0);
@@ -99,7 +108,10 @@ async fn schema_applied(client: &tokio_postgres::Client) -> Result<bool, LedgerE
         return Ok(false);
     }
     Ok(client
-        .query_opt("SELECT 1 FROM palisade_effects_schema WHERE version = 1", &[])
+        .query_opt(
+            "SELECT 1 FROM palisade_effects_schema WHERE version = 1",
+            &[],
+        )
         .await
         .map_err(db)?
         .is_some())
@@ -203,7 +215,9 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(db)?;
-        rows.iter().map(|row| decode(row.get::<_, &str>(0))).collect()
+        rows.iter()
+            .map(|row| decode(row.get::<_, &str>(0)))
+            .collect()
     }
 
     async fn stats(&self, now_ms: u64) -> Result<Stats, LedgerError> {

@@ -188,7 +188,9 @@ impl Receiver for HttpReceiver {
             }
             404 => Ok(Status::NotPerformed),
             501 => Err(ReceiverError::Unsupported("lookup")),
-            other => Err(ReceiverError::Unavailable(format!("lookup answered {other}"))),
+            other => Err(ReceiverError::Unavailable(format!(
+                "lookup answered {other}"
+            ))),
         }
     }
 

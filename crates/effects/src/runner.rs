@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::ledger::{Answer, Attempt, Begin, BeginRequest, Ledger, LedgerError, ListFilter};
 use crate::model::{
-    now_ms, LedgerRejection, OpId, OpState, Record, SendResult, Settlement, Capability,
+    now_ms, Capability, LedgerRejection, OpId, OpState, Record, SendResult, Settlement,
 };
 use crate::receiver::{Receiver, ReceiverError, Status};
 
@@ -139,7 +139,10 @@ pub async fn perform<L: Ledger, R: Receiver>(
                         Status::Performed { reference } => Settlement::Performed { reference },
                         Status::NotPerformed => Settlement::NotPerformed,
                     };
-                    match ledger.settle(Some(token), id, record.attempt, settlement).await? {
+                    match ledger
+                        .settle(Some(token), id, record.attempt, settlement)
+                        .await?
+                    {
                         Answer::Rejected { rejection } => {
                             return Err(RunError::Rejected(rejection))
                         }
@@ -222,7 +225,9 @@ pub async fn reconcile_once<L: Ledger, R: Receiver>(
     };
     let mut report = ReconcileReport::default();
     for record in ledger.list(&filter).await? {
-        if record.receiver != receiver.name() {
+        if record.receiver != receiver.name() || record.capability != receiver.capability() {
+            // Another receiver's, or declared with another capability than this reconciler
+            // was told: it is not this reconciler's to resolve.
             report.skipped += 1;
             continue;
         }
@@ -239,7 +244,11 @@ pub async fn reconcile_once<L: Ledger, R: Receiver>(
         match record.capability {
             Capability::Idempotent => {
                 let answer = ledger
-                    .reattempt(&record.id, record.attempt, attempt_timeout.as_millis() as u64)
+                    .reattempt(
+                        &record.id,
+                        record.attempt,
+                        attempt_timeout.as_millis() as u64,
+                    )
                     .await?;
                 let Answer::Recorded { record: retried } = answer else {
                     report.left += 1;

@@ -16,7 +16,10 @@ impl LedgerFactory for Embedded {
 
     async fn make(&self, verifier: Arc<Verifier>) -> Self::Ledger {
         let dir = tempfile::tempdir().unwrap().keep();
-        LocalLedger::new(RedbStore::open(&dir.join("effects.redb")).unwrap(), verifier)
+        LocalLedger::new(
+            RedbStore::open(&dir.join("effects.redb")).unwrap(),
+            verifier,
+        )
     }
 }
 

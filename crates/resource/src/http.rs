@@ -17,6 +17,9 @@ use palisade_fence::{
 use palisade_fence_redb::RedbFence;
 use serde_json::{json, Value};
 
+use palisade_effects::http::Served;
+use palisade_effects::{LocalLedger, RedbStore};
+
 use crate::keys::KeyRing;
 use crate::metrics::Metrics;
 
@@ -36,21 +39,30 @@ struct Inner {
     store: RedbFence,
     keys: Arc<KeyRing>,
     metrics: Metrics,
+    effects: Arc<Served<RedbStore>>,
 }
 
 impl State {
-    pub fn new(store: RedbFence, keys: Arc<KeyRing>) -> Self {
+    pub fn new(
+        store: RedbFence,
+        keys: Arc<KeyRing>,
+        ledger: LocalLedger<RedbStore>,
+        effects_admin_secret: Option<String>,
+    ) -> Self {
+        let effects = Served::with_keys(ledger, effects_admin_secret, keys.clone());
         Self {
             inner: Arc::new(Inner {
                 store,
                 keys,
-                metrics: Metrics::new(),
+                metrics: Metrics::new(effects.metrics()),
+                effects,
             }),
         }
     }
 }
 
 pub fn router(state: State) -> Router {
+    let effects = palisade_effects::http::routes(state.inner.effects.clone());
     let router = Router::new()
         .route("/v1/kv/{lock}/{key}", get(read).put(write))
         .route("/v1/fences/{lock}", get(fence))
@@ -61,7 +73,8 @@ pub fn router(state: State) -> Router {
         .route("/readyz", get(readyz))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(MAX_VALUE_BYTES))
-        .with_state(state);
+        .with_state(state)
+        .nest("/v1/effects", effects);
     // Declared-oversized values refused before they are read; stalled ones after a timeout.
     palisade_listener::bounded_bodies(
         router,
@@ -319,6 +332,12 @@ async fn info(axum::extract::State(state): axum::extract::State<State>) -> Respo
 }
 
 async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    use palisade_effects::Ledger as _;
+    // The ledger's counts are read at scrape time (a scan of the ledger).
+    if let Ok(stats) = state.inner.effects.ledger().stats().await {
+        let now = palisade_effects::model::now_ms();
+        state.inner.effects.metrics().set_stats(&stats, now);
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,

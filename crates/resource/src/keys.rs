@@ -267,6 +267,19 @@ pub fn parse_keys(text: &str) -> Result<TokenVerifier, String> {
     Ok(TokenVerifier::new(keys))
 }
 
+impl palisade_effects::http::KeyRefresh for KeyRing {
+    fn refresh_for<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            if let Ok(claims) = palisade_core::token::decode_unverified(token) {
+                self.ensure_known(claims.key_id, claims.issued_at_ms).await;
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use palisade_core::token::encode_public_key;

@@ -32,6 +32,8 @@ pub const DEFAULT_DATA_DIR: &str = "./palisade-resource-data";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7421";
 /// File name of the store inside the data directory.
 pub const STORE_FILE: &str = "fence.redb";
+/// File name of the effects ledger inside the data directory (served at `/v1/effects`).
+pub const EFFECTS_FILE: &str = "effects.redb";
 /// Time open connections get to finish after a shutdown begins.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -87,6 +89,9 @@ pub struct ResourceConfig {
     /// How often the coordinator's keys are fetched even when no token asks for it
     /// ([`DEFAULT_KEY_REFRESH`]): a key it stops publishing is dropped within this.
     pub key_refresh: Duration,
+    /// The secret reconcilers and people present to settle, retry and resolve operations in
+    /// the effects ledger this store hosts (`None`: those requests are refused).
+    pub effects_admin_secret: Option<String>,
 }
 
 /// Why the resource server could not start.
@@ -104,6 +109,9 @@ pub enum ResourceError {
     /// The store could not be opened.
     #[error(transparent)]
     Fence(#[from] FenceError),
+    /// The effects ledger could not be opened.
+    #[error(transparent)]
+    Effects(#[from] palisade_effects::LedgerError),
     /// The key file could not be read, or the coordinator's keys cannot be fetched safely.
     #[error("trusted keys: {0}")]
     Keys(String),
@@ -153,10 +161,19 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
     let store = RedbFence::open_with(
         &config.data_dir.join(STORE_FILE),
         config.mode,
-        verifier,
+        verifier.clone(),
         Some(&witness_path(&config.data_dir)),
     )?;
-    let state = http::State::new(store, keys.clone());
+    let ledger = palisade_effects::LocalLedger::new(
+        palisade_effects::RedbStore::open(&config.data_dir.join(EFFECTS_FILE))?,
+        verifier,
+    );
+    let state = http::State::new(
+        store,
+        keys.clone(),
+        ledger,
+        config.effects_admin_secret.clone(),
+    );
     let app = http::router(state);
     let listener = TcpListener::bind(config.listen)
         .await

@@ -23,8 +23,9 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("palisade_resource");
+    pub fn new(effects: &palisade_effects::metrics::EffectsMetrics) -> Self {
+        let mut registry = Registry::default();
+        effects.register(registry.sub_registry_with_prefix("palisade_effects"));
         let metrics = Self {
             accepted: Counter::default(),
             rejections: Family::default(),
@@ -33,7 +34,7 @@ impl Metrics {
             write_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
             registry: Registry::default(),
         };
-        let r = &mut registry;
+        let r = registry.sub_registry_with_prefix("palisade_resource");
         r.register(
             "writes_accepted",
             "Fenced writes accepted",

@@ -147,6 +147,7 @@ async fn fuzz(mode: FenceMode) {
         revoked_keys: Vec::new(),
         coordinator_ca: None,
         key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
+        effects_admin_secret: None,
         tls: None,
     })
     .await

@@ -32,6 +32,7 @@ async fn start_resource(
         revoked_keys: Vec::new(),
         coordinator_ca: None,
         key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
+        effects_admin_secret: None,
         tls: None,
     };
     palisade_resource::start(config).await.unwrap()
@@ -417,6 +418,7 @@ async fn a_store_refuses_to_reopen_in_another_mode() {
         revoked_keys: Vec::new(),
         coordinator_ca: None,
         key_refresh: palisade_resource::DEFAULT_KEY_REFRESH,
+        effects_admin_secret: None,
         tls: None,
     };
     let error = palisade_resource::start(config)
