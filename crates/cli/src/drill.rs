@@ -100,6 +100,38 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
                     f.unavailable_max_ms
                 );
             }
+            for f in report.effects.iter().flatten() {
+                let faults = f
+                    .faults
+                    .iter()
+                    .map(|(kind, n)| format!("{kind}×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                println!(
+                    "\neffects ({}, {}): {} operations; owners stopped {:?}, {} killed, {} \
+                     resumed ({} stale begins refused); receiver faults {faults}, {} restarts; \
+                     {} effects performed, {} deduplicated retries, {} late sends refused; \
+                     {} duplicates, {} review items ({} done, {} not done), {} lost, {} sends \
+                     unrecorded",
+                    f.ledger,
+                    f.capability,
+                    f.operations,
+                    f.owner_stops,
+                    f.owner_kills,
+                    f.owner_resumes,
+                    f.stale_begins_refused,
+                    f.receiver_restarts,
+                    f.effects_performed,
+                    f.replays,
+                    f.late_refused,
+                    f.duplicates,
+                    f.review_items,
+                    f.resolved_done,
+                    f.resolved_not_done,
+                    f.lost,
+                    f.unrecorded_sends
+                );
+            }
             if let Some(f) = &report.restore {
                 let orders = f
                     .orders
@@ -133,6 +165,52 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
     }
     anyhow::ensure!(passed, "a drill found a violation");
     Ok(())
+}
+
+#[derive(Args)]
+pub struct EffectsWorkerArgs {
+    #[arg(long)]
+    coordinator: String,
+    #[arg(long)]
+    ledger: String,
+    #[arg(long)]
+    trust_key: std::path::PathBuf,
+    #[arg(long)]
+    receiver_url: String,
+    #[arg(long)]
+    capability: String,
+    #[arg(long)]
+    lock: String,
+    #[arg(long)]
+    ops: usize,
+    #[arg(long)]
+    ttl_ms: u64,
+    #[arg(long)]
+    attempt_timeout_ms: u64,
+    #[arg(long)]
+    send_timeout_ms: u64,
+    #[arg(long, requires = "stop_op")]
+    stop_at: Option<String>,
+    #[arg(long, requires = "stop_at")]
+    stop_op: Option<usize>,
+}
+
+pub async fn run_effects_worker(args: EffectsWorkerArgs) -> anyhow::Result<()> {
+    let plan = palisade_drill::effects::WorkerPlan {
+        coordinator: args.coordinator,
+        ledger: args.ledger,
+        trust_key: args.trust_key,
+        receiver_url: args.receiver_url,
+        capability: palisade_effects::Capability::parse(&args.capability)
+            .map_err(|e| anyhow::anyhow!(e.0))?,
+        lock: args.lock,
+        ops: args.ops,
+        ttl_ms: args.ttl_ms,
+        attempt_timeout_ms: args.attempt_timeout_ms,
+        send_timeout_ms: args.send_timeout_ms,
+        stop: args.stop_at.zip(args.stop_op),
+    };
+    palisade_drill::effects::worker(plan).await
 }
 
 #[derive(Args)]

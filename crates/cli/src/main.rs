@@ -76,6 +76,9 @@ enum Command {
     /// A drill's worker process (started by `palisade drill`).
     #[command(hide = true)]
     DrillWorker(drill::WorkerArgs),
+    /// The effects drill's worker process (started by `palisade drill effects`).
+    #[command(hide = true)]
+    EffectsWorker(drill::EffectsWorkerArgs),
 }
 
 #[derive(Args)]
@@ -415,6 +418,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drill(args) => drill::run_drill(args, json).await,
         Command::Simulate(args) => drill::run_simulate(args, json),
         Command::DrillWorker(args) => drill::run_worker(args).await,
+        Command::EffectsWorker(args) => drill::run_effects_worker(args).await,
         Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
         Command::Bench(BenchCommand::Postgres(args)) => bench_fence::run_postgres(args, json).await,
         Command::Bench(BenchCommand::Resource(args)) => bench_fence::run_resource(args, json).await,

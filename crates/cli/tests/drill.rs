@@ -51,9 +51,40 @@ fn check_report(report: &Value, resource: &str) {
             "bypass",
             "coordinator-failover",
             "restore",
-            "resource-restore"
+            "resource-restore",
+            "effects"
         ]
     );
+    // P7, for each receiver capability, checked from the receiver's own record: one owner
+    // stopped right before a send (then resumed late) and one killed after an answer; no
+    // duplicate effect, no lost operation, no send the ledger had not recorded, and every
+    // operation the superseded owner had not begun refused by the ledger.
+    let effects = &scenarios[8];
+    assert_eq!(effects["passed"], true, "{effects}");
+    assert_eq!(effects["resource"], resource);
+    let capabilities: Vec<&str> = effects["effects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["capability"].as_str().unwrap())
+        .collect();
+    assert_eq!(capabilities, ["idempotent", "lookup", "none"]);
+    for figures in effects["effects"].as_array().unwrap() {
+        assert_eq!(figures["ledger"], resource, "{figures}");
+        assert_eq!(figures["operations"], 8, "{figures}");
+        assert_eq!(figures["owner_stops"]["recorded"], 1, "{figures}");
+        assert_eq!(figures["owner_stops"]["answered"], 1, "{figures}");
+        assert_eq!(figures["owner_kills"], 1, "{figures}");
+        assert_eq!(figures["stale_begins_tried"], 3, "{figures}");
+        assert_eq!(figures["stale_begins_refused"], 3, "{figures}");
+        assert_eq!(figures["duplicates"], 0, "{figures}");
+        assert_eq!(figures["lost"], 0, "{figures}");
+        assert_eq!(figures["unrecorded_sends"], 0, "{figures}");
+        assert!(
+            figures["effects_performed"].as_u64().unwrap() >= 8,
+            "{figures}"
+        );
+    }
     // P6: two restores of each order; after each, the next owner wrote, every earlier owner was
     // refused, and no epoch was issued twice (P1 on the history across restores).
     for (index, orders) in [
@@ -106,12 +137,12 @@ fn check_report(report: &Value, resource: &str) {
 }
 
 #[test]
-fn p1_p2_p4_p5_every_drill_passes_on_the_embedded_store() {
+fn p1_p2_p4_p5_p7_every_drill_passes_on_the_embedded_store() {
     check_report(&drill("embedded"), "embedded");
 }
 
 #[test]
-fn p1_p2_p4_p5_every_drill_passes_on_postgres() {
+fn p1_p2_p4_p5_p7_every_drill_passes_on_postgres() {
     let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
     check_report(&drill(&url), "postgres");

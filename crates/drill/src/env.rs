@@ -234,16 +234,7 @@ impl DrillEnv {
         if spec.hold_before_write {
             command.arg("--hold-before-write");
         }
-        let mut child = command.spawn().context("start a drill worker")?;
-        let stdout = child.stdout.take().expect("piped");
-        let stdin = child.stdin.take();
-        let pid = child.id().context("the worker has a pid")?;
-        Ok(WorkerProcess {
-            _child: child,
-            pid,
-            lines: BufReader::new(stdout).lines(),
-            stdin,
-        })
+        WorkerProcess::spawn(command)
     }
 }
 
@@ -306,6 +297,39 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcess {
+    /// Starts `command` (stdin and stdout piped, killed on drop) as a worker.
+    pub(crate) fn spawn(mut command: tokio::process::Command) -> anyhow::Result<Self> {
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().context("start a drill worker")?;
+        let stdout = child.stdout.take().expect("piped");
+        let stdin = child.stdin.take();
+        let pid = child.id().context("the worker has a pid")?;
+        Ok(WorkerProcess {
+            _child: child,
+            pid,
+            lines: BufReader::new(stdout).lines(),
+            stdin,
+        })
+    }
+
+    /// SIGKILL, and waits until the process is gone.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        self._child.start_kill()?;
+        self._child.wait().await?;
+        Ok(())
+    }
+
+    /// Waits (bounded) for the process to exit by itself.
+    pub async fn wait_exit(&mut self) -> anyhow::Result<()> {
+        tokio::time::timeout(WORKER_EVENT_TIMEOUT, self._child.wait())
+            .await
+            .context("the worker did not exit within 30 s")??;
+        Ok(())
+    }
+
     /// The next event, or an error if the worker exits or hangs.
     pub async fn next_event(&mut self) -> anyhow::Result<Value> {
         let line = tokio::time::timeout(WORKER_EVENT_TIMEOUT, self.lines.next_line())

@@ -15,6 +15,7 @@
 
 pub mod certs;
 pub mod clock;
+pub mod effects;
 mod env;
 pub mod failover;
 pub mod proxy;
@@ -81,11 +82,15 @@ pub enum Scenario {
     Restore,
     /// The reference store copied back (and the coordinator restored too, every other time).
     ResourceRestore,
+    /// External effects through the effects ledger, for each receiver capability: owners
+    /// stopped and killed between recording and sending and between sending and recording,
+    /// newer owners taking over, a reconciler running throughout (P7).
+    Effects,
 }
 
 impl Scenario {
     /// Every scenario built so far, in `drill all` order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::StaleProcess,
         Scenario::DelayedDelivery,
         Scenario::DuplicateToken,
@@ -94,6 +99,7 @@ impl Scenario {
         Scenario::CoordinatorFailover,
         Scenario::Restore,
         Scenario::ResourceRestore,
+        Scenario::Effects,
     ];
 
     /// The scenario's name on the command line.
@@ -107,6 +113,7 @@ impl Scenario {
             Scenario::CoordinatorFailover => "coordinator-failover",
             Scenario::Restore => "restore",
             Scenario::ResourceRestore => "resource-restore",
+            Scenario::Effects => "effects",
         }
     }
 
@@ -178,6 +185,9 @@ pub struct ScenarioReport {
     pub failover: Option<failover::FailoverFigures>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restore: Option<restore::RestoreFigures>,
+    /// effects: per receiver capability.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effects: Option<Vec<effects::EffectsFigures>>,
 }
 
 impl ScenarioReport {
@@ -195,6 +205,7 @@ impl ScenarioReport {
             violation: None,
             failover: None,
             restore: None,
+            effects: None,
         }
     }
 
@@ -238,6 +249,26 @@ pub async fn run(
             )
             .await?;
             report.failover = Some(figures);
+            reports.push(report);
+            continue;
+        }
+        if scenario == Scenario::Effects {
+            // Its own coordinator, ledger, receiver and reconciler per capability.
+            let figures = effects::run(
+                &config.binary,
+                &config.resource,
+                config.iterations,
+                config.progress,
+            )
+            .await?;
+            report.iterations = config.iterations;
+            report.stale_attempted = figures.iter().map(|f| f.stale_begins_tried).sum();
+            report.stale_accepted = figures.iter().map(|f| f.stale_begins_accepted).sum();
+            if let Some(failed) = figures.iter().find(|f| !f.passed) {
+                report.passed = false;
+                report.violation = failed.violation.clone();
+            }
+            report.effects = Some(figures);
             reports.push(report);
             continue;
         }

@@ -38,6 +38,9 @@ pub async fn run_iteration(
         Scenario::Restore | Scenario::ResourceRestore => {
             anyhow::bail!("the restore drills run their own processes (see `restore::run`)")
         }
+        Scenario::Effects => {
+            anyhow::bail!("the effects drill runs its own processes (see `effects::run`)")
+        }
     }
     Ok(report.absorb(&history, scenario.mode()))
 }

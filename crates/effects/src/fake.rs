@@ -57,8 +57,9 @@ pub struct Faults {
 /// One line of the receiver's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// `performed`, `compensated`, `refused_late` (lookup: arrived after its deadline) or
-    /// `replayed` (idempotent: a key seen before, nothing performed).
+    /// `performed`, `compensated`, `refused_late` (lookup: arrived after its deadline),
+    /// `replayed` (idempotent: a key seen before, nothing performed) or `fault` (injected;
+    /// `reference` names it).
     pub kind: String,
     /// The idempotency key.
     pub key: String,
@@ -328,6 +329,25 @@ fn deliver(fake: &Fake, request: &Request) -> Result<(StatusCode, serde_json::Va
     ))
 }
 
+/// Records an injected fault (durably: a crash follows some).
+async fn note_fault(fake: &Arc<Fake>, request: &Request, name: &'static str) {
+    let fake = fake.clone();
+    let event = Event {
+        kind: "fault".into(),
+        key: request.key.clone(),
+        op: request.op.clone(),
+        epoch: request.epoch,
+        attempt: request.attempt,
+        reference: name.into(),
+        payload_hash: request.hash.clone(),
+        at_ms: now_ms(),
+    };
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = fake.book.lock().expect("not poisoned").append(event);
+    })
+    .await;
+}
+
 async fn perform(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
     let request = match parse(&headers, &body) {
         Ok(request) => request,
@@ -335,6 +355,7 @@ async fn perform(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes)
     };
     let n = fake.requests.fetch_add(1, Ordering::Relaxed);
     if fake.roll(n, 1) < fake.faults.timeout_before {
+        note_fault(&fake, &request, "timeout_before").await;
         tokio::time::sleep(fake.faults.hang).await;
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -361,13 +382,16 @@ async fn perform(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes)
     }
     let (status, body) = answer.expect("at least one delivery");
     if fake.roll(n, 3) < fake.faults.crash {
+        note_fault(&fake, &request, "crash").await;
         tracing::warn!("fault: crashing after the effect was committed");
         std::process::abort();
     }
     if fake.roll(n, 4) < fake.faults.timeout_after {
+        note_fault(&fake, &request, "timeout_after").await;
         tokio::time::sleep(fake.faults.hang).await;
     }
     if fake.roll(n, 5) < fake.faults.lose_answer {
+        note_fault(&fake, &request, "lose_answer").await;
         // The status line goes out, then the connection breaks before the body: the sender
         // cannot know what happened.
         let broken = futures::stream::iter([Err::<Bytes, _>(std::io::Error::new(

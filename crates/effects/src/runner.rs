@@ -16,7 +16,7 @@ use crate::receiver::{Receiver, ReceiverError, Status};
 /// Where an owner's run is, for tests and drills that stop or kill it there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// The attempt is recorded and not sent yet.
+    /// The attempt is recorded, its deadline checked, and it is not sent yet.
     Recorded,
     /// The receiver answered and the answer is not recorded yet.
     Answered,
@@ -113,12 +113,13 @@ pub async fn perform<L: Ledger, R: Receiver>(
             .await?;
         match begin {
             Begin::Send { attempt } => {
-                hook(Step::Recorded, &attempt);
                 let result = if now_ms() >= attempt.deadline_ms {
                     SendResult::Expired {
                         reason: "not sent: the attempt's deadline passed before sending".into(),
                     }
                 } else {
+                    // The window no check can close: a pause here sends the attempt late.
+                    hook(Step::Recorded, &attempt);
                     receiver.send(&attempt).await
                 };
                 hook(Step::Answered, &attempt);
