@@ -271,7 +271,11 @@ fn p7_an_unknown_outcome_without_dedup_goes_to_review_and_a_person_resolves() {
     ];
     let denied = s.effects(&args, false);
     assert!(!denied.status.success());
-    assert!(stderr(&denied).contains("403"), "{}", stderr(&denied));
+    assert!(
+        stderr(&denied).contains("admin secret"),
+        "{}",
+        stderr(&denied)
+    );
     let resolved = s.effects(&args, true);
     assert!(resolved.status.success(), "{}", stderr(&resolved));
     let record = s.show("mail/3:welcome");

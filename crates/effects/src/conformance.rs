@@ -33,6 +33,8 @@ macro_rules! ledger_conformance_suite {
             p7_lookup_receivers_wait_and_are_settled_by_lookup,
             p7_receivers_without_dedup_go_to_review_and_people_resolve,
             p7_only_idempotent_operations_are_reattempted,
+            p7_a_superseded_owner_cannot_settle,
+            oversized_and_malformed_requests_record_nothing,
             p3_concurrent_owners_get_distinct_attempts,
             list_and_stats_count_states,
         );
@@ -414,4 +416,76 @@ pub async fn list_and_stats_count_states<F: LedgerFactory>(factory: &F) {
     let stats = ledger.stats().await.unwrap();
     assert!(stats.by_state["succeeded"] >= 1 && stats.by_state["in_flight"] >= 1);
     assert_eq!(stats.by_state.len(), 8);
+}
+
+/// P7: a settlement under a token is taken only from the lock's current owner: a superseded
+/// owner cannot mark an operation performed (which would lose it) or not performed.
+pub async fn p7_a_superseded_owner_cannot_settle<F: LedgerFactory>(factory: &F) {
+    let (h, ledger) = setup(factory).await;
+    let a = op(&h, "settle", "a");
+    let b = op(&h, "settle", "b");
+    sent(&begin(&ledger, request(&h, &a, 3, Capability::Lookup)).await);
+    sent(&begin(&ledger, request(&h, &b, 4, Capability::Lookup)).await);
+    let performed = Settlement::Performed { reference: None };
+    let old = h.token(&a.lock, 3);
+    let answer = ledger
+        .settle(Some(&old), &a, 1, performed.clone())
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer,
+            Answer::Rejected {
+                rejection: LedgerRejection::StaleEpoch { .. }
+            }
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(
+        ledger.get(&a).await.unwrap().unwrap().state,
+        OpState::InFlight
+    );
+    let current = h.token(&a.lock, 4);
+    let answer = ledger
+        .settle(Some(&current), &a, 1, performed)
+        .await
+        .unwrap();
+    assert_eq!(answer.record().unwrap().state, OpState::Reconciled);
+}
+
+/// Requests out of bounds record nothing: a payload over the limit, a bad timeout, a long
+/// receiver name, and an answer about an operation that does not exist.
+pub async fn oversized_and_malformed_requests_record_nothing<F: LedgerFactory>(factory: &F) {
+    let (h, ledger) = setup(factory).await;
+    let id = op(&h, "bounds", "x");
+    let mut big = request(&h, &id, 3, Capability::Idempotent);
+    big.payload = vec![b'x'; crate::model::MAX_PAYLOAD_BYTES + 1];
+    let mut timeout = request(&h, &id, 3, Capability::Idempotent);
+    timeout.attempt_timeout_ms = 0;
+    let mut name = request(&h, &id, 3, Capability::Idempotent);
+    name.receiver = "r".repeat(129);
+    for bad in [big, timeout, name] {
+        match begin(&ledger, bad).await {
+            Begin::Rejected {
+                rejection: LedgerRejection::Invalid { .. },
+            } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(ledger.get(&id).await.unwrap().is_none());
+    let answer = ledger
+        .finish(
+            &h.token(&id.lock, 3),
+            &id,
+            1,
+            SendResult::Performed { reference: None },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        answer,
+        Answer::Rejected {
+            rejection: LedgerRejection::NotFound { .. }
+        }
+    ));
 }

@@ -192,6 +192,7 @@ fn failed(e: LedgerError) -> Response {
     let code = match e {
         LedgerError::Storage(_) => "storage_error",
         LedgerError::Integrity(_) => "integrity_violation",
+        LedgerError::RestoreRequired(_) => "restore_required",
     };
     error(StatusCode::SERVICE_UNAVAILABLE, code, &e.to_string())
 }
@@ -404,9 +405,16 @@ impl HttpLedger {
         }
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            return Err(LedgerError::Storage(format!(
-                "ledger answered {status}: {text}"
-            )));
+            let body: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            let message = body["message"].as_str().unwrap_or(&text).to_owned();
+            return Err(match body["error"].as_str() {
+                Some("restore_required") => LedgerError::RestoreRequired(message),
+                Some("admin_disabled" | "forbidden") => LedgerError::Storage(format!(
+                    "the ledger refused ({status}): {message}; reconcilers and people pass the \
+                     ledger's admin secret with --admin-secret-file"
+                )),
+                _ => LedgerError::Storage(format!("ledger answered {status}: {message}")),
+            });
         }
         response
             .json()

@@ -32,6 +32,10 @@ pub enum LedgerError {
     /// The stored data is not readable.
     #[error("ledger integrity violation: {0}")]
     Integrity(String),
+    /// The ledger was copied back or restored from an older copy: it serves reads and
+    /// changes nothing (P6 for the ledger). Nothing was recorded.
+    #[error("restore required: {0}")]
+    RestoreRequired(String),
 }
 
 /// An owner's request to attempt an operation.
@@ -378,9 +382,24 @@ impl<S: Store> LocalLedger<S> {
         id: &OpId,
         step: impl FnOnce(&mut Record) -> Result<Applied, LedgerRejection> + Send + 'static,
     ) -> Result<Answer, LedgerError> {
+        self.answer_fenced(id, None, step).await
+    }
+
+    /// [`Self::answer`], refused when `epoch` is below the lock's ledger fence.
+    async fn answer_fenced(
+        &self,
+        id: &OpId,
+        epoch: Option<u64>,
+        step: impl FnOnce(&mut Record) -> Result<Applied, LedgerRejection> + Send + 'static,
+    ) -> Result<Answer, LedgerError> {
         let missing = not_found(id);
         self.store
-            .transact(id, move |_fence, slot| {
+            .transact(id, move |fence, slot| {
+                if let Some(epoch) = epoch {
+                    if let Err(rejection) = crate::model::fence_check(*fence, epoch) {
+                        return Answer::Rejected { rejection };
+                    }
+                }
                 let Some(record) = slot.as_mut() else {
                     return Answer::Rejected { rejection: missing };
                 };
@@ -510,16 +529,20 @@ impl<S: Store> Ledger for LocalLedger<S> {
         attempt: u32,
         settlement: Settlement,
     ) -> Result<Answer, LedgerError> {
-        if let Some(token) = token {
-            if let Err(error) = self.verifier.verify(token, &id.lock) {
+        // An owner settles only as the lock's current owner (its epoch at or above the
+        // ledger's fence): a superseded owner's word about an attempt is not taken.
+        let epoch = match token.map(|t| self.verifier.verify(t, &id.lock)) {
+            None => None,
+            Some(Ok(claims)) => Some(claims.epoch.0),
+            Some(Err(error)) => {
                 return Ok(Answer::Rejected {
                     rejection: LedgerRejection::InvalidToken {
                         message: error.to_string(),
                     },
-                });
+                })
             }
-        }
-        self.answer(id, move |record| {
+        };
+        self.answer_fenced(id, epoch, move |record| {
             apply_settle(record, attempt, &settlement, now_ms())
         })
         .await

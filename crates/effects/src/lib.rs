@@ -41,5 +41,5 @@ pub use ledger::{
 pub use model::{Capability, OpId, OpState, Record, SendResult, Settlement, Verdict};
 pub use postgres::PostgresStore;
 pub use receiver::{HttpReceiver, Receiver, ReceiverError, Status};
-pub use redb_store::RedbStore;
+pub use redb_store::{RedbStore, WITNESS_INTERVAL};
 pub use runner::{perform, reconcile_once, Done, ReconcileReport, RunError, RunOptions, Step};

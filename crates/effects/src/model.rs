@@ -157,11 +157,27 @@ impl fmt::Display for OpState {
 /// An operation's stable identity: the lock that authorises it and the application's id for
 /// it (e.g. lock `invoice/7`, op `charge`; written `invoice/7:charge`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawOpId")]
 pub struct OpId {
     /// The guarding lock.
     pub lock: LockName,
     /// The operation id: 1–200 bytes of `[A-Za-z0-9._/:-]`.
     pub op: String,
+}
+
+/// An [`OpId`] as it arrives, before validation (every deserialized id is validated).
+#[derive(Deserialize)]
+struct RawOpId {
+    lock: LockName,
+    op: String,
+}
+
+impl TryFrom<RawOpId> for OpId {
+    type Error = InvalidOp;
+
+    fn try_from(raw: RawOpId) -> Result<Self, InvalidOp> {
+        OpId::new(raw.lock, raw.op)
+    }
 }
 
 impl OpId {

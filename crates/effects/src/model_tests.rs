@@ -45,6 +45,11 @@ fn operation_ids_are_validated() {
     assert!(OpId::parse("lock:has space").is_err());
     assert!(OpId::parse(&format!("lock:{}", "x".repeat(201))).is_err());
     assert_eq!(OpId::parse("a/b:c:d").unwrap().op, "c:d");
+    // Ids arriving as JSON (over HTTP) are validated too.
+    let bad: Result<OpId, _> = serde_json::from_str(r#"{"lock":"a","op":"x\u0000y"}"#);
+    assert!(bad.is_err());
+    let good: OpId = serde_json::from_str(r#"{"lock":"a","op":"charge"}"#).unwrap();
+    assert_eq!(good, OpId::parse("a:charge").unwrap());
 }
 
 #[test]

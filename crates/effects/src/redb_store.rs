@@ -1,9 +1,18 @@
 //! [`RedbStore`]: the embedded ledger's storage. One redb file holds every lock's ledger
 //! fence and every operation's record. Each transaction is one redb write transaction (they
 //! exclude each other: P3) committed with `Durability::Immediate` before it answers (P8).
+//!
+//! With a witness (a file beside the data directory, [`palisade_core::witness`]), a ledger
+//! copied back or restored from an older copy is detected when it opens: it would have
+//! forgotten attempts that were sent, and an owner would send them again. Such a ledger serves
+//! reads and refuses every change ([`LedgerError::RestoreRequired`]).
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use palisade_core::witness::{judge, Verdict, WitnessRecord};
 
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 
@@ -14,12 +23,26 @@ use crate::model::{OpId, Record};
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("effect_fences");
 /// (lock, op) → the record as JSON.
 const OPS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("effect_ops");
+/// `id` (the ledger's random id) and `seq` (committed changes, as text).
+const META: TableDefinition<&str, &str> = TableDefinition::new("effect_meta");
+/// The kind of store the ledger's witness speaks of.
+pub const WITNESS_KIND: &str = "effects-ledger";
+/// How often the witness catches up with the committed changes (it may lag by this much).
+pub const WITNESS_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The embedded ledger's storage (one process opens the file at a time; other processes reach
 /// it through the reference store's HTTP routes, see `palisade resource serve`).
 #[derive(Clone)]
 pub struct RedbStore {
-    db: Arc<Database>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    db: Database,
+    /// Committed changes so far.
+    seq: AtomicU64,
+    /// Set when the ledger was found behind its witness: why it changes nothing.
+    behind: Option<String>,
 }
 
 fn storage(error: impl std::fmt::Display) -> LedgerError {
@@ -32,8 +55,14 @@ fn decode(bytes: &[u8]) -> Result<Record, LedgerError> {
 }
 
 impl RedbStore {
-    /// Opens (or creates) the ledger file at `path`.
+    /// Opens (or creates) the ledger file at `path`, without a witness.
     pub fn open(path: &Path) -> Result<Self, LedgerError> {
+        Self::open_with(path, None)
+    }
+
+    /// Opens (or creates) the ledger file at `path`, judged against (and then followed by) the
+    /// witness file at `witness`.
+    pub fn open_with(path: &Path, witness: Option<&Path>) -> Result<Self, LedgerError> {
         let created = !path.exists();
         let db = Database::create(path).map_err(storage)?;
         let mut txn = db.begin_write().map_err(storage)?;
@@ -41,6 +70,26 @@ impl RedbStore {
             .map_err(storage)?;
         txn.open_table(FENCES).map_err(storage)?;
         txn.open_table(OPS).map_err(storage)?;
+        let (id, seq) = {
+            let mut meta = txn.open_table(META).map_err(storage)?;
+            let id = match meta.get("id").map_err(storage)? {
+                Some(id) => id.value().to_owned(),
+                None => {
+                    let mut bytes = [0u8; 16];
+                    getrandom::fill(&mut bytes).map_err(storage)?;
+                    crate::model::hex(&bytes)
+                }
+            };
+            meta.insert("id", id.as_str()).map_err(storage)?;
+            let seq = match meta.get("seq").map_err(storage)? {
+                Some(seq) => seq
+                    .value()
+                    .parse::<u64>()
+                    .map_err(|e| LedgerError::Integrity(format!("unreadable change count: {e}")))?,
+                None => 0,
+            };
+            (id, seq)
+        };
         txn.commit().map_err(storage)?;
         if created {
             // A power cut must not make the new file vanish with the records it holds.
@@ -50,11 +99,52 @@ impl RedbStore {
                     .map_err(storage)?;
             }
         }
-        Ok(Self { db: Arc::new(db) })
+        let current = WitnessRecord {
+            kind: WITNESS_KIND.into(),
+            store: id,
+            mark: seq,
+        };
+        let mut behind = None;
+        if let Some(witness) = witness {
+            let found = palisade_fence_redb::witness::read(witness)
+                .map_err(|e| LedgerError::Integrity(e.to_string()))?;
+            match judge(found.as_ref(), &current) {
+                Verdict::Current => {}
+                Verdict::Record => write_witness(witness, &current)?,
+                Verdict::Behind { seen } => {
+                    let why = format!(
+                        "this effects ledger has recorded {seq} changes, but its witness {} saw                          {seen}: it was copied back or restored from an older copy, and has                          forgotten attempts that may have been sent — an owner would send them                          again. It changes nothing until the operations since the copy are                          reconciled by hand against each receiver's records (docs/effects.md,                          \"Restoring a ledger\")",
+                        witness.display()
+                    );
+                    tracing::error!("{why}");
+                    behind = Some(why);
+                }
+                Verdict::OtherKind(kind) => {
+                    return Err(LedgerError::Integrity(format!(
+                        "{} is the witness of a {kind}, not of an effects ledger",
+                        witness.display()
+                    )))
+                }
+            }
+        }
+        let shared = Arc::new(Shared {
+            db,
+            seq: AtomicU64::new(seq),
+            behind,
+        });
+        if let (Some(witness), None) = (witness, &shared.behind) {
+            follow_witness(Arc::downgrade(&shared), witness.to_owned(), current);
+        }
+        Ok(Self { shared })
+    }
+
+    /// Why the ledger changes nothing (it was found behind its witness), if it does not.
+    pub fn restore_required(&self) -> Option<&str> {
+        self.shared.behind.as_deref()
     }
 
     fn read_all(&self, filter: &ListFilter) -> Result<Vec<Record>, LedgerError> {
-        let txn = self.db.begin_read().map_err(storage)?;
+        let txn = self.shared.db.begin_read().map_err(storage)?;
         let table = txn.open_table(OPS).map_err(storage)?;
         let mut records = Vec::new();
         let range = match filter.lock.as_deref() {
@@ -73,6 +163,39 @@ impl RedbStore {
     }
 }
 
+fn write_witness(path: &Path, record: &WitnessRecord) -> Result<(), LedgerError> {
+    palisade_fence_redb::witness::record(path, record)
+        .map_err(|e| LedgerError::Storage(e.to_string()))
+}
+
+/// Keeps the witness up with the committed changes, every [`WITNESS_INTERVAL`], until the
+/// store is dropped. It is written only after the changes it records are committed, so a
+/// crash never leaves the ledger behind its witness.
+fn follow_witness(shared: Weak<Shared>, path: PathBuf, mut seen: WitnessRecord) {
+    let spawned = std::thread::Builder::new()
+        .name("palisade-effects-witness".into())
+        .spawn(move || loop {
+            std::thread::sleep(WITNESS_INTERVAL);
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let seq = shared.seq.load(Ordering::SeqCst);
+            if seq > seen.mark {
+                let record = WitnessRecord {
+                    mark: seq,
+                    ..seen.clone()
+                };
+                match write_witness(&path, &record) {
+                    Ok(()) => seen = record,
+                    Err(error) => tracing::warn!(%error, "effects ledger witness not written"),
+                }
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot start the effects ledger's witness thread");
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
 ) -> Result<T, LedgerError> {
@@ -87,9 +210,13 @@ impl Store for RedbStore {
         id: &OpId,
         step: impl FnOnce(&mut u64, &mut Option<Record>) -> T + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let db = self.db.clone();
+        if let Some(why) = &self.shared.behind {
+            return Err(LedgerError::RestoreRequired(why.clone()));
+        }
+        let shared = self.shared.clone();
         let id = id.clone();
         blocking(move || {
+            let db = &shared.db;
             let mut txn = db.begin_write().map_err(storage)?;
             txn.set_durability(redb::Durability::Immediate)
                 .map_err(storage)?;
@@ -125,7 +252,14 @@ impl Store for RedbStore {
                 }
             }
             if changed {
+                let seq = shared.seq.load(Ordering::SeqCst) + 1;
+                {
+                    let mut meta = txn.open_table(META).map_err(storage)?;
+                    meta.insert("seq", seq.to_string().as_str())
+                        .map_err(storage)?;
+                }
                 txn.commit().map_err(storage)?;
+                shared.seq.store(seq, Ordering::SeqCst);
             } else {
                 txn.abort().map_err(storage)?;
             }
@@ -135,10 +269,10 @@ impl Store for RedbStore {
     }
 
     async fn get(&self, id: &OpId) -> Result<Option<Record>, LedgerError> {
-        let db = self.db.clone();
+        let shared = self.shared.clone();
         let id = id.clone();
         blocking(move || {
-            let txn = db.begin_read().map_err(storage)?;
+            let txn = shared.db.begin_read().map_err(storage)?;
             let table = txn.open_table(OPS).map_err(storage)?;
             let value = table
                 .get((id.lock.as_str(), id.op.as_str()))

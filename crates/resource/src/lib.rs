@@ -43,6 +43,11 @@ pub fn witness_path(data_dir: &std::path::Path) -> PathBuf {
     palisade_core::witness::beside(data_dir, ".witness")
 }
 
+/// The witness of the effects ledger in `data_dir`: its sibling `NAME.effects-witness`.
+pub fn effects_witness_path(data_dir: &std::path::Path) -> PathBuf {
+    palisade_core::witness::beside(data_dir, ".effects-witness")
+}
+
 pub use palisade_fence_redb::RestoreApplied;
 
 /// The id of the stopped store in `data_dir` (`None`: never opened by this version).
@@ -165,7 +170,10 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         Some(&witness_path(&config.data_dir)),
     )?;
     let ledger = palisade_effects::LocalLedger::new(
-        palisade_effects::RedbStore::open(&config.data_dir.join(EFFECTS_FILE))?,
+        palisade_effects::RedbStore::open_with(
+            &config.data_dir.join(EFFECTS_FILE),
+            Some(&effects_witness_path(&config.data_dir)),
+        )?,
         verifier,
     );
     let state = http::State::new(
