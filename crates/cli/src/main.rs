@@ -6,6 +6,7 @@
 
 mod backup;
 mod bench;
+mod bench_effects;
 mod bench_fence;
 mod cluster;
 mod drill;
@@ -375,6 +376,8 @@ enum BenchCommand {
     Postgres(bench_fence::PostgresBenchArgs),
     /// Fenced PUTs per second on the reference store, with the disk's fsync rate.
     Resource(bench_fence::ResourceBenchArgs),
+    /// Effects per second through the effects ledger vs sent directly, side by side.
+    Effects(bench_effects::EffectsBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -422,6 +425,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
         Command::Bench(BenchCommand::Postgres(args)) => bench_fence::run_postgres(args, json).await,
         Command::Bench(BenchCommand::Resource(args)) => bench_fence::run_resource(args, json).await,
+        Command::Bench(BenchCommand::Effects(args)) => bench_effects::run(args, json).await,
     }
 }
 

@@ -1,5 +1,6 @@
 //! [`AnyLedger`]: the ledger a URL names — `postgres://…` (the PostgreSQL ledger, used
-//! directly) or `http(s)://…` (the embedded ledger a reference store hosts).
+//! directly) or `http(s)://…` (the embedded ledger a reference store hosts) — or an embedded
+//! ledger opened in this process.
 
 use std::sync::Arc;
 
@@ -7,10 +8,12 @@ use palisade_fence::Verifier;
 
 use crate::ledger::{Answer, Begin, BeginRequest, Ledger, LedgerError, ListFilter, Stats};
 use crate::model::{OpId, Record, SendResult, Settlement, Verdict};
-use crate::{HttpLedger, LocalLedger, PostgresStore};
+use crate::{HttpLedger, LocalLedger, PostgresStore, RedbStore};
 
 /// A ledger chosen at run time.
 pub enum AnyLedger {
+    /// An embedded ledger in this process.
+    Embedded(LocalLedger<RedbStore>),
     /// PostgreSQL, used directly.
     Postgres(LocalLedger<PostgresStore>),
     /// An embedded ledger over HTTP.
@@ -41,6 +44,7 @@ impl AnyLedger {
 macro_rules! both {
     ($self:ident, $ledger:ident => $call:expr) => {
         match $self {
+            AnyLedger::Embedded($ledger) => $call.await,
             AnyLedger::Postgres($ledger) => $call.await,
             AnyLedger::Http($ledger) => $call.await,
         }

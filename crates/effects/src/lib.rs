@@ -31,6 +31,7 @@ pub mod model;
 mod postgres;
 pub mod receiver;
 mod redb_store;
+mod redb_writer;
 pub mod runner;
 
 pub use any::AnyLedger;

@@ -14,17 +14,14 @@ use std::time::Duration;
 
 use palisade_core::witness::{judge, Verdict, WitnessRecord};
 
-use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use redb::{Database, ReadableDatabase as _, ReadableTable as _};
 
 use crate::ledger::{LedgerError, ListFilter, Stats, Store};
 use crate::model::{OpId, Record};
 
-/// Lock name → the ledger's fence for it.
-const FENCES: TableDefinition<&str, u64> = TableDefinition::new("effect_fences");
-/// (lock, op) → the record as JSON.
-const OPS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("effect_ops");
-/// `id` (the ledger's random id) and `seq` (committed changes, as text).
-const META: TableDefinition<&str, &str> = TableDefinition::new("effect_meta");
+// Tables: lock name → the ledger's fence for it; (lock, op) → the record as JSON; `id` (the
+// ledger's random id) and `seq` (committed changes, as text).
+use crate::redb_writer::{self as writer, decode, storage, FENCES, META, OPS};
 /// The kind of store the ledger's witness speaks of.
 pub const WITNESS_KIND: &str = "effects-ledger";
 /// How often the witness catches up with the committed changes (it may lag by this much).
@@ -38,20 +35,15 @@ pub struct RedbStore {
 }
 
 struct Shared {
-    db: Database,
+    db: Arc<Database>,
+    /// The writer thread's queue (taken on drop, which stops the thread).
+    jobs: Option<tokio::sync::mpsc::Sender<writer::Job>>,
+    /// The writer thread, joined on drop so the file is closed when the store is.
+    writer: Option<std::thread::JoinHandle<()>>,
     /// Committed changes so far.
-    seq: AtomicU64,
+    seq: Arc<AtomicU64>,
     /// Set when the ledger was found behind its witness: why it changes nothing.
     behind: Option<String>,
-}
-
-fn storage(error: impl std::fmt::Display) -> LedgerError {
-    LedgerError::Storage(error.to_string())
-}
-
-fn decode(bytes: &[u8]) -> Result<Record, LedgerError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| LedgerError::Integrity(format!("unreadable ledger record: {e}")))
 }
 
 impl RedbStore {
@@ -127,9 +119,21 @@ impl RedbStore {
                 }
             }
         }
+        let db = Arc::new(db);
+        let seq = Arc::new(AtomicU64::new(seq));
+        let (jobs, queue) = tokio::sync::mpsc::channel(writer::QUEUE_CAPACITY);
+        let writer = {
+            let (db, seq) = (db.clone(), seq.clone());
+            std::thread::Builder::new()
+                .name("palisade-effects-writer".into())
+                .spawn(move || writer::run(db, seq, queue))
+                .map_err(storage)?
+        };
         let shared = Arc::new(Shared {
             db,
-            seq: AtomicU64::new(seq),
+            jobs: Some(jobs),
+            writer: Some(writer),
+            seq,
             behind,
         });
         if let (Some(witness), None) = (witness, &shared.behind) {
@@ -160,6 +164,16 @@ impl RedbStore {
             }
         }
         Ok(records)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Queued transactions are committed and answered first; then the file closes.
+        drop(self.jobs.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
     }
 }
 
@@ -213,59 +227,18 @@ impl Store for RedbStore {
         if let Some(why) = &self.shared.behind {
             return Err(LedgerError::RestoreRequired(why.clone()));
         }
-        let shared = self.shared.clone();
-        let id = id.clone();
-        blocking(move || {
-            let db = &shared.db;
-            let mut txn = db.begin_write().map_err(storage)?;
-            txn.set_durability(redb::Durability::Immediate)
-                .map_err(storage)?;
-            let out;
-            let changed;
-            {
-                let mut fences = txn.open_table(FENCES).map_err(storage)?;
-                let mut ops = txn.open_table(OPS).map_err(storage)?;
-                let lock = id.lock.as_str();
-                let fence_before = fences.get(lock).map_err(storage)?.map_or(0, |v| v.value());
-                let record_before = match ops.get((lock, id.op.as_str())).map_err(storage)? {
-                    Some(value) => Some(decode(value.value())?),
-                    None => None,
-                };
-                let mut fence = fence_before;
-                let mut record = record_before.clone();
-                out = step(&mut fence, &mut record);
-                if fence < fence_before {
-                    return Err(LedgerError::Integrity(format!(
-                        "the fence of {lock} would move down from {fence_before} to {fence}"
-                    )));
-                }
-                changed = fence != fence_before || record != record_before;
-                if fence != fence_before {
-                    fences.insert(lock, fence).map_err(storage)?;
-                }
-                if record != record_before {
-                    if let Some(record) = &record {
-                        let bytes = serde_json::to_vec(record).map_err(storage)?;
-                        ops.insert((lock, id.op.as_str()), bytes.as_slice())
-                            .map_err(storage)?;
-                    }
-                }
-            }
-            if changed {
-                let seq = shared.seq.load(Ordering::SeqCst) + 1;
-                {
-                    let mut meta = txn.open_table(META).map_err(storage)?;
-                    meta.insert("seq", seq.to_string().as_str())
-                        .map_err(storage)?;
-                }
-                txn.commit().map_err(storage)?;
-                shared.seq.store(seq, Ordering::SeqCst);
-            } else {
-                txn.abort().map_err(storage)?;
-            }
-            Ok(out)
-        })
-        .await
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job = writer::job(id.clone(), step, answer);
+        self.shared
+            .jobs
+            .as_ref()
+            .expect("present until drop")
+            .send(job)
+            .await
+            .map_err(|_| LedgerError::Storage("the ledger's writer has stopped".into()))?;
+        answered
+            .await
+            .map_err(|_| LedgerError::Storage("the ledger's writer has stopped".into()))?
     }
 
     async fn get(&self, id: &OpId) -> Result<Option<Record>, LedgerError> {
