@@ -364,6 +364,7 @@ async fn perform(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes)
         );
     }
     let deliveries = if fake.roll(n, 2) < fake.faults.duplicate {
+        note_fault(&fake, &request, "duplicate").await;
         2
     } else {
         1
