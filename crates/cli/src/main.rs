@@ -152,7 +152,8 @@ struct EndpointArgs {
         long,
         env = "PALISADE_ENDPOINT",
         default_value = palisade_client::DEFAULT_ENDPOINT,
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = parse_endpoint
     )]
     endpoint: Vec<String>,
     /// File holding the bearer secret to authenticate with (else the environment variable
@@ -305,18 +306,19 @@ enum LockCommand {
     /// Acquire a lock and print its epoch, lease id and token.
     Acquire {
         /// The lock's name: 1–256 bytes of [A-Za-z0-9._/-].
+        #[arg(value_parser = parse_lock_name)]
         name: String,
-        /// Lease TTL (e.g. 10s, 500ms, 1m).
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        /// Lease TTL, 10ms to 1h (e.g. 10s, 500ms, 1m).
+        #[arg(long, default_value = "10s", value_parser = parse_ttl)]
         ttl: Duration,
-        /// How long to wait for a held lock.
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        /// How long to wait for a held lock, at most 5m.
+        #[arg(long, default_value = "0s", value_parser = parse_wait)]
         wait: Duration,
         /// Holder id recorded in the lease (default: user@host:pid).
-        #[arg(long)]
+        #[arg(long, value_parser = parse_holder)]
         holder: Option<String>,
         /// critical (writes must be fenced) or efficiency.
-        #[arg(long, default_value = "critical")]
+        #[arg(long, default_value = "critical", value_parser = ["critical", "efficiency"])]
         class: String,
         /// Id of this acquire (1–64 of [A-Za-z0-9._-]); running the same command again with
         /// the same id and holder returns the same lease while it is live (default: fresh).
@@ -476,11 +478,64 @@ fn auth(command: AuthCommand, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A coordinator URL: `http://` or `https://`.
+fn parse_endpoint(text: &str) -> Result<String, String> {
+    let url = text.trim();
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(url.to_owned())
+    } else {
+        Err(format!(
+            "{url:?} is not a coordinator URL; use http://HOST:PORT or https://HOST:PORT"
+        ))
+    }
+}
+
+fn parse_lock_name(text: &str) -> Result<String, String> {
+    palisade_core::LockName::new(text)
+        .map(|name| name.as_str().to_owned())
+        .map_err(|e| e.0)
+}
+
+fn parse_holder(text: &str) -> Result<String, String> {
+    palisade_core::HolderId::new(text)
+        .map(|holder| holder.as_str().to_owned())
+        .map_err(|e| e.0)
+}
+
+/// A duration between `min` and `max`, with the reason in people's words.
+fn bounded_duration(text: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let value = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    let human = |d: Duration| humantime::format_duration(d).to_string();
+    if value < min {
+        Err(format!("{text} is shorter than the {} minimum", human(min)))
+    } else if value > max {
+        Err(format!("{text} is longer than the {} maximum", human(max)))
+    } else {
+        Ok(value)
+    }
+}
+
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    use palisade_core::limits::{MAX_TTL_MS, MIN_TTL_MS};
+    bounded_duration(
+        text,
+        Duration::from_millis(MIN_TTL_MS),
+        Duration::from_millis(MAX_TTL_MS),
+    )
+}
+
+fn parse_wait(text: &str) -> Result<Duration, String> {
+    let max = Duration::from_millis(palisade_core::limits::MAX_WAIT_MS);
+    bounded_duration(text, Duration::ZERO, max)
+}
+
 fn exit_code(error: &anyhow::Error) -> u8 {
     if let Some(failure) = error.downcast_ref::<resource::ResourceFailure>() {
         return failure.exit_code();
     }
     match error.downcast_ref::<ClientError>() {
+        // Input the coordinator found invalid: bad usage, as clap's own errors.
+        Some(ClientError::InvalidArgument(_)) => 2,
         Some(ClientError::Held(_)) => 3,
         Some(ClientError::Unavailable(_)) => 4,
         Some(ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_)) => 6,

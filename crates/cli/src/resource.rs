@@ -32,7 +32,7 @@ pub enum ResourceCommand {
         /// The value; `-` or absent reads standard input.
         value: Option<String>,
         /// The ownership token (from `palisade lock acquire`).
-        #[arg(long, env = "PALISADE_TOKEN")]
+        #[arg(long, env = "PALISADE_TOKEN", value_parser = parse_token)]
         token: String,
         /// Sequence number (sequenced mode).
         #[arg(long)]
@@ -58,7 +58,7 @@ pub enum ResourceCommand {
         /// The lock.
         lock: String,
         /// The ownership token.
-        #[arg(long, env = "PALISADE_TOKEN")]
+        #[arg(long, env = "PALISADE_TOKEN", value_parser = parse_token)]
         token: String,
         #[command(flatten)]
         target: Target,
@@ -144,6 +144,17 @@ pub struct RestoreArgs {
     /// The coordinator that gives the floor (an epoch it issues now, signed).
     #[command(flatten)]
     endpoint: crate::EndpointArgs,
+}
+
+/// A token as given on the command line: not empty (an empty `$TOKEN` from a failed acquire
+/// is the usual cause).
+fn parse_token(text: &str) -> Result<String, String> {
+    let token = text.trim();
+    if token.is_empty() {
+        Err("no token given (was the acquire that should have set it refused?)".into())
+    } else {
+        Ok(token.to_owned())
+    }
 }
 
 fn parse_key_id(text: &str) -> Result<palisade_core::KeyId, String> {
@@ -362,8 +373,11 @@ async fn failure(response: reqwest::Response) -> ResourceFailure {
     let status = response.status().as_u16();
     let body: Value = response.json().await.unwrap_or_default();
     let mut message = body["message"].as_str().unwrap_or("").to_owned();
+    // The store's message names the fence already ("the fence is at 4"); say it once.
     if let Some(fence) = body["fence"].as_u64() {
-        message = format!("{message} (fence {fence})");
+        if !message.contains(&fence.to_string()) {
+            message = format!("{message} (fence {fence})");
+        }
     }
     ResourceFailure {
         status,

@@ -59,17 +59,52 @@ fn acquire_renew_release_list_show() {
 fn bad_input_fails_with_a_message_and_the_server_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(&dir.path().join("data"));
-    for args in [
-        &["lock", "acquire", "has space"][..],
-        &["lock", "acquire", "ok", "--ttl", "0s"],
-        &["lock", "acquire", "ok", "--ttl", "2h"],
-        &["lock", "acquire", "ok", "--wait", "1h"],
-        &["lock", "acquire", "ok", "--class", "urgent"],
+    // Bad usage exits 2 (the documented code), with the rule in people's words.
+    for (args, says) in [
+        (&["lock", "acquire", "has space"][..], "allowed are"),
+        (
+            &["lock", "acquire", "ok", "--ttl", "0s"],
+            "shorter than the 10ms minimum",
+        ),
+        (
+            &["lock", "acquire", "ok", "--ttl", "99h"],
+            "99h is longer than the 1h maximum",
+        ),
+        (
+            &["lock", "acquire", "ok", "--wait", "1h"],
+            "longer than the 5m maximum",
+        ),
+        (&["lock", "acquire", "ok", "--class", "bogus"], "critical"),
+        (&["lock", "acquire", "ok", "--holder", ""], "holder"),
     ] {
         let output = server.cli(args);
-        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    for (args, says) in [
+        (
+            &["lock", "list", "--endpoint", "notaurl"][..],
+            "not a coordinator URL",
+        ),
+        (
+            &["resource", "put", "ok", "k", "v", "--token", ""],
+            "no token given",
+        ),
+        (
+            &["resource", "activate", "ok", "--token", " "],
+            "no token given",
+        ),
+    ] {
+        let output = std::process::Command::new(BINARY)
+            .args(args)
+            .env_remove("PALISADE_TOKEN")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
     assert!(server.cli(&["lock", "acquire", "ok"]).status.success());
 }

@@ -1,0 +1,31 @@
+//! The README's "From Rust" snippet, compiled with the workspace (`cargo build --examples`, and
+//! clippy's `--all-targets`); `tests/readme.rs` checks that the README shows these lines.
+//!
+//! Run it against a coordinator on the default port:
+//! `cargo run -p palisade-client --example quickstart`.
+
+async fn send_to_resource(token: &str) {
+    println!("a write carrying {} bytes of token", token.len());
+}
+
+async fn work() {
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn abort(reason: String) {
+    eprintln!("lease lost: {reason}; stopping the work");
+}
+
+#[tokio::main]
+async fn main() -> Result<(), palisade_client::ClientError> {
+    // README: begin
+    let client = palisade_client::Client::connect(&["http://127.0.0.1:7420"]).await?;
+    let mut lease = client
+        .acquire(palisade_client::AcquireOptions::new("report/7"))
+        .await?;
+    send_to_resource(lease.token()).await; // the resource checks the epoch in the token
+    tokio::select! { reason = lease.lost() => abort(reason), _ = work() => {} }
+    lease.release().await?;
+    // README: end
+    Ok(())
+}
