@@ -27,6 +27,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::http::{error, refusal, Refusal};
 use crate::model::{now_ms, payload_hash, Capability, MAX_PAYLOAD_BYTES};
 use crate::receiver::{ATTEMPT_HEADER, DEADLINE_HEADER, EPOCH_HEADER, KEY_HEADER, OP_HEADER};
 
@@ -194,32 +195,6 @@ pub fn read_record(dir: &Path) -> std::io::Result<Vec<Event>> {
 /// The record's path in `dir`.
 pub fn record_path(dir: &Path) -> PathBuf {
     dir.join("effects.jsonl")
-}
-
-/// An error answer `{"error": CODE, "message": …}`, small enough to return in a `Result`.
-pub(crate) struct Refusal {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        let body = json!({"error": self.code, "message": self.message});
-        (self.status, Json(body)).into_response()
-    }
-}
-
-fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
-    Refusal {
-        status,
-        code,
-        message: message.to_owned(),
-    }
-}
-
-fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
-    refusal(status, code, message).into_response()
 }
 
 /// The receiver's routes.

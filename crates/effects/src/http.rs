@@ -176,7 +176,7 @@ impl IntoResponse for Refusal {
     }
 }
 
-fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
+pub(crate) fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
     Refusal {
         status,
         code,
@@ -184,7 +184,7 @@ fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
     }
 }
 
-fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
     refusal(status, code, message).into_response()
 }
 
