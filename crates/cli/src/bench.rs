@@ -413,7 +413,7 @@ async fn client_loop(
     options.ttl = Duration::from_secs(10);
     options.wait = BENCH_WAIT;
     options.holder = format!("bench-{index}");
-    options.class = LockClass::Efficiency;
+    options.class = Some(LockClass::Efficiency);
     let mut cycles = Vec::new();
     let mut errors = 0;
     while Instant::now() < deadline && cycles.len() < MAX_SAMPLES_PER_CLIENT {

@@ -19,7 +19,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             request_id,
             endpoint,
         } => {
-            let class = LockClass::parse(&class)?;
+            let class = class.as_deref().map(LockClass::parse).transpose()?;
             let mut options = AcquireOptions::new(name);
             options.ttl = ttl;
             options.wait = wait;

@@ -4,6 +4,7 @@
 //! left); 4 the coordinator or resource is unavailable; 5 the resource rejected the write or
 //! activation (stale epoch, invalid token, …).
 
+mod audit;
 mod backup;
 mod bench;
 mod bench_effects;
@@ -59,6 +60,16 @@ enum Command {
     /// Make bearer secrets and the lines of `--auth-file` for them.
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Check the lock policy against the coordinator and the boundaries: per lock, its class,
+    /// epoch, boundary and fence; findings, most severe first. Exits 8 on a critical finding.
+    Audit {
+        /// Also prove each boundary refuses an obsolete epoch (admin; writes only the probe's
+        /// own lock and key, or a rolled-back transaction).
+        #[arg(long)]
+        probe: bool,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
     /// Measure the coordinator.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -142,6 +153,13 @@ struct ServeArgs {
     /// tests only; logged as a warning at every start).
     #[arg(long, requires = "cluster", conflicts_with = "peer_cert")]
     insecure_peers: bool,
+    /// The lock policy (TOML; see docs/policy.md): which locks are critical, where their
+    /// writes are fenced, and the fallback when a receiver cannot enforce. Reloaded on SIGHUP.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Refuse acquires of critical locks whose policy names no boundary (needs --policy).
+    #[arg(long, requires = "policy")]
+    require_policy: bool,
 }
 
 /// Where the coordinator is.
@@ -317,9 +335,10 @@ enum LockCommand {
         /// Holder id recorded in the lease (default: user@host:pid).
         #[arg(long, value_parser = parse_holder)]
         holder: Option<String>,
-        /// critical (writes must be fenced) or efficiency.
-        #[arg(long, default_value = "critical", value_parser = ["critical", "efficiency"])]
-        class: String,
+        /// critical (writes must be fenced) or efficiency [default: what the coordinator's
+        /// lock policy says; critical without one].
+        #[arg(long, value_parser = ["critical", "efficiency"])]
+        class: Option<String>,
         /// Id of this acquire (1–64 of [A-Za-z0-9._-]); running the same command again with
         /// the same id and holder returns the same lease while it is live (default: fresh).
         #[arg(long)]
@@ -418,6 +437,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Effects(command) => effects::run(command, json).await,
         Command::Receiver(command) => effects::run_receiver(command).await,
         Command::Auth(command) => auth(command, json),
+        Command::Audit { probe, endpoint } => audit::run(endpoint, probe, json).await,
         Command::Backup(args) => backup::run_backup(args, json).await,
         Command::Restore(args) => backup::run_restore(args, json).await,
         Command::Drill(args) => drill::run_drill(args, json).await,
@@ -530,6 +550,9 @@ fn parse_wait(text: &str) -> Result<Duration, String> {
 }
 
 fn exit_code(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<audit::CriticalFindings>().is_some() {
+        return 8;
+    }
     if let Some(failure) = error.downcast_ref::<resource::ResourceFailure>() {
         return failure.exit_code();
     }
@@ -539,6 +562,7 @@ fn exit_code(error: &anyhow::Error) -> u8 {
         Some(ClientError::Held(_)) => 3,
         Some(ClientError::Unavailable(_)) => 4,
         Some(ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_)) => 6,
+        Some(ClientError::RefusedByPolicy(_)) => 7,
         _ => 1,
     }
 }

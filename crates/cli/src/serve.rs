@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use palisade_server::auth::Auth;
 use palisade_server::cluster::peer_tls::PeerTls;
 use palisade_server::cluster::ClusterConfig;
+use palisade_server::policy::PolicyState;
 use palisade_server::tls::ClientTls;
 use palisade_server::ServerConfig;
 use tokio::signal::unix::{signal, SignalKind};
@@ -43,6 +44,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let auth = Arc::new(auth);
+    let policy = Arc::new(
+        PolicyState::load(args.policy.as_deref(), args.require_policy)
+            .context("cannot load the lock policy")?,
+    );
     // Listen for SIGHUP before serving, so no reload request is lost to the default action
     // (which would end the process).
     let mut hangup = signal(SignalKind::hangup())?;
@@ -63,6 +68,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         client_tls,
         high_water: args.high_water_file,
         insecure_peers: args.insecure_peers,
+        policy: policy.clone(),
     })
     .await
     .context("cannot start the coordinator")?;
@@ -79,6 +85,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     Err(error) => tracing::error!(
                         %error, "SIGHUP: the files were not reloaded; the previous policy stays"
                     ),
+                }
+                match policy.reload() {
+                    Ok(rules) if policy.file().is_some() => {
+                        tracing::info!(rules, "SIGHUP: lock policy reloaded");
+                        server.policy_reloaded(Ok(rules));
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::error!(
+                            %error, "SIGHUP: the lock policy was not reloaded; the previous one stays"
+                        );
+                        server.policy_reloaded(Err(()));
+                    }
                 }
                 continue;
             }

@@ -26,6 +26,10 @@ pub enum ClientError {
     /// another principal.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The coordinator's lock policy refuses the acquire (a critical lock asked as
+    /// efficiency, or a critical lock with no boundary under `--require-policy`).
+    #[error("refused by the lock policy: {0}")]
+    RefusedByPolicy(String),
     /// The coordinator cannot answer now (down, stopping, unreachable, timed out); the
     /// outcome of a state-changing request is unknown.
     #[error("coordinator unavailable: {0}")]
@@ -45,6 +49,7 @@ impl From<Status> for ClientError {
             Code::NotFound => ClientError::UnknownLease(message),
             Code::Unauthenticated => ClientError::Unauthenticated(message),
             Code::PermissionDenied => ClientError::PermissionDenied(message),
+            Code::FailedPrecondition => ClientError::RefusedByPolicy(message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 ClientError::Unavailable(message)
             }

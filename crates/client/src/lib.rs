@@ -50,8 +50,9 @@ pub struct AcquireOptions {
     pub wait: Duration,
     /// Who holds it (free text for people and logs).
     pub holder: String,
-    /// The lock's class.
-    pub class: LockClass,
+    /// The lock's class; `None`: the coordinator's lock policy decides (critical when it has
+    /// none). A request for efficiency on a lock the policy makes critical is refused.
+    pub class: Option<LockClass>,
     /// The acquire's request id; `None`: a fresh one per call. Retries inside one call always
     /// reuse it; give your own to make retries across calls (or processes) safe too.
     pub request_id: Option<String>,
@@ -61,14 +62,15 @@ pub struct AcquireOptions {
 pub const LEADER_METADATA: &str = "palisade-leader";
 
 impl AcquireOptions {
-    /// Options with a 10 s TTL, no wait, class critical, and a holder of `user@host:pid`.
+    /// Options with a 10 s TTL, no wait, the class the policy gives, and a holder of
+    /// `user@host:pid`.
     pub fn new(lock: impl Into<String>) -> Self {
         Self {
             lock: lock.into(),
             ttl: Duration::from_secs(10),
             wait: Duration::ZERO,
             holder: default_holder(),
-            class: LockClass::Critical,
+            class: None,
             request_id: None,
         }
     }
@@ -349,8 +351,9 @@ impl Client {
             wait_ms: u64::try_from(options.wait.as_millis()).unwrap_or(u64::MAX),
             holder: options.holder.clone(),
             class: match options.class {
-                LockClass::Critical => pb::LockClass::Critical as i32,
-                LockClass::Efficiency => pb::LockClass::Efficiency as i32,
+                None => pb::LockClass::Unspecified as i32,
+                Some(LockClass::Critical) => pb::LockClass::Critical as i32,
+                Some(LockClass::Efficiency) => pb::LockClass::Efficiency as i32,
             },
             request_id: options.request_id.clone().unwrap_or_else(new_request_id),
         };

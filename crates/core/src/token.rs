@@ -278,6 +278,13 @@ impl TokenVerifier {
         self.keys.remove(&key_id).is_some()
     }
 
+    /// The trusted key ids, sorted.
+    pub fn key_ids(&self) -> Vec<KeyId> {
+        let mut ids: Vec<KeyId> = self.keys.keys().copied().collect();
+        ids.sort_by_key(|id| id.to_string());
+        ids
+    }
+
     /// True when no key is trusted.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()

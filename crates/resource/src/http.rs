@@ -21,7 +21,7 @@ use palisade_effects::http::Served;
 use palisade_effects::{LocalLedger, RedbStore};
 
 use crate::keys::KeyRing;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Recent, RejectionRecord};
 
 /// Header carrying the writer's token.
 pub const TOKEN_HEADER: &str = "palisade-token";
@@ -39,6 +39,7 @@ struct Inner {
     store: RedbFence,
     keys: Arc<KeyRing>,
     metrics: Metrics,
+    recent: Recent,
     effects: Arc<Served<RedbStore>>,
 }
 
@@ -53,8 +54,10 @@ impl State {
         Self {
             inner: Arc::new(Inner {
                 store,
+                metrics: Metrics::new(effects.metrics(), &keys),
                 keys,
-                metrics: Metrics::new(effects.metrics()),
+
+                recent: Recent::default(),
                 effects,
             }),
         }
@@ -68,6 +71,7 @@ pub fn router(state: State) -> Router {
         .route("/v1/fences/{lock}", get(fence))
         .route("/v1/fences/{lock}/activate", post(activate))
         .route("/v1/info", get(info))
+        .route("/v1/rejections", get(rejections))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -201,7 +205,7 @@ async fn write_inner(
         error(r.status(), code, r.body_text())
     })?;
     let lock = lock_name(lock)?;
-    let token = token(headers)?;
+    let token = token(headers).inspect_err(|_| state.inner.metrics.reject("missing_token"))?;
     let seq = header(headers, SEQ_HEADER)?
         .map(|s| s.trim().parse::<u64>())
         .transpose()
@@ -237,6 +241,7 @@ async fn write_inner(
         }
         Ok(Outcome::Rejected(rejection)) => {
             metrics.reject(rejection.code());
+            state.remember(&lock, Some(&key), token, &rejection);
             Err(rejection_response(&rejection))
         }
         Err(failure) => Err(storage_failure(state, &failure)),
@@ -279,7 +284,10 @@ async fn activate(
     };
     let token = match token(&headers) {
         Ok(token) => token,
-        Err(response) => return response.into_response(),
+        Err(response) => {
+            state.inner.metrics.reject("missing_token");
+            return response.into_response();
+        }
     };
     state.refresh_for(token).await;
     match state.inner.store.activate(&lock, token).await {
@@ -289,6 +297,7 @@ async fn activate(
         }
         Ok(Activation::Rejected(rejection)) => {
             state.inner.metrics.reject(rejection.code());
+            state.remember(&lock, None, token, &rejection);
             rejection_response(&rejection).into_response()
         }
         Err(failure) => storage_failure(&state, &failure).into_response(),
@@ -309,6 +318,58 @@ async fn fence(
     }
 }
 
+impl State {
+    /// Keeps a rejection for `GET /v1/rejections`.
+    fn remember(&self, lock: &LockName, key: Option<&str>, token: &str, rejection: &Rejection) {
+        let fence = match rejection {
+            Rejection::StaleEpoch { fence, .. } | Rejection::NotActivated { fence } => {
+                Some(fence.0)
+            }
+            _ => None,
+        };
+        self.inner.recent.push(RejectionRecord {
+            at_ms: palisade_effects::model::now_ms(),
+            lock: lock.as_str().to_owned(),
+            key: key.map(|k| k.chars().take(256).collect()),
+            epoch: decode_unverified(token).ok().map(|claims| claims.epoch.0),
+            fence,
+            reason: rejection.code(),
+        });
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RejectionsQuery {
+    lock: Option<String>,
+}
+
+/// `GET /v1/rejections[?lock=L]`: the last rejections (newest first) and the totals by reason
+/// since the store started.
+async fn rejections(
+    axum::extract::State(state): axum::extract::State<State>,
+    axum::extract::Query(query): axum::extract::Query<RejectionsQuery>,
+) -> Response {
+    let recent = state.inner.recent.list(query.lock.as_deref());
+    let mut totals = serde_json::Map::new();
+    for reason in [
+        "stale_epoch",
+        "not_activated",
+        "invalid_token",
+        "replay_mismatch",
+        "invalid_request",
+        "missing_token",
+    ] {
+        let count = state
+            .inner
+            .metrics
+            .rejections
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .get();
+        totals.insert(reason.into(), json!(count));
+    }
+    Json(json!({"recent": recent, "totals": totals})).into_response()
+}
+
 /// The store's mode and its highest fence (the floor a restored coordinator reads with
 /// `palisade restore --floor-from`).
 async fn info(axum::extract::State(state): axum::extract::State<State>) -> Response {
@@ -320,6 +381,7 @@ async fn info(axum::extract::State(state): axum::extract::State<State>) -> Respo
             "highest_fence": highest,
             "restore_floor": state.inner.store.restore_floor().0,
             "restore_required": state.inner.store.restore_required(),
+            "trusted_keys": state.inner.keys.trusted_ids(),
         }))
         .into_response(),
         _ => error(

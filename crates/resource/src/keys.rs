@@ -42,6 +42,14 @@ pub struct KeyRing {
     http: reqwest::Client,
     /// When the last fetch started (monotonic, and wall-clock ms); `None` before the first.
     last_fetch: Mutex<Option<(Instant, u64)>>,
+    /// Times the set of trusted keys changed (a key added, rotated out or revoked), for
+    /// `palisade_resource_trusted_key_changes_total`: an unexpected change is a restored
+    /// coordinator or a key someone slipped in.
+    pub key_changes: prometheus_client::metrics::counter::Counter,
+    /// Keys trusted now.
+    pub trusted_keys: prometheus_client::metrics::gauge::Gauge,
+    /// The ids trusted now, for `/v1/info`.
+    trusted_ids: std::sync::Mutex<Vec<String>>,
 }
 
 impl KeyRing {
@@ -84,6 +92,9 @@ impl KeyRing {
             verifier,
             http,
             last_fetch: Mutex::new(None),
+            key_changes: Default::default(),
+            trusted_keys: Default::default(),
+            trusted_ids: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -113,7 +124,22 @@ impl KeyRing {
                 tracing::warn!(%key_id, "a revoked key is still published; it is not trusted");
             }
         }
+        let ids: Vec<String> = keys.key_ids().iter().map(ToString::to_string).collect();
         self.verifier.replace(keys);
+        self.trusted_keys.set(ids.len() as i64);
+        let mut trusted = self.trusted_ids.lock().expect("not poisoned");
+        if *trusted != ids {
+            if !trusted.is_empty() {
+                tracing::warn!(before = ?*trusted, now = ?ids, "the trusted keys changed");
+            }
+            self.key_changes.inc();
+            *trusted = ids;
+        }
+    }
+
+    /// The key ids trusted now.
+    pub fn trusted_ids(&self) -> Vec<String> {
+        self.trusted_ids.lock().expect("not poisoned").clone()
     }
 
     /// True once at least one key is trusted.

@@ -23,7 +23,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(effects: &palisade_effects::metrics::EffectsMetrics) -> Self {
+    pub fn new(
+        effects: &palisade_effects::metrics::EffectsMetrics,
+        keys: &crate::keys::KeyRing,
+    ) -> Self {
         let mut registry = Registry::default();
         effects.register(registry.sub_registry_with_prefix("palisade_effects"));
         let metrics = Self {
@@ -44,6 +47,16 @@ impl Metrics {
             "rejections",
             "Writes and activations refused, by reason (replay: applied before, nothing done)",
             metrics.rejections.clone(),
+        );
+        r.register(
+            "trusted_key_changes",
+            "Times the set of trusted coordinator keys changed (the first load counts one)",
+            keys.key_changes.clone(),
+        );
+        r.register(
+            "trusted_keys",
+            "Coordinator keys trusted now",
+            keys.trusted_keys.clone(),
         );
         r.register(
             "activations",
@@ -77,5 +90,55 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// Most rejections [`Recent`] keeps.
+pub const RECENT_REJECTIONS: usize = 256;
+
+/// A refused write or activation, as `GET /v1/rejections` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RejectionRecord {
+    /// When (ms since the epoch).
+    pub at_ms: u64,
+    /// The lock named in the path.
+    pub lock: String,
+    /// The key (absent for an activation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The epoch the token claimed (unverified: an invalid token claims anything).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// The fence that refused it (stale and not-activated rejections).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+    /// The rejection's code.
+    pub reason: &'static str,
+}
+
+/// The last [`RECENT_REJECTIONS`] rejections, for the audit and the console.
+#[derive(Default)]
+pub struct Recent {
+    records: std::sync::Mutex<std::collections::VecDeque<RejectionRecord>>,
+}
+
+impl Recent {
+    pub fn push(&self, record: RejectionRecord) {
+        let mut records = self.records.lock().expect("not poisoned");
+        if records.len() == RECENT_REJECTIONS {
+            records.pop_front();
+        }
+        records.push_back(record);
+    }
+
+    /// Newest first; only `lock`'s when given.
+    pub fn list(&self, lock: Option<&str>) -> Vec<RejectionRecord> {
+        let records = self.records.lock().expect("not poisoned");
+        records
+            .iter()
+            .rev()
+            .filter(|r| lock.is_none_or(|lock| r.lock == lock))
+            .cloned()
+            .collect()
     }
 }

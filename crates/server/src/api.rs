@@ -3,8 +3,11 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use palisade_audit::PolicyRefusal;
 use palisade_core::token::encode_public_key;
-use palisade_core::{AcquireRequest, Lease, LeaseId, Principal, TokenSigner};
+use palisade_core::{
+    AcquireRequest, Lease, LeaseError, LeaseId, LockClass, Principal, TokenSigner,
+};
 
 use crate::cluster::{NodeId, RaftNode};
 use crate::engine::CoordinatorError;
@@ -44,6 +47,10 @@ pub struct Api {
     pub cluster: Option<ClusterMember>,
     /// Who may do what.
     pub auth: Arc<crate::auth::Auth>,
+    /// The lock policy: each acquire's class, and refusals under `--require-policy`.
+    pub policy: Arc<crate::policy::PolicyState>,
+    /// The recent ownership transitions, for the console.
+    pub feed: Arc<crate::feed::Feed>,
 }
 
 /// A cluster member, for `/v1/cluster` and `/v1/keys`.
@@ -60,10 +67,34 @@ pub struct ClusterMember {
 }
 
 impl Api {
-    /// Acquires, then signs the grant. The epoch is durable before the token exists.
-    pub async fn acquire(&self, request: AcquireRequest) -> Result<Grant, CoordinatorError> {
+    /// Classifies the acquire by the policy (`requested`: the class the request named, if
+    /// any), acquires, then signs the grant. The epoch is durable before the token exists.
+    pub async fn acquire(
+        &self,
+        mut request: AcquireRequest,
+        requested: Option<LockClass>,
+    ) -> Result<Grant, CoordinatorError> {
         let started = std::time::Instant::now();
-        let lease = self.coordinator.acquire(request).await?;
+        request.class = match self.policy.classify(request.lock.as_str(), requested) {
+            Ok(class) => class,
+            Err(refusal) => {
+                self.metrics.refused(match refusal {
+                    PolicyRefusal::Downgrade { .. } => "policy_downgrade",
+                    PolicyRefusal::NoBoundary { .. } => "policy_no_boundary",
+                });
+                return Err(CoordinatorError::Refused(refusal));
+            }
+        };
+        let lease = match self.coordinator.acquire(request).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                self.metrics.refused(refusal_reason(&error));
+                return Err(error);
+            }
+        };
+        if lease.epoch.0 as i64 > self.metrics.epoch.get() {
+            self.metrics.epoch.set(lease.epoch.0 as i64);
+        }
         let token = self.sign(&lease);
         self.metrics
             .acquire_latency
@@ -120,5 +151,19 @@ impl Api {
             }
         }
         keys
+    }
+}
+
+/// The `reason` label of a refused acquire.
+fn refusal_reason(error: &CoordinatorError) -> &'static str {
+    match error {
+        CoordinatorError::Lease(LeaseError::Held { .. }) => "held",
+        CoordinatorError::WaitTimedOut { .. } => "wait_timed_out",
+        CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => "too_many_waiters",
+        CoordinatorError::Lease(_) => "invalid",
+        CoordinatorError::NotLeader { .. } => "not_leader",
+        CoordinatorError::Unavailable(_) => "unavailable",
+        CoordinatorError::Refused(PolicyRefusal::Downgrade { .. }) => "policy_downgrade",
+        CoordinatorError::Refused(PolicyRefusal::NoBoundary { .. }) => "policy_no_boundary",
     }
 }

@@ -58,6 +58,10 @@ pub enum CoordinatorError {
     /// The coordinator is starting, stopping, or stopped by a storage failure.
     #[error("coordinator unavailable: {0}")]
     Unavailable(String),
+    /// The lock policy refuses the acquire (a critical lock asked as efficiency, or one with no
+    /// boundary under `--require-policy`).
+    #[error(transparent)]
+    Refused(#[from] palisade_audit::PolicyRefusal),
     /// This node is a cluster member that does not lead: it never decides. The request was not
     /// applied; send it to the leader (when one is known).
     #[error("{}", not_leader_message(.leader))]

@@ -52,6 +52,7 @@ fn status(error: CoordinatorError) -> Status {
         CoordinatorError::Lease(LeaseError::NotHolder(_)) => Status::permission_denied(message),
         CoordinatorError::Lease(_) => Status::invalid_argument(message),
         CoordinatorError::Unavailable(_) => Status::unavailable(message),
+        CoordinatorError::Refused(_) => Status::failed_precondition(message),
         CoordinatorError::NotLeader { leader } => {
             let mut status = Status::unavailable(message);
             if let Some(url) = leader.and_then(|l| l.url.parse().ok()) {
@@ -96,10 +97,12 @@ fn class_to_proto(class: LockClass) -> i32 {
     }
 }
 
-fn class_from_proto(class: i32) -> Result<LockClass, Status> {
+/// The class a request named (`UNSPECIFIED`: none; the policy decides, critical without one).
+fn class_from_proto(class: i32) -> Result<Option<LockClass>, Status> {
     match pb::LockClass::try_from(class) {
-        Ok(pb::LockClass::Unspecified | pb::LockClass::Critical) => Ok(LockClass::Critical),
-        Ok(pb::LockClass::Efficiency) => Ok(LockClass::Efficiency),
+        Ok(pb::LockClass::Unspecified) => Ok(None),
+        Ok(pb::LockClass::Critical) => Ok(Some(LockClass::Critical)),
+        Ok(pb::LockClass::Efficiency) => Ok(Some(LockClass::Efficiency)),
         Err(_) => Err(Status::invalid_argument(format!(
             "unknown lock class {class}"
         ))),
@@ -153,13 +156,14 @@ impl Coordinator for GrpcApi {
         } else {
             request.holder
         };
+        let requested = class_from_proto(request.class)?;
         let acquire = AcquireRequest {
             lock,
             holder: HolderId::new(holder).map_err(|e| Status::invalid_argument(e.0))?,
             principal: caller.principal().clone(),
             ttl_ms: request.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
             wait_ms: request.wait_ms,
-            class: class_from_proto(request.class)?,
+            class: requested.unwrap_or_default(),
             request_id: if request.request_id.is_empty() {
                 None
             } else {
@@ -169,7 +173,7 @@ impl Coordinator for GrpcApi {
                 )
             },
         };
-        let grant = self.api.acquire(acquire).await.map_err(status)?;
+        let grant = self.api.acquire(acquire, requested).await.map_err(status)?;
         let lease = grant.lease;
         Ok(Response::new(pb::AcquireResponse {
             lock: lease.lock.to_string(),

@@ -49,6 +49,7 @@ pub fn router(api: Api) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .merge(crate::console::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(api);
@@ -152,6 +153,7 @@ impl From<CoordinatorError> for ApiError {
             }
             CoordinatorError::Lease(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             CoordinatorError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            CoordinatorError::Refused(_) => (StatusCode::CONFLICT, "refused_by_policy"),
             CoordinatorError::NotLeader { leader } => {
                 let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", message);
                 error.leader = leader.map(|l| l.url);
@@ -233,7 +235,12 @@ impl LockReply {
     }
 }
 
-fn parse_acquire(name: String, body: &[u8], caller: &Caller) -> Result<AcquireRequest, ApiError> {
+/// The request, and the class it named (the policy decides the lease's).
+fn parse_acquire(
+    name: String,
+    body: &[u8],
+    caller: &Caller,
+) -> Result<(AcquireRequest, Option<LockClass>), ApiError> {
     let lock = LockName::new(name)?;
     caller.require(Right::Acquire, Some(&lock))?;
     let body: AcquireBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -242,18 +249,17 @@ fn parse_acquire(name: String, body: &[u8], caller: &Caller) -> Result<AcquireRe
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     };
-    Ok(AcquireRequest {
+    let requested = body.class.as_deref().map(LockClass::parse).transpose()?;
+    let request = AcquireRequest {
         lock,
         holder: HolderId::new(body.holder.unwrap_or_else(|| DEFAULT_HOLDER.into()))?,
         principal: caller.principal().clone(),
         ttl_ms: body.ttl_ms.unwrap_or(DEFAULT_TTL_MS),
         wait_ms: body.wait_ms.unwrap_or(0),
-        class: body
-            .class
-            .as_deref()
-            .map_or(Ok(LockClass::Critical), LockClass::parse)?,
+        class: requested.unwrap_or_default(),
         request_id: body.request_id.map(RequestId::new).transpose()?,
-    })
+    };
+    Ok((request, requested))
 }
 
 fn parse_lease_id(id: &str) -> Result<LeaseId, ApiError> {
@@ -266,8 +272,8 @@ async fn acquire(
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AcquireReply>, ApiError> {
-    let request = parse_acquire(name, &body?, &caller)?;
-    let grant = api.acquire(request).await?;
+    let (request, requested) = parse_acquire(name, &body?, &caller)?;
+    let grant = api.acquire(request, requested).await?;
     let lease = grant.lease;
     Ok(Json(AcquireReply {
         lock: lease.lock,

@@ -12,13 +12,16 @@ pub mod api;
 pub mod auth;
 pub mod backup;
 pub mod cluster;
+pub mod console;
 pub mod engine;
+pub mod feed;
 pub mod gateway;
 pub mod grpc;
 pub mod high_water;
 pub mod http;
 pub mod keys;
 pub mod metrics;
+pub mod policy;
 pub mod store;
 pub mod store_conformance;
 pub mod tls;
@@ -73,6 +76,9 @@ pub struct ServerConfig {
     /// Cluster mode without peer credentials (`--insecure-peers`): anyone who can reach the
     /// port can send Raft messages. For loopback demos and tests.
     pub insecure_peers: bool,
+    /// The lock policy (`--policy`, `--require-policy`); reload it with
+    /// [`policy::PolicyState::reload`].
+    pub policy: Arc<policy::PolicyState>,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +93,7 @@ impl Default for ServerConfig {
             client_tls: None,
             high_water: None,
             insecure_peers: false,
+            policy: Arc::new(policy::PolicyState::none()),
         }
     }
 }
@@ -158,9 +165,25 @@ pub struct RunningServer {
     pub local_addr: SocketAddr,
     shutdown: Arc<watch::Sender<bool>>,
     task: JoinHandle<Result<(), ServerError>>,
+    metrics: Arc<Metrics>,
 }
 
 impl RunningServer {
+    /// Records a policy reload (`Ok(rules)`, or a refused file) in the metrics.
+    pub fn policy_reloaded(&self, result: Result<usize, ()>) {
+        let label = match result {
+            Ok(rules) => {
+                self.metrics.policy_rules.set(rules as i64);
+                "ok"
+            }
+            Err(()) => "error",
+        };
+        self.metrics
+            .policy_reloads
+            .get_or_create(&metrics::ResultLabels { result: label })
+            .inc();
+    }
+
     /// Asks the server to stop: the batch being committed finishes, waiting acquires are told
     /// the coordinator is unavailable, open connections get [`SHUTDOWN_GRACE`] to finish.
     pub fn begin_shutdown(&self) {
@@ -284,6 +307,10 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         }
     };
     api.auth = config.auth.clone();
+    api.policy = config.policy.clone();
+    api.metrics
+        .policy_rules
+        .set(config.policy.current().rules.len() as i64);
     serve(
         &config,
         tls,
@@ -354,6 +381,8 @@ fn start_single(
         metrics,
         cluster: None,
         auth: Arc::new(auth::Auth::open()),
+        policy: Arc::new(policy::PolicyState::none()),
+        feed: Arc::default(),
     };
     let core: Core = Box::pin(async move {
         // The engine ends on shutdown or on a storage failure.
@@ -395,6 +424,8 @@ async fn start_cluster(
             changes: member.changes,
         }),
         auth: Arc::new(auth::Auth::open()),
+        policy: Arc::new(policy::PolicyState::none()),
+        feed: Arc::default(),
     };
     let raft = member.raft.clone();
     let supervisor = member.supervisor;
@@ -427,6 +458,12 @@ async fn serve(
     shutdown_signal: watch::Receiver<bool>,
 ) -> Result<RunningServer, ServerError> {
     // The HTTP router (with its JSON 404 fallback) plus the gRPC services' path prefixes.
+    let metrics = api.metrics.clone();
+    tokio::spawn(
+        api.feed
+            .clone()
+            .follow(api.coordinator.subscribe(), shutdown_signal.clone()),
+    );
     let mut routes =
         tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
     if let Some(raft_service) = raft_service {
@@ -466,6 +503,7 @@ async fn serve(
         local_addr,
         shutdown,
         task,
+        metrics,
     })
 }
 

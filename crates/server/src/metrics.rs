@@ -16,6 +16,21 @@ pub struct TransitionLabels {
     pub transition: &'static str,
 }
 
+/// Labels of a refused acquire.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `held`, `wait_timed_out`, `too_many_waiters`, `invalid`, `policy_downgrade`,
+    /// `policy_no_boundary`, `not_leader`, `unavailable`.
+    pub reason: &'static str,
+}
+
+/// Labels of a policy reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
 /// Every metric of the coordinator. Cheap to update from any task.
 pub struct Metrics {
     registry: Registry,
@@ -41,6 +56,26 @@ pub struct Metrics {
     pub commit_batch_size: Histogram,
     /// Duration of one durable commit, in seconds.
     pub commit_duration: Histogram,
+    /// Acquires refused, by reason.
+    pub acquires_refused: Family<ReasonLabels, Counter>,
+    /// The highest epoch this coordinator has granted since it started.
+    pub epoch: Gauge,
+    /// Rules in the lock policy in force.
+    pub policy_rules: Gauge,
+    /// Policy reloads (SIGHUP), by result.
+    pub policy_reloads: Family<ResultLabels, Counter>,
+    /// Cluster: this member's Raft term.
+    pub raft_term: Gauge,
+    /// Cluster: times the leader this member knows of changed (to another, or to none).
+    pub raft_leader_changes: Counter,
+    /// Cluster: 1 while this member leads.
+    pub raft_is_leader: Gauge,
+    /// Cluster: voters and learners in the membership.
+    pub raft_members: Gauge,
+    /// Cluster: this member's last log index.
+    pub raft_last_log_index: Gauge,
+    /// Cluster: this member's last applied index.
+    pub raft_last_applied_index: Gauge,
 }
 
 impl Metrics {
@@ -59,6 +94,16 @@ impl Metrics {
             acquire_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 20)),
             commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             commit_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+            acquires_refused: Family::default(),
+            epoch: Gauge::default(),
+            policy_rules: Gauge::default(),
+            policy_reloads: Family::default(),
+            raft_term: Gauge::default(),
+            raft_leader_changes: Counter::default(),
+            raft_is_leader: Gauge::default(),
+            raft_members: Gauge::default(),
+            raft_last_log_index: Gauge::default(),
+            raft_last_applied_index: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -117,10 +162,67 @@ impl Metrics {
             "Duration of one durable commit (fsync included)",
             metrics.commit_duration.clone(),
         );
+        r.register(
+            "acquires_refused",
+            "Acquires refused, by reason",
+            metrics.acquires_refused.clone(),
+        );
+        r.register(
+            "epoch",
+            "The highest epoch granted since this coordinator started",
+            metrics.epoch.clone(),
+        );
+        r.register(
+            "policy_rules",
+            "Rules in the lock policy in force",
+            metrics.policy_rules.clone(),
+        );
+        r.register(
+            "policy_reloads",
+            "Lock policy reloads, by result (a failed reload keeps the policy in force)",
+            metrics.policy_reloads.clone(),
+        );
+        r.register(
+            "raft_term",
+            "Cluster: this member's Raft term",
+            metrics.raft_term.clone(),
+        );
+        r.register(
+            "raft_leader_changes",
+            "Cluster: times the leader this member knows of changed",
+            metrics.raft_leader_changes.clone(),
+        );
+        r.register(
+            "raft_is_leader",
+            "Cluster: 1 while this member leads",
+            metrics.raft_is_leader.clone(),
+        );
+        r.register(
+            "raft_members",
+            "Cluster: voters and learners in the membership",
+            metrics.raft_members.clone(),
+        );
+        r.register(
+            "raft_last_log_index",
+            "Cluster: this member's last log index",
+            metrics.raft_last_log_index.clone(),
+        );
+        r.register(
+            "raft_last_applied_index",
+            "Cluster: this member's last applied log index",
+            metrics.raft_last_applied_index.clone(),
+        );
         Self {
             registry,
             ..metrics
         }
+    }
+
+    /// Counts a refused acquire.
+    pub fn refused(&self, reason: &'static str) {
+        self.acquires_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// The metrics in Prometheus text format.

@@ -157,6 +157,32 @@ pub fn decide(view: View, engine: Option<EngineView>) -> Action {
 }
 
 impl Supervisor {
+    /// Copies Raft's view into the Prometheus metrics.
+    fn export(
+        &self,
+        m: &openraft::RaftMetrics<super::NodeId, super::MemberNode>,
+        last_leader: &mut Option<Option<super::NodeId>>,
+    ) {
+        let metrics = &self.metrics;
+        metrics.raft_term.set(m.current_term as i64);
+        metrics
+            .raft_is_leader
+            .set(i64::from(m.state == ServerState::Leader));
+        metrics
+            .raft_members
+            .set(m.membership_config.membership().nodes().count() as i64);
+        metrics
+            .raft_last_log_index
+            .set(m.last_log_index.unwrap_or(0) as i64);
+        metrics
+            .raft_last_applied_index
+            .set(m.last_applied.map_or(0, |l| l.index) as i64);
+        if last_leader.is_some_and(|known| known != m.current_leader) {
+            metrics.raft_leader_changes.inc();
+        }
+        *last_leader = Some(m.current_leader);
+    }
+
     /// Runs until `shutdown`, or until Raft stops. Raft stopping on a fatal error (a storage
     /// failure: disk full, I/O error, corrupt data) is returned, so that the server exits
     /// loudly instead of lingering without a working log.
@@ -169,6 +195,7 @@ impl Supervisor {
         let mut electing = false;
         let mut finishing: Option<JoinHandle<()>> = None;
         let mut finish_after = tokio::time::Instant::now();
+        let mut last_leader = None;
         loop {
             let mut closed = false;
             tokio::select! {
@@ -178,6 +205,7 @@ impl Supervisor {
                 _ = tick.tick() => {}
             }
             let m = metrics.borrow().clone();
+            self.export(&m, &mut last_leader);
             if let Err(fatal) = &m.running_state {
                 if !matches!(fatal, openraft::error::Fatal::Stopped) {
                     tracing::error!(%fatal, "raft stopped on a fatal error; this member stops");

@@ -1,0 +1,410 @@
+//! Asking the boundaries what they hold, and probing them. Every request has a timeout; a
+//! boundary that does not answer is reported, never waited for.
+
+use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use serde_json::Value;
+
+use crate::policy::Boundary;
+use crate::{BoundaryReport, Probe};
+
+/// How long one boundary may take to answer one request (and PostgreSQL to connect).
+pub const TIMEOUT: Duration = Duration::from_secs(3);
+/// Most recent rejections a report carries per boundary.
+pub const MAX_REJECTIONS_SHOWN: usize = 20;
+/// Most locks a boundary is asked about in one audit (the rest are left out, and said so).
+pub const MAX_LOCKS_ASKED: usize = 1_000;
+/// The key the resource probe writes: the probe's own lock, never a user's.
+pub const PROBE_KEY: &str = "palisade-audit-probe";
+
+/// An HTTP client fit for asking boundaries.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(TIMEOUT)
+        .connect_timeout(TIMEOUT)
+        .build()
+        .expect("a client with timeouts only")
+}
+
+fn encode(lock: &str) -> String {
+    utf8_percent_encode(lock, NON_ALPHANUMERIC).to_string()
+}
+
+/// What `boundary` holds for `locks`.
+pub async fn observe(
+    http: &reqwest::Client,
+    boundary: &Boundary,
+    patterns: Vec<String>,
+    locks: &[String],
+) -> BoundaryReport {
+    let mut report = BoundaryReport {
+        kind: boundary.kind().to_owned(),
+        target: boundary.describe(),
+        patterns,
+        ..BoundaryReport::default()
+    };
+    let locks = &locks[..locks.len().min(MAX_LOCKS_ASKED)];
+    let outcome = match boundary {
+        Boundary::Resource { url } => observe_resource(http, url, locks, &mut report).await,
+        Boundary::Postgres { table, url } => observe_postgres(url, table, locks, &mut report).await,
+        Boundary::Effects { url, .. } => observe_effects(http, url, &mut report).await,
+    };
+    match outcome {
+        Ok(()) => report.reachable = true,
+        Err(error) => report.error = Some(error),
+    }
+    report
+}
+
+async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
+    let response = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+    let status = response.status();
+    let body: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+    if !status.is_success() {
+        return Err(format!("GET {url}: {status}: {body}"));
+    }
+    Ok(body)
+}
+
+/// What went wrong with a request, without the URL reqwest repeats (the caller names it).
+fn without_url(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        "timed out".into()
+    } else if error.is_connect() {
+        "cannot connect".into()
+    } else if error.is_decode() {
+        "not the expected JSON".into()
+    } else {
+        "request failed".into()
+    }
+}
+
+async fn observe_resource(
+    http: &reqwest::Client,
+    url: &str,
+    locks: &[String],
+    report: &mut BoundaryReport,
+) -> Result<(), String> {
+    let base = url.trim_end_matches('/');
+    let info = get_json(http, &format!("{base}/v1/info")).await?;
+    report.restore_required = info["restore_required"].as_bool();
+    report.restore_floor = info["restore_floor"].as_u64();
+    report.trusted_keys = info["trusted_keys"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    for lock in locks {
+        let fence = get_json(http, &format!("{base}/v1/fences/{}", encode(lock))).await?;
+        if let Some(fence) = fence["fence"].as_u64() {
+            report.fences.insert(lock.clone(), fence);
+        }
+    }
+    // Older stores have no /v1/rejections: their fences still count.
+    if let Ok(rejections) = get_json(http, &format!("{base}/v1/rejections")).await {
+        if let Some(totals) = rejections["totals"].as_object() {
+            report.rejection_totals = totals
+                .iter()
+                .filter_map(|(reason, n)| Some((reason.clone(), n.as_u64()?)))
+                .collect();
+        }
+        if let Some(recent) = rejections["recent"].as_array() {
+            report.recent_rejections = recent.iter().take(MAX_REJECTIONS_SHOWN).cloned().collect();
+        }
+    }
+    Ok(())
+}
+
+async fn observe_effects(
+    http: &reqwest::Client,
+    url: &str,
+    report: &mut BoundaryReport,
+) -> Result<(), String> {
+    let base = url.trim_end_matches('/');
+    let stats = get_json(http, &format!("{base}/v1/effects/stats")).await?;
+    report.operations = stats["by_state"]
+        .as_object()
+        .map(|states| {
+            states
+                .iter()
+                .filter_map(|(state, n)| Some((state.clone(), n.as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(())
+}
+
+/// Connects with [`TIMEOUT`]; the connection is driven by a task that ends with the client.
+async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    let redacted = crate::policy::redact_url(url);
+    let connecting = tokio_postgres::connect(url, tokio_postgres::NoTls);
+    let (client, connection) = tokio::time::timeout(TIMEOUT, connecting)
+        .await
+        .map_err(|_| format!("{redacted}: no answer within {TIMEOUT:?}"))?
+        .map_err(|e| format!("{redacted}: {}", pg_text(&e)))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+fn pg_text(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
+}
+
+fn quote(identifier: &str) -> String {
+    identifier
+        .split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// How a guarded table is bound to its lock(s), as `palisade_guarded_tables` records it.
+struct Binding {
+    table_lock: Option<String>,
+    lock_column: Option<String>,
+}
+
+async fn binding(client: &tokio_postgres::Client, table: &str) -> Result<Option<Binding>, String> {
+    let exists = client
+        .query_opt("SELECT to_regclass($1)::text", &[&table])
+        .await
+        .map_err(|e| pg_text(&e))?
+        .and_then(|row| row.get::<_, Option<String>>(0));
+    if exists.is_none() {
+        return Err(format!("table {table} does not exist"));
+    }
+    let registry = client
+        .query_opt("SELECT to_regclass('palisade_guarded_tables')::text", &[])
+        .await
+        .map_err(|e| pg_text(&e))?
+        .and_then(|row| row.get::<_, Option<String>>(0));
+    if registry.is_none() {
+        return Ok(None);
+    }
+    // The guard fires ALWAYS: a trigger disabled, or enabled only for origin sessions, does
+    // not count.
+    let row = client
+        .query_opt(
+            "SELECT g.table_lock, g.lock_column FROM palisade_guarded_tables g \
+             WHERE g.tbl = $1::text::regclass::oid AND EXISTS ( \
+               SELECT 1 FROM pg_trigger t WHERE t.tgrelid = g.tbl \
+               AND t.tgname = 'palisade_guard_update' AND t.tgenabled = 'A')",
+            &[&table],
+        )
+        .await
+        .map_err(|e| pg_text(&e))?;
+    Ok(row.map(|row| Binding {
+        table_lock: row.get(0),
+        lock_column: row.get(1),
+    }))
+}
+
+async fn observe_postgres(
+    url: &str,
+    table: &str,
+    locks: &[String],
+    report: &mut BoundaryReport,
+) -> Result<(), String> {
+    let client = connect(url).await?;
+    let Some(binding) = binding(&client, table).await? else {
+        report.guard_installed = Some(false);
+        return Ok(());
+    };
+    report.guard_installed = Some(true);
+    let t = quote(table);
+    for lock in locks {
+        // A deleted row's fence stays in palisade_row_fences (its tombstone).
+        let fence: Option<i64> = match (&binding.table_lock, &binding.lock_column) {
+            (Some(table_lock), _) if table_lock == lock => client
+                .query_one(
+                    &format!(
+                        "SELECT greatest( \
+                           (SELECT max(last_fence) FROM {t}), \
+                           (SELECT max(fence) FROM palisade_row_fences \
+                              WHERE tbl = $1::text::regclass::oid))"
+                    ),
+                    &[&table],
+                )
+                .await
+                .map_err(|e| pg_text(&e))?
+                .get(0),
+            (_, Some(column)) => client
+                .query_one(
+                    &format!(
+                        "SELECT max(last_fence) FROM {t} WHERE {}::text = $1",
+                        quote(column)
+                    ),
+                    &[lock],
+                )
+                .await
+                .map_err(|e| pg_text(&e))?
+                .get(0),
+            _ => None,
+        };
+        if let Some(fence) = fence {
+            report.fences.insert(lock.clone(), fence.max(0) as u64);
+        }
+    }
+    Ok(())
+}
+
+/// Proves a guarded table refuses a write that does not raise the fence: in a transaction
+/// that is always rolled back, an `UPDATE … SET last_fence = last_fence` of one row (skipping
+/// rows others have locked, so it never waits) must fail in the guard. No row changes either
+/// way.
+pub async fn probe_postgres(url: &str, table: &str) -> Probe {
+    let mut client = match connect(url).await {
+        Ok(client) => client,
+        Err(detail) => return Probe::Failed { detail },
+    };
+    let transaction = match client.transaction().await {
+        Ok(transaction) => transaction,
+        Err(e) => {
+            return Probe::Failed {
+                detail: pg_text(&e),
+            }
+        }
+    };
+    if let Err(e) = transaction
+        .batch_execute("SET LOCAL lock_timeout = '1s'; SET LOCAL statement_timeout = '5s'")
+        .await
+    {
+        return Probe::Failed {
+            detail: pg_text(&e),
+        };
+    }
+    let t = quote(table);
+    let statement = format!(
+        "UPDATE {t} SET last_fence = last_fence WHERE ctid = \
+         (SELECT ctid FROM {t} LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    );
+    let outcome = transaction.execute(&statement, &[]).await;
+    // Dropping the transaction rolls it back; say so explicitly.
+    let _ = transaction.rollback().await;
+    match outcome {
+        Err(e) if e.code().is_some_and(|c| c.code().starts_with("P5")) => Probe::Refused {
+            detail: format!(
+                "an UPDATE of {table} that does not raise last_fence was refused: {} (rolled back)",
+                pg_text(&e)
+            ),
+        },
+        Err(e) => Probe::Failed {
+            detail: pg_text(&e),
+        },
+        Ok(0) => Probe::Failed {
+            detail: format!("{table} has no row the probe could lock"),
+        },
+        Ok(_) => Probe::Accepted {
+            detail: format!(
+                "an UPDATE of {table} that does not raise last_fence went through (rolled back): \
+                 the guard is missing or disabled"
+            ),
+        },
+    }
+}
+
+/// Proves a reference store refuses an obsolete epoch: `newer` (a token of the probe's own
+/// lock) writes the probe key, then `older` (an earlier epoch of the same lock) must be
+/// refused as stale. Activated stores are activated with `newer` first; sequenced ones get
+/// sequence 1.
+pub async fn probe_resource(
+    http: &reqwest::Client,
+    url: &str,
+    lock: &str,
+    older: (u64, &str),
+    newer: (u64, &str),
+) -> Probe {
+    let base = url.trim_end_matches('/');
+    let mode = match get_json(http, &format!("{base}/v1/info")).await {
+        Ok(info) => info["mode"].as_str().unwrap_or("strict").to_owned(),
+        Err(detail) => return Probe::Failed { detail },
+    };
+    let put = |token: &str| {
+        let mut request = http
+            .put(format!("{base}/v1/kv/{}/{PROBE_KEY}", encode(lock)))
+            .header("palisade-token", token)
+            .body("probe");
+        if mode == "sequenced" {
+            request = request.header("palisade-seq", "1");
+        }
+        request.send()
+    };
+    if mode == "activated" {
+        let activated = http
+            .post(format!("{base}/v1/fences/{}/activate", encode(lock)))
+            .header("palisade-token", newer.1)
+            .send()
+            .await;
+        if let Err(e) = activated.as_ref().map_err(without_url).and_then(|r| {
+            r.status()
+                .is_success()
+                .then_some(())
+                .ok_or_else(|| format!("activation answered {}", r.status()))
+        }) {
+            return Probe::Failed { detail: e };
+        }
+    }
+    match put(newer.1).await {
+        Ok(response) if response.status().is_success() => {}
+        Ok(response) => {
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            return Probe::Failed {
+                detail: format!(
+                    "the current epoch's write was refused ({status} {body}): does this store \
+                     trust this coordinator's keys?"
+                ),
+            };
+        }
+        Err(e) => {
+            return Probe::Failed {
+                detail: without_url(&e),
+            }
+        }
+    }
+    match put(older.1).await {
+        Ok(response) if response.status() == reqwest::StatusCode::CONFLICT => {
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            Probe::Refused {
+                detail: format!(
+                    "epoch {} of {lock} refused after epoch {} wrote: 409 {} (fence {})",
+                    older.0,
+                    newer.0,
+                    body["error"].as_str().unwrap_or("?"),
+                    body["fence"]
+                ),
+            }
+        }
+        Ok(response) if response.status().is_success() => Probe::Accepted {
+            detail: format!(
+                "epoch {} of {lock} was accepted after epoch {} wrote",
+                older.0, newer.0
+            ),
+        },
+        Ok(response) => Probe::Failed {
+            detail: format!(
+                "the obsolete write got {} instead of 409",
+                response.status()
+            ),
+        },
+        Err(e) => Probe::Failed {
+            detail: without_url(&e),
+        },
+    }
+}

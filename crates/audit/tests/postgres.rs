@@ -1,0 +1,137 @@
+//! The audit against a real PostgreSQL (P5): a guarded table reports its fence and refuses the
+//! probe's bypass write; an unguarded one is reported, and the probe's write goes through
+//! (rolled back: no row changes either way).
+
+use std::sync::Arc;
+
+use palisade_audit::observe::{observe, probe_postgres};
+use palisade_audit::policy::Boundary;
+use palisade_audit::Probe;
+use palisade_core::{LockName, TokenVerifier};
+use palisade_fence::{FenceMode, Verifier};
+use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
+
+fn postgres_url() -> String {
+    std::env::var("PALISADE_TEST_POSTGRES_URL").expect(
+        "PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test, which starts a throwaway \
+         PostgreSQL on loopback and sets it",
+    )
+}
+
+#[tokio::test]
+async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
+    let url = postgres_url();
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([])));
+    let fence = PostgresFence::connect(&url, 2, FenceMode::Strict, verifier)
+        .await
+        .unwrap();
+    let id = std::process::id();
+    let (guarded, bare) = (format!("audit_guarded_{id}"), format!("audit_bare_{id}"));
+    let client = fence.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {guarded}; DROP TABLE IF EXISTS {bare};
+             CREATE TABLE {guarded} (id bigint PRIMARY KEY, payload text NOT NULL,
+                                     last_fence bigint NOT NULL DEFAULT 0);
+             CREATE TABLE {bare} (LIKE {guarded});
+             INSERT INTO {guarded} VALUES (1, 'a', 7), (2, 'b', 9);
+             INSERT INTO {bare} VALUES (1, 'a', 3);"
+        ))
+        .await
+        .unwrap();
+    let lock = LockName::new(format!("report/{id}")).unwrap();
+    GuardedTable::new(&guarded, "id", "payload", RowLock::Table(lock.clone()))
+        .unwrap()
+        .install_guard(&fence, false)
+        .await
+        .unwrap();
+
+    let http = palisade_audit::observe::http_client();
+    let boundary = Boundary::Postgres {
+        table: guarded.clone(),
+        url: url.clone(),
+    };
+    let report = observe(
+        &http,
+        &boundary,
+        vec!["report/*".into()],
+        &[lock.to_string()],
+    )
+    .await;
+    assert!(report.reachable, "{report:?}");
+    assert_eq!(report.guard_installed, Some(true));
+    assert_eq!(
+        report.fences.get(lock.as_str()),
+        Some(&9),
+        "the highest row fence"
+    );
+    let probe = probe_postgres(&url, &guarded).await;
+    assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
+
+    let report = observe(
+        &http,
+        &Boundary::Postgres {
+            table: bare.clone(),
+            url: url.clone(),
+        },
+        vec![],
+        &[lock.to_string()],
+    )
+    .await;
+    assert!(report.reachable);
+    assert_eq!(report.guard_installed, Some(false));
+    let probe = probe_postgres(&url, &bare).await;
+    assert!(matches!(probe, Probe::Accepted { .. }), "{probe:?}");
+
+    // Nothing changed: the probes' transactions were rolled back.
+    let rows: Vec<(i64, String, i64)> = client
+        .query(
+            &format!("SELECT id, payload, last_fence FROM {guarded} ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(rows, vec![(1, "a".into(), 7), (2, "b".into(), 9)]);
+
+    // A table that does not exist, and a database that does not answer, are reported; the
+    // password never shows.
+    let missing = observe(
+        &http,
+        &Boundary::Postgres {
+            table: "no_such_table".into(),
+            url: url.clone(),
+        },
+        vec![],
+        &[],
+    )
+    .await;
+    assert!(!missing.reachable);
+    assert!(missing.error.unwrap().contains("does not exist"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let closed = observe(
+        &http,
+        &Boundary::Postgres {
+            table: guarded.clone(),
+            url: format!("postgres://nobody:secret@127.0.0.1:{port}/none"),
+        },
+        vec![],
+        &[],
+    )
+    .await;
+    assert!(!closed.reachable);
+    assert!(
+        !closed.error.as_deref().unwrap().contains("secret"),
+        "{closed:?}"
+    );
+    client
+        .batch_execute(&format!("DROP TABLE {guarded}; DROP TABLE {bare};"))
+        .await
+        .unwrap();
+}

@@ -1,0 +1,237 @@
+//! What operators read: the web console at `/ui/` (static files served from the binary), the
+//! policy (`GET /v1/policy`), the audit (`GET /v1/audit`, `POST /v1/audit/probe`) and the
+//! recent ownership transitions (`GET /v1/transitions`).
+//!
+//! The console's files carry no data: every number on the page comes from these routes, with
+//! the caller's credentials (read on every lock for the audit and the policy; the feed shows
+//! only the locks the caller may read).
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use palisade_audit::assess::{boundaries, locks_to_ask};
+use palisade_audit::observe::{self, http_client};
+use palisade_audit::policy::{Boundary, PROBE_LOCK_PREFIX};
+use palisade_audit::{LiveLock, Probe, Report};
+use palisade_core::{AcquireRequest, HolderId, LockClass, LockName, Principal};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use crate::api::Api;
+use crate::auth::{Caller, Right};
+use crate::engine::MAX_LIST;
+use crate::http::ApiError;
+
+const INDEX_HTML: &str = include_str!("../ui/index.html");
+const APP_JS: &str = include_str!("../ui/app.js");
+const STYLE_CSS: &str = include_str!("../ui/style.css");
+
+/// The lock the audit's probe acquires (twice: an older and a newer epoch).
+pub const PROBE_LOCK: &str = "palisade-probe/audit";
+
+/// One audit at a time per coordinator: a page left open in many tabs cannot multiply the load
+/// on the boundaries.
+static AUDITS: Semaphore = Semaphore::const_new(1);
+
+/// The console's and the audit's routes.
+pub fn routes() -> Router<Api> {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route(
+            "/ui/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+        )
+        .route(
+            "/ui/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/style.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
+        )
+        .route("/v1/policy", get(policy))
+        .route("/v1/audit", get(audit))
+        .route("/v1/audit/probe", post(audit_probe))
+        .route("/v1/transitions", get(transitions))
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+            // The page loads nothing from elsewhere and runs only its own script.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /v1/policy` (read on every lock): the policy in force, passwords redacted.
+async fn policy(
+    State(api): State<Api>,
+    caller: Caller,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require(Right::Read, None)?;
+    let policy = api.policy.current();
+    Ok(Json(json!({
+        "file": api.policy.file().map(|f| f.display().to_string()),
+        "require_policy": api.policy.require(),
+        "policy": policy.redacted(),
+    })))
+}
+
+/// `GET /v1/audit` (read on every lock): the audit without probes.
+async fn audit(State(api): State<Api>, caller: Caller) -> Result<Json<Report>, ApiError> {
+    caller.require(Right::Read, None)?;
+    Ok(Json(run(&api, false).await?))
+}
+
+/// `POST /v1/audit/probe` (admin): the audit, with a probe of every boundary that has one.
+/// Only the leader can acquire the probe's lock.
+async fn audit_probe(State(api): State<Api>, caller: Caller) -> Result<Json<Report>, ApiError> {
+    caller.require(Right::Admin, None)?;
+    if let Some(error) = api.coordinator.not_serving() {
+        return Err(error.into());
+    }
+    Ok(Json(run(&api, true).await?))
+}
+
+#[derive(Deserialize)]
+struct TransitionsQuery {
+    after: Option<u64>,
+}
+
+/// `GET /v1/transitions?after=SEQ`: the transitions after `SEQ` of the locks the caller may
+/// read, oldest first, and the latest sequence number.
+async fn transitions(
+    State(api): State<Api>,
+    caller: Caller,
+    Query(query): Query<TransitionsQuery>,
+) -> Json<serde_json::Value> {
+    let (last, entries) = api.feed.since(query.after.unwrap_or(0), |lock| {
+        LockName::new(lock).is_ok_and(|lock| caller.can(Right::Read, Some(&lock)))
+    });
+    Json(json!({"last": last, "transitions": entries}))
+}
+
+/// Runs the audit: the live locks, what each boundary reports for them, and (with `probe`)
+/// a probe of each boundary.
+pub async fn run(api: &Api, probe: bool) -> Result<Report, ApiError> {
+    let _turn = AUDITS.acquire().await.expect("never closed");
+    let policy = api.policy.current();
+    let locks: Vec<LiveLock> = api
+        .coordinator
+        .list(MAX_LIST)
+        .await?
+        .into_iter()
+        .filter(|summary| !summary.lock.as_str().starts_with(PROBE_LOCK_PREFIX))
+        .filter_map(|summary| {
+            let lease = summary.lease?;
+            Some(LiveLock {
+                lock: summary.lock.to_string(),
+                epoch: lease.epoch.0,
+                holder: lease.holder.to_string(),
+                class: lease.class,
+                remaining_ms: summary.remaining_ms,
+                waiters: summary.waiters,
+            })
+        })
+        .collect();
+    let http = http_client();
+    let known = boundaries(&policy);
+    let tokens = if probe
+        && known
+            .iter()
+            .any(|(b, _)| matches!(b, Boundary::Resource { .. }))
+    {
+        Some(probe_tokens(api).await)
+    } else {
+        None
+    };
+    let observing = known.iter().map(|(boundary, patterns)| {
+        let asked = locks_to_ask(&policy, boundary, &locks);
+        let http = &http;
+        let tokens = &tokens;
+        async move {
+            let mut report = observe::observe(http, boundary, patterns.clone(), &asked).await;
+            if probe {
+                report.probe = Some(match boundary {
+                    Boundary::Resource { url } => match tokens {
+                        Some(Ok((older, newer))) => {
+                            let older = (older.0, older.1.as_str());
+                            let newer = (newer.0, newer.1.as_str());
+                            observe::probe_resource(http, url, PROBE_LOCK, older, newer).await
+                        }
+                        Some(Err(detail)) => Probe::Failed {
+                            detail: detail.clone(),
+                        },
+                        None => unreachable!("tokens are made when a resource is named"),
+                    },
+                    Boundary::Postgres { table, url } => observe::probe_postgres(url, table).await,
+                    Boundary::Effects { .. } => Probe::NotSupported {
+                        detail: "an effects ledger has no probe: it would record an operation; \
+                                 its fence is checked by its conformance suite and `palisade \
+                                 drill effects`"
+                            .into(),
+                    },
+                });
+            }
+            report
+        }
+    });
+    let observed = futures::future::join_all(observing).await;
+    Ok(palisade_audit::assess(
+        &policy,
+        api.policy.file().map(|f| f.display().to_string()),
+        api.policy.require(),
+        &locks,
+        observed,
+        now_ms(),
+    ))
+}
+
+type ProbeToken = (u64, String);
+
+/// Two tokens of the probe's own lock, an older and a newer epoch, each released at once.
+async fn probe_tokens(api: &Api) -> Result<(ProbeToken, ProbeToken), String> {
+    let mut tokens = Vec::with_capacity(2);
+    for _ in 0..2 {
+        let request = AcquireRequest {
+            lock: LockName::new(PROBE_LOCK).map_err(|e| e.0)?,
+            holder: HolderId::new("palisade-audit").map_err(|e| e.0)?,
+            principal: Principal::new("palisade-audit").map_err(|e| e.0)?,
+            ttl_ms: 10_000,
+            wait_ms: 5_000,
+            class: LockClass::Efficiency,
+            request_id: None,
+        };
+        let lease = api
+            .coordinator
+            .acquire(request)
+            .await
+            .map_err(|e| format!("cannot acquire {PROBE_LOCK}: {e}"))?;
+        let token = api.sign(&lease);
+        if let Err(error) = api.coordinator.release(lease.id, None).await {
+            tracing::warn!(%error, "the audit probe's lease was not released; it expires");
+        }
+        tokens.push((lease.epoch.0, token));
+    }
+    let newer = tokens.pop().expect("two tokens");
+    let older = tokens.pop().expect("two tokens");
+    Ok((older, newer))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

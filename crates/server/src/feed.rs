@@ -1,0 +1,108 @@
+//! The recent ownership transitions, for the console's live feed (`GET /v1/transitions`).
+//! Bounded: the last [`FEED_CAPACITY`] transitions.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::engine::Transition;
+
+/// Transitions kept.
+pub const FEED_CAPACITY: usize = 256;
+
+/// One transition as the feed shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FeedEntry {
+    /// Increases by one per entry; a reader asks for entries after the last it saw.
+    pub seq: u64,
+    /// When it was seen (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// `granted`, `released`, `expired`, or `missed` (the feed fell behind).
+    pub kind: &'static str,
+    /// The lock.
+    pub lock: String,
+    /// The lease's epoch.
+    pub epoch: u64,
+    /// The lease's holder.
+    pub holder: String,
+    /// The lease's class.
+    pub class: &'static str,
+}
+
+/// The feed.
+#[derive(Debug, Default)]
+pub struct Feed {
+    entries: Mutex<(u64, VecDeque<FeedEntry>)>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Feed {
+    fn push(&self, make: impl FnOnce(u64) -> FeedEntry) {
+        let mut guard = self.entries.lock().expect("not poisoned");
+        let (next, entries) = &mut *guard;
+        *next += 1;
+        if entries.len() == FEED_CAPACITY {
+            entries.pop_front();
+        }
+        entries.push_back(make(*next));
+    }
+
+    /// Records a transition.
+    pub fn record(&self, transition: &Transition) {
+        self.push(|seq| FeedEntry {
+            seq,
+            at_ms: now_ms(),
+            kind: transition.kind.as_str(),
+            lock: transition.lease.lock.to_string(),
+            epoch: transition.lease.epoch.0,
+            holder: transition.lease.holder.to_string(),
+            class: transition.lease.class.as_str(),
+        });
+    }
+
+    /// Entries after `after`, oldest first, that `visible` lets through.
+    pub fn since(&self, after: u64, visible: impl Fn(&str) -> bool) -> (u64, Vec<FeedEntry>) {
+        let guard = self.entries.lock().expect("not poisoned");
+        let entries = guard
+            .1
+            .iter()
+            .filter(|e| e.seq > after && (e.kind == "missed" || visible(&e.lock)))
+            .cloned()
+            .collect();
+        (guard.0, entries)
+    }
+
+    /// Follows `transitions` until the channel closes or `shutdown`.
+    pub async fn follow(
+        self: std::sync::Arc<Self>,
+        mut transitions: broadcast::Receiver<Transition>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        loop {
+            let received = tokio::select! {
+                received = transitions.recv() => received,
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            };
+            match received {
+                Ok(transition) => self.record(&transition),
+                Err(broadcast::error::RecvError::Lagged(missed)) => self.push(|seq| FeedEntry {
+                    seq,
+                    at_ms: now_ms(),
+                    kind: "missed",
+                    lock: String::new(),
+                    epoch: missed,
+                    holder: String::new(),
+                    class: "",
+                }),
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}
