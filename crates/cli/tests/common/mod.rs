@@ -187,17 +187,16 @@ impl ResourceProcess {
 
     /// [`Self::start`] with more arguments for `resource serve`.
     pub fn start_with(data_dir: &Path, mode: &str, coordinator: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["--mode", mode, "--coordinator", coordinator];
+        args.extend_from_slice(extra);
+        Self::spawn(data_dir, &args)
+    }
+
+    /// `palisade resource serve --listen 127.0.0.1:0 ARGS --data-dir DATA_DIR`.
+    pub fn spawn(data_dir: &Path, args: &[&str]) -> Self {
         let mut child = Command::new(BINARY)
-            .args([
-                "resource",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--mode",
-                mode,
-            ])
-            .args(["--coordinator", coordinator])
-            .args(extra)
+            .args(["resource", "serve", "--listen", "127.0.0.1:0"])
+            .args(args)
             .arg("--data-dir")
             .arg(data_dir)
             .env("RUST_LOG", "warn")

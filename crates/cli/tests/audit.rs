@@ -1,0 +1,354 @@
+//! `palisade serve --policy` and `palisade audit` with real processes: a demo setup with one
+//! problem of each kind planted, each found; then the problems removed (policy reloaded on
+//! SIGHUP) and the audit passes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{free_port, ResourceProcess, ServerProcess};
+use serde_json::Value;
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Acquires `lock`: its epoch, token and lease id.
+fn token(server: &ServerProcess, lock: &str, ttl: &str) -> (u64, String, String) {
+    let out = server.cli(&["lock", "acquire", lock, "--ttl", ttl, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let grant: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        grant["epoch"].as_u64().unwrap(),
+        grant["token"].as_str().unwrap().to_owned(),
+        grant["lease_id"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn put(resource: &ResourceProcess, lock: &str, token: &str) -> Output {
+    resource.cli(&["put", lock, "k", "v", "--token", token])
+}
+
+/// A store that accepts every write: what a boundary that does not fence looks like from the
+/// outside. Planted so the probe has something to catch.
+fn lying_store() -> String {
+    use axum::routing::{get, put};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let app = axum::Router::new()
+                .route(
+                    "/v1/info",
+                    get(|| async {
+                        axum::Json(serde_json::json!({"mode": "strict", "restore_required": false}))
+                    }),
+                )
+                .route(
+                    "/v1/fences/{lock}",
+                    get(|| async { axum::Json(serde_json::json!({"fence": 0})) }),
+                )
+                .route(
+                    "/v1/kv/{lock}/{key}",
+                    put(|| async { axum::Json(serde_json::json!({"accepted": true})) }),
+                );
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    url
+}
+
+fn write_policy(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+fn codes(report: &Value) -> Vec<(String, String, String)> {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["severity"].as_str().unwrap().to_owned(),
+                f["code"].as_str().unwrap().to_owned(),
+                f["subject"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// P1/P4/P5 seen from outside: the audit finds a critical lock with no boundary, a boundary
+/// that does not answer, a fence above the coordinator's epoch (another signer's tokens were
+/// accepted), an efficiency lock whose writes are fenced, a receiver that cannot enforce with
+/// no fallback, and — with `--probe` — a boundary that accepts an obsolete epoch, while the
+/// real store refuses it. Exit 8 while any critical finding stands, 0 once they are gone.
+#[test]
+fn p1_p5_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
+    let dir = tempfile::tempdir().unwrap();
+    // Coordinator A: someone else's signer, trusted by the store by mistake.
+    let other = ServerProcess::start(&dir.path().join("other"));
+    let policy = dir.path().join("policy.toml");
+    write_policy(&policy, "default_class = \"efficiency\"\n");
+    let server = ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &dir.path().join("data"),
+    );
+    // The store trusts both coordinators' keys.
+    let keys: Vec<Value> = [&other, &server]
+        .iter()
+        .flat_map(|s| {
+            let (status, body) = s.http("GET", "/v1/keys", None, "");
+            assert_eq!(status, 200);
+            let keys: Value = serde_json::from_str(&body).unwrap();
+            keys["keys"].as_array().unwrap().clone()
+        })
+        .collect();
+    let key_file = dir.path().join("keys.json");
+    std::fs::write(&key_file, serde_json::json!({ "keys": keys }).to_string()).unwrap();
+    let store = ResourceProcess::spawn(
+        &dir.path().join("store"),
+        &["--trust-key", key_file.to_str().unwrap()],
+    );
+    let liar = lying_store();
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    write_policy(
+        &policy,
+        &format!(
+            r#"default_class = "efficiency"
+[[lock]]
+pattern = "report/*"
+class = "critical"
+boundary = {{ kind = "resource", url = "{store}" }}
+[[lock]]
+pattern = "bare/*"
+class = "critical"
+[[lock]]
+pattern = "gone/*"
+class = "critical"
+boundary = {{ kind = "resource", url = "{closed}" }}
+[[lock]]
+pattern = "liar/*"
+class = "critical"
+boundary = {{ kind = "resource", url = "{liar}" }}
+[[lock]]
+pattern = "pay/*"
+class = "critical"
+boundary = {{ kind = "effects", url = "{store}", capability = "none" }}
+"#,
+            store = store.url
+        ),
+    );
+    let reload = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    );
+    reload.unwrap();
+    // The reload is asynchronous: wait until the policy shows five rules.
+    for _ in 0..100 {
+        let (_, body) = server.http("GET", "/v1/policy", None, "");
+        let shown: Value = serde_json::from_str(&body).unwrap();
+        if shown["policy"]["rules"].as_array().map(Vec::len) == Some(5) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    // Another signer's owner writes report/1 at a high epoch.
+    for i in 0..4 {
+        token(&other, &format!("warmup/{i}"), "1h");
+    }
+    let (foreign_epoch, foreign, _) = token(&other, "report/1", "1h");
+    assert!(put(&store, "report/1", &foreign).status.success());
+    // This coordinator's holder of report/1 is at a lower epoch: its writes are refused.
+    let (epoch, own, report1_lease) = token(&server, "report/1", "1h");
+    assert!(epoch < foreign_epoch, "{epoch} vs {foreign_epoch}");
+    assert_eq!(put(&store, "report/1", &own).status.code(), Some(5));
+    // An efficiency lock whose writes go to a fenced store; a critical lock with no boundary.
+    let (_, cache, cache_lease) = token(&server, "cache/1", "1h");
+    assert!(put(&store, "cache/1", &cache).status.success());
+    let (_, _, bare_lease) = token(&server, "bare/1", "1h");
+    // The policy decides the class: asking efficiency for a critical lock is refused (7).
+    let out = server.cli(&["lock", "acquire", "report/2", "--class", "efficiency"]);
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("critical by the policy"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = server.cli(&["audit", "--probe", "--json"]);
+    assert_eq!(out.status.code(), Some(8), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found = codes(&report);
+    let target = |url: &str| format!("resource {url}");
+    for (severity, code, subject) in [
+        ("critical", "no_boundary", "bare/*".to_owned()),
+        ("critical", "no_boundary", "bare/1".to_owned()),
+        ("critical", "boundary_unreachable", target(&closed)),
+        ("critical", "fence_ahead", "report/1".to_owned()),
+        ("critical", "probe_accepted", target(&liar)),
+        ("critical", "no_fallback", "pay/*".to_owned()),
+        ("warning", "efficiency_fenced", "cache/1".to_owned()),
+        ("warning", "probe_failed", target(&closed)),
+    ] {
+        assert!(
+            found
+                .iter()
+                .any(|f| f.0 == severity && f.1 == code && f.2 == subject),
+            "{severity} {code} {subject} not in {found:?}"
+        );
+    }
+    // The real store refused the probe's obsolete epoch.
+    let real = report["boundaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["target"] == target(&store.url).as_str())
+        .unwrap();
+    assert_eq!(real["probe"]["result"], "refused", "{real}");
+    let report1 = report["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lock"] == "report/1")
+        .unwrap();
+    assert_eq!(report1["fence"], foreign_epoch);
+    assert_eq!(report1["stale_rejections"], 1, "{report1}");
+
+    // For people: the findings, most severe first.
+    let out = server.cli(&["audit"]);
+    assert_eq!(out.status.code(), Some(8));
+    let text = stdout(&out);
+    assert!(text.contains("CRITICAL  fence_ahead"), "{text}");
+    assert!(
+        stderr(&out).contains("critical finding"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Fixed: the policy names a boundary for every critical lock, the misclassified and the
+    // foreign-fenced locks are released, the broken boundaries are gone.
+    write_policy(
+        &policy,
+        &format!(
+            "default_class = \"efficiency\"\n[[lock]]\npattern = \"report/*\"\nclass = \
+             \"critical\"\nboundary = {{ kind = \"resource\", url = \"{}\" }}\n",
+            store.url
+        ),
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    for lease in [report1_lease, cache_lease, bare_lease] {
+        let out = server.cli(&["lock", "release", &lease]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let mut last = None;
+    for _ in 0..100 {
+        let out = server.cli(&["audit", "--json"]);
+        if out.status.success() {
+            last = None;
+            break;
+        }
+        last = Some(stdout(&out));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(last.is_none(), "the audit still fails: {last:?}");
+    let out = server.cli(&["audit", "--probe"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("refused after epoch"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// `--require-policy` refuses a critical lock with no boundary, and needs `--policy`; a bad
+/// policy file stops the coordinator from starting with the rule named.
+#[test]
+fn require_policy_refuses_critical_locks_without_a_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    write_policy(
+        &policy,
+        "default_class = \"critical\"\n[[lock]]\npattern = \"cache/*\"\nclass = \"efficiency\"\n\
+         [[lock]]\npattern = \"report/*\"\nclass = \"critical\"\n\
+         boundary = { kind = \"resource\", url = \"http://127.0.0.1:1\" }\n",
+    );
+    let server = ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--require-policy",
+        ],
+        &dir.path().join("data"),
+    );
+    let out = server.cli(&["lock", "acquire", "orders/1"]);
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("names no boundary"),
+        "{}",
+        stderr(&out)
+    );
+    let out = server.cli(&["lock", "acquire", "cache/1", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let grant: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(grant["class"], "efficiency");
+    let out = server.cli(&["lock", "acquire", "report/1", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Over HTTP the refusal is a 409 with its own code.
+    let (status, body) = server.http("POST", "/v1/locks/orders%2F2/acquire", None, "{}");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("refused_by_policy"), "{body}");
+    let (_, metrics) = server.http("GET", "/metrics", None, "");
+    assert!(
+        metrics.contains("palisade_acquires_refused_total{reason=\"policy_no_boundary\"} 2"),
+        "{metrics}"
+    );
+
+    for (args, expect) in [
+        (vec!["--require-policy"], "required arguments"),
+        (vec!["--policy", "/nonexistent/policy.toml"], "No such file"),
+    ] {
+        let out = std::process::Command::new(common::BINARY)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("other"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains(expect), "{}", stderr(&out));
+    }
+    write_policy(&policy, "[[lock]]\npattern = \"a\"\nclass = \"bogus\"\n");
+    let out = std::process::Command::new(common::BINARY)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .arg("--policy")
+        .arg(&policy)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("bogus"), "{}", stderr(&out));
+}

@@ -1,0 +1,323 @@
+//! The web console in a real browser: headless Chromium (Debian's `chromium`, which
+//! `scripts/test` installs) loads `/ui/` from a running coordinator after real acquires and a
+//! real stale write, and the test checks what a person would see: the lock with its epoch, the
+//! ownership transitions, the stale write refused at the store, the audit's findings. A
+//! screenshot is kept in `target/test-artefacts/console.png`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{ResourceProcess, ServerProcess, BINARY};
+use serde_json::Value;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn chromium() -> PathBuf {
+    if let Ok(path) = std::env::var("PALISADE_CHROMIUM") {
+        return PathBuf::from(path);
+    }
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect(
+            "no Chromium: run ./scripts/test (it installs Debian's chromium), or set \
+             PALISADE_CHROMIUM",
+        )
+}
+
+/// Runs headless Chromium on `url` with `args` (`--dump-dom`, `--screenshot=…`): a profile
+/// of its own, no network beyond loopback, virtual time so the page's polling settles.
+fn browse(profile: &Path, url: &str, args: &[&str]) -> Output {
+    Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--window-size=1280,1100",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run chromium")
+}
+
+fn artefacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artefacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn acquire(server: &ServerProcess, args: &[&str]) -> Value {
+    let mut all = vec!["lock", "acquire"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = server.cli(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// P1 made visible: after a lease expires and a new owner writes, the old owner's write is
+/// refused by the store, and the console shows the lock at its new epoch, the transitions that
+/// led there, the stale_epoch rejection with both epochs, and the audit's critical finding.
+/// Client-chosen text (a holder full of markup) is shown as text, never run.
+#[test]
+fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "default_class = \"efficiency\"\n").unwrap();
+    let server = ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &dir.path().join("data"),
+    );
+    let store = ResourceProcess::start(&dir.path().join("store"), "strict", &server.url);
+    std::fs::write(
+        &policy,
+        format!(
+            "default_class = \"efficiency\"\n\
+             [[lock]]\npattern = \"report/*\"\nclass = \"critical\"\n\
+             boundary = {{ kind = \"resource\", url = \"{}\" }}\n\
+             [[lock]]\npattern = \"bare/*\"\nclass = \"critical\"\n",
+            store.url
+        ),
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    for _ in 0..100 {
+        let (_, body) = server.http("GET", "/v1/policy", None, "");
+        if body.contains("bare/*") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    // Owner A's lease expires; owner B acquires and writes; A wakes up and writes: refused.
+    let a = acquire(
+        &server,
+        &["report/7", "--ttl", "50ms", "--holder", "worker-a"],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let b = acquire(
+        &server,
+        &["report/7", "--ttl", "1h", "--holder", "worker-b"],
+    );
+    let (a_epoch, b_epoch) = (a["epoch"].as_u64().unwrap(), b["epoch"].as_u64().unwrap());
+    assert!(b_epoch > a_epoch);
+    let out = store.cli(&[
+        "put",
+        "report/7",
+        "summary",
+        "from B",
+        "--token",
+        b["token"].as_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = store.cli(&[
+        "put",
+        "report/7",
+        "summary",
+        "from A",
+        "--token",
+        a["token"].as_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    acquire(
+        &server,
+        &[
+            "bare/1",
+            "--ttl",
+            "1h",
+            "--holder",
+            "<img src=x onerror=\"document.title='pwned'\">",
+        ],
+    );
+
+    let url = format!("{}/ui/", server.url);
+    let profile = dir.path().join("chromium");
+    let out = browse(&profile, &url, &["--dump-dom"]);
+    assert!(out.status.success(), "chromium failed: {}", stderr(&out));
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let checks = [
+        // The lock, at B's epoch, held by B.
+        format!("data-lock=\"report/7\" data-epoch=\"{b_epoch}\""),
+        "<td>worker-b</td>".to_owned(),
+        // The transitions: A granted, A expired, B granted.
+        format!("report/7  epoch {a_epoch}  granted  worker-a"),
+        format!("report/7  epoch {a_epoch}  expired  worker-a"),
+        format!("report/7  epoch {b_epoch}  granted  worker-b"),
+        // The refused stale write, with the epoch it claimed and the fence that refused it.
+        "data-reason=\"stale_epoch\" data-lock=\"report/7\"".to_owned(),
+        format!(
+            "<td class=\"num\">{a_epoch}</td><td class=\"num\">{b_epoch}</td><td>stale_epoch</td>"
+        ),
+        // The audit's critical finding about the lock with no boundary.
+        "data-code=\"no_boundary\"".to_owned(),
+        "<td class=\"sev-critical\">critical</td>".to_owned(),
+        // Markup in a holder is text.
+        "&lt;img src=x onerror=\"document.title='pwned'\"&gt;".to_owned(),
+        "data-first-render-ms=".to_owned(),
+    ];
+    for check in &checks {
+        assert!(
+            dom.contains(check.as_str()),
+            "the page lacks {check:?}:\n{dom}"
+        );
+    }
+    assert!(
+        !dom.contains("<img src=\"x\""),
+        "markup from a client ran:\n{dom}"
+    );
+    assert!(!dom.contains("<title>pwned"), "{dom}");
+    assert!(
+        !dom.contains("id=\"banner\">"),
+        "an error banner shows:\n{dom}"
+    );
+    let first_render: u64 = dom
+        .split("data-first-render-ms=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let weight: usize = ["/ui/", "/ui/app.js", "/ui/style.css"]
+        .iter()
+        .map(|path| server.http("GET", path, None, "").1.len())
+        .sum();
+    eprintln!(
+        "console: {} checks passed, page weight {weight} bytes (3 files), first render {first_render} ms \
+         (virtual time)",
+        checks.len()
+    );
+
+    let screenshot = artefacts().join("console.png");
+    let _ = std::fs::remove_file(&screenshot);
+    let out = browse(
+        &profile,
+        &url,
+        &[&format!("--screenshot={}", screenshot.display())],
+    );
+    assert!(out.status.success(), "chromium failed: {}", stderr(&out));
+    let png = std::fs::read(&screenshot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!(
+        "screenshot: {}",
+        screenshot.canonicalize().unwrap().display()
+    );
+}
+
+/// The console is read-only and authenticated like `read`: without credentials the page says
+/// so and shows no data; with `#token=` of a principal that may read, it shows the locks; the
+/// feed shows only the locks the caller may read.
+#[test]
+fn console_needs_read_credentials_and_shows_only_readable_locks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for principal in ["ops", "orders"] {
+        let out = Command::new(BINARY)
+            .args(["auth", "new", principal, "--secret-file"])
+            .arg(dir.path().join(principal))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        lines.push_str(&String::from_utf8(out.stdout).unwrap());
+    }
+    std::fs::write(dir.path().join("auth"), lines).unwrap();
+    std::fs::write(
+        dir.path().join("acl"),
+        "ops admin *\norders acquire orders/\norders read orders/\n",
+    )
+    .unwrap();
+    let server = ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--auth-file",
+            dir.path().join("auth").to_str().unwrap(),
+            "--acl-file",
+            dir.path().join("acl").to_str().unwrap(),
+        ],
+        &dir.path().join("data"),
+    );
+    let secret = |p: &str| {
+        std::fs::read_to_string(dir.path().join(p))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    for lock in ["orders/1", "payroll/1"] {
+        let out = server.cli_as(
+            &dir.path().join("ops"),
+            &["lock", "acquire", lock, "--ttl", "1h"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    // The files carry no data and need no credentials; every route with data does.
+    assert_eq!(server.http("GET", "/ui/", None, "").0, 200);
+    for path in ["/v1/audit", "/v1/policy", "/v1/transitions", "/v1/locks"] {
+        assert_eq!(server.http("GET", path, None, "").0, 401, "{path}");
+    }
+    // The audit and the policy need read on every lock; the feed filters.
+    assert_eq!(
+        server
+            .http("GET", "/v1/audit", Some(&secret("orders")), "")
+            .0,
+        403
+    );
+    let (status, body) = server.http("GET", "/v1/transitions", Some(&secret("orders")), "");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("orders/1") && !body.contains("payroll/1"),
+        "{body}"
+    );
+    // Probing is for admins.
+    assert_eq!(
+        server
+            .http("POST", "/v1/audit/probe", Some(&secret("orders")), "")
+            .0,
+        403
+    );
+
+    let profile = dir.path().join("chromium");
+    let out = browse(&profile, &format!("{}/ui/", server.url), &["--dump-dom"]);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(dom.contains("refused these credentials"), "{dom}");
+    assert!(!dom.contains("data-lock=\"orders/1\""), "{dom}");
+    let out = browse(
+        &profile,
+        &format!("{}/ui/#token={}", server.url, secret("ops")),
+        &["--dump-dom"],
+    );
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(dom.contains("data-lock=\"orders/1\""), "{dom}");
+    assert!(dom.contains("data-lock=\"payroll/1\""), "{dom}");
+    assert!(
+        !dom.contains(&secret("ops")),
+        "the secret stays out of the page"
+    );
+}
