@@ -1,0 +1,20 @@
+"""Fence a PostgreSQL write with the seed's statement: it applies only above the row's last
+fence, so a paused, superseded owner changes nothing. Args: DATABASE_URL ROW_ID PAYLOAD."""
+import os
+import sys
+
+import psycopg
+
+from palisade_client import Client
+
+dsn, row_id, payload = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+client = Client(os.environ.get("PALISADE_ENDPOINT", "127.0.0.1:7420"))
+with client.lock(f"report/{row_id}", ttl=10) as lease, psycopg.connect(dsn) as db:
+    written = db.execute(
+        "UPDATE report_result SET payload = %s, last_fence = %s"
+        " WHERE id = %s AND last_fence < %s RETURNING id",
+        (payload, lease.epoch, row_id, lease.epoch),
+    ).fetchone()  # committed as the block ends, before the lease is released
+if written is None:
+    sys.exit(f"refused: a newer owner wrote row {row_id}; epoch {lease.epoch} is obsolete")
+print(f"row {row_id} written at epoch {lease.epoch}")

@@ -1,0 +1,1 @@
+"""Stubs generated from proto/palisade.proto (see clients/python/README.md, "Stubs")."""

@@ -1,0 +1,185 @@
+"""The Python client against a real coordinator."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from palisade_client import (
+    Client,
+    InvalidArgument,
+    LeaseLost,
+    LockHeld,
+    RefusedByPolicy,
+    Unavailable,
+)
+
+HERE = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_lock_yields_a_signed_token_and_releases_on_exit(coordinator):
+    client = Client(coordinator.address)
+    with client.lock("report/7", ttl=5) as lease:
+        assert lease.epoch >= 1
+        assert lease.lock == "report/7"
+        assert lease.token.count(".") >= 1, lease.token
+        info = client.describe("report/7")
+        assert info.held and info.epoch == lease.epoch
+    assert not client.describe("report/7").held
+    # The next owner gets a higher epoch (P1).
+    with client.lock("report/7", ttl=5) as second:
+        assert second.epoch > lease.epoch
+
+
+def test_the_keepalive_holds_the_lease_past_its_ttl(coordinator):
+    client = Client(f"http://{coordinator.address}")
+    with client.lock("keep/1", ttl=0.3) as lease:
+        time.sleep(1.2)
+        assert not lease.lost.is_set()
+        info = client.describe("keep/1")
+        assert info.held and info.epoch == lease.epoch
+
+
+def test_a_lost_lease_is_reported(coordinator):
+    client = Client(coordinator.address)
+    lease = client.acquire("lost/1", ttl=0.2)
+    time.sleep(0.5)
+    with pytest.raises(LeaseLost):
+        lease.renew()
+    # The keepalive notices too.
+    with client.lock("lost/2", ttl=0.6) as held:
+        # Someone else releases it (the coordinator runs without auth: anyone may).
+        from palisade_client.v1 import palisade_pb2 as pb
+
+        Client(coordinator.address)._call("Release", pb.ReleaseRequest(lease_id=held.lease_id))
+        # Renewals every ttl/3: within a few seconds the loss is seen.
+        assert held.lost.wait(timeout=5)
+
+
+def test_a_held_lock_raises_and_a_waiter_gets_it(coordinator):
+    client = Client(coordinator.address)
+    first = client.acquire("hot/1", ttl=5)
+    with pytest.raises(LockHeld):
+        client.acquire("hot/1", ttl=5)
+    threading.Timer(0.3, first.release).start()
+    second = client.acquire("hot/1", ttl=5, wait=5)
+    assert second.epoch > first.epoch
+    second.release()
+
+
+def test_bad_input_is_refused_with_the_rule(coordinator):
+    client = Client(coordinator.address)
+    with pytest.raises(InvalidArgument):
+        client.acquire("bad name with spaces", ttl=5)
+    with pytest.raises(InvalidArgument):
+        client.acquire("x", ttl=99 * 3600)
+    with pytest.raises(InvalidArgument):
+        client.acquire("x", lock_class="bogus")
+    with pytest.raises(InvalidArgument):
+        Client("ftp://127.0.0.1:1")
+
+
+def test_an_unreachable_coordinator_is_unavailable(tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = Client(f"127.0.0.1:{port}", timeout=1)
+    with pytest.raises(Unavailable):
+        client.acquire("x", ttl=5)
+
+
+def test_the_policy_decides_the_class_and_can_refuse(start_coordinator, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        'default_class = "efficiency"\n'
+        '[[lock]]\npattern = "report/*"\nclass = "critical"\n'
+        'boundary = { kind = "resource", url = "http://127.0.0.1:1" }\n'
+    )
+    running = start_coordinator("--policy", str(policy), "--require-policy")
+    client = Client(running.address)
+    with client.lock("report/1", ttl=5) as lease:
+        assert lease.lock_class == "critical"
+    with client.lock("cache/1", ttl=5) as lease:
+        assert lease.lock_class == "efficiency"
+    with pytest.raises(RefusedByPolicy):
+        client.acquire("report/2", ttl=5, lock_class="efficiency")
+    with pytest.raises(RefusedByPolicy):
+        client.acquire("orders/1", ttl=5, lock_class="critical")
+
+
+def test_the_committed_stubs_match_the_proto(tmp_path):
+    """The committed stubs are what grpcio-tools makes from proto/palisade.proto today."""
+    generated = tmp_path / "out"
+    generated.mkdir()
+    proto = HERE.parent.parent / "proto"
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-Ipalisade_client/v1={proto}",
+         f"--python_out={generated}", f"--grpc_python_out={generated}",
+         "palisade_client/v1/palisade.proto"],
+        check=True, cwd=HERE,
+    )
+    for name in ["palisade_pb2.py", "palisade_pb2_grpc.py"]:
+        fresh = (generated / "palisade_client" / "v1" / name).read_text()
+        committed = (HERE / "palisade_client" / "v1" / name).read_text()
+        assert fresh == committed, f"{name} is stale: regenerate it (clients/python/README.md)"
+
+
+@pytest.fixture
+def database():
+    url = os.environ.get("PALISADE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.fail("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test")
+    import psycopg
+
+    table = "report_result"
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(f"DROP TABLE IF EXISTS {table}")
+        db.execute(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL,"
+            " last_fence bigint NOT NULL DEFAULT 0)"
+        )
+        db.execute(f"INSERT INTO {table} (id, payload) VALUES (7, 'empty')")
+    yield url
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(f"DROP TABLE {table}")
+
+
+def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
+    """P1: the 20-line example writes under its lease; an owner that paused past its lease and
+    writes after a newer owner is refused by the same statement."""
+    import psycopg
+
+    env = {**os.environ, "PALISADE_ENDPOINT": coordinator.address, "PYTHONPATH": str(HERE)}
+    example = [sys.executable, str(HERE / "examples" / "fence_postgres.py"), database, "7"]
+    written = subprocess.run(example + ["first"], env=env, capture_output=True, text=True)
+    assert written.returncode == 0, written.stderr
+    assert "written at epoch" in written.stdout
+
+    # A paused owner: acquired, lease expired while it slept; a new owner ran the example.
+    client = Client(coordinator.address)
+    paused = client.acquire("report/7", ttl=0.1)
+    time.sleep(0.3)
+    newer = subprocess.run(example + ["newer"], env=env, capture_output=True, text=True)
+    assert newer.returncode == 0, newer.stderr
+    with psycopg.connect(database) as db:
+        stale = db.execute(
+            "UPDATE report_result SET payload = %s, last_fence = %s"
+            " WHERE id = %s AND last_fence < %s RETURNING id",
+            ("stale", paused.epoch, 7, paused.epoch),
+        ).fetchone()
+        assert stale is None
+        row = db.execute("SELECT payload, last_fence FROM report_result WHERE id = 7").fetchone()
+    assert row[0] == "newer" and row[1] > paused.epoch
+
+    # The example run as that paused owner would be refused too: a row fenced above its epoch.
+    with psycopg.connect(database, autocommit=True) as db:
+        db.execute("UPDATE report_result SET last_fence = last_fence + 1000 WHERE id = 7")
+    refused = subprocess.run(example + ["late"], env=env, capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert "refused" in refused.stderr
