@@ -184,6 +184,10 @@ impl Keepalive {
                 _ = &mut stop => return,
                 outcome = tokio::time::timeout_at(self.valid_until, self.renew()) => outcome,
             };
+            match &outcome {
+                Ok(Ok(())) => self.client.count(crate::Event::Renewed),
+                _ => self.client.count(crate::Event::RenewalFailed),
+            }
             match outcome {
                 Ok(Ok(())) => {
                     self.valid_until = sent + self.ttl;
@@ -215,6 +219,7 @@ impl Keepalive {
     }
 
     fn lose(&self, reason: String) {
+        self.client.count(crate::Event::LeaseLost);
         let _ = self.state.send(LeaseState::Lost { reason });
     }
 
@@ -232,7 +237,10 @@ impl Keepalive {
             Err(error) => {
                 tracing::debug!(%error, "keepalive stream failed");
                 self.stream = None;
-                self.client.renew(&self.lease_id).await.map(|_| ())
+                self.client
+                    .renew_uncounted(&self.lease_id)
+                    .await
+                    .map(|_| ())
             }
         }
     }

@@ -15,6 +15,7 @@
 
 mod error;
 mod lease;
+mod stats;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +32,8 @@ use tonic::{Code, Status};
 
 pub use error::ClientError;
 pub use lease::{LeaseHandle, LeaseState};
+pub use stats::ClientStats;
+use stats::Event;
 
 /// Default coordinator endpoint.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7420";
@@ -128,6 +131,8 @@ struct Endpoints {
     current: AtomicUsize,
     /// Sent with every call.
     credentials: Credentials,
+    /// What this client saw.
+    counters: stats::Counters,
 }
 
 /// How a client proves who it is and whom it trusts: the bearer secret it sends as gRPC
@@ -276,8 +281,18 @@ impl Client {
                 targets,
                 current: AtomicUsize::new(first),
                 credentials,
+                counters: stats::Counters::default(),
             }),
         })
+    }
+
+    /// What this client (its clones and its leases' keepalives included) has seen.
+    pub fn stats(&self) -> ClientStats {
+        self.inner.counters.snapshot()
+    }
+
+    pub(crate) fn count(&self, event: Event) {
+        self.inner.counters.count(event);
     }
 
     /// The URL requests go to now.
@@ -318,6 +333,7 @@ impl Client {
                 .filter(|hinted| *hinted != index);
             let next = hinted.unwrap_or((index + 1) % endpoints.targets.len());
             tracing::debug!(from = %endpoints.targets[index].0, to = %endpoints.targets[next].0, %status, "trying another endpoint");
+            endpoints.counters.count(Event::FailedOver);
             let _ = endpoints.current.compare_exchange(
                 index,
                 next,
@@ -364,7 +380,9 @@ impl Client {
                 request.set_timeout(timeout);
                 async move { client.acquire(request).await }
             })
-            .await?;
+            .await
+            .inspect_err(|_| self.count(Event::AcquireFailed))?;
+        self.count(Event::Acquired);
         Ok(Grant {
             lock: reply.lock,
             epoch: reply.epoch,
@@ -383,6 +401,19 @@ impl Client {
 
     /// Renews a lease by its full TTL.
     pub async fn renew(&self, lease_id: &str) -> Result<pb::RenewResponse, ClientError> {
+        let renewed = self.renew_uncounted(lease_id).await;
+        self.count(match renewed {
+            Ok(_) => Event::Renewed,
+            Err(_) => Event::RenewalFailed,
+        });
+        renewed
+    }
+
+    /// [`Self::renew`] for the keepalive, which counts its renewals itself.
+    pub(crate) async fn renew_uncounted(
+        &self,
+        lease_id: &str,
+    ) -> Result<pb::RenewResponse, ClientError> {
         self.call(|mut client| async move {
             let lease_id = lease_id.to_owned();
             client

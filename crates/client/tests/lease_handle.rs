@@ -38,6 +38,13 @@ async fn the_keepalive_holds_a_lease_well_past_its_ttl() {
     let info = client.describe("k/1").await.unwrap();
     assert!(info.held);
     assert_eq!(info.epoch, lease.epoch());
+    let stats = client.stats();
+    assert!(stats.renewals >= 3, "{stats:?}");
+    assert_eq!(
+        (stats.renewal_failures, stats.leases_lost),
+        (0, 0),
+        "{stats:?}"
+    );
 }
 
 #[tokio::test]
@@ -58,6 +65,18 @@ async fn validity_is_counted_from_the_send_time_so_the_holder_gives_up_first() {
         .expect("loss noticed");
     assert!(!reason.is_empty());
     assert!(!lease.is_valid());
+    // The failures the coordinator never saw are counted here; the keepalive gives up at its
+    // next try (the handle noticed the validity end on its own clock).
+    let mut stats = client.stats();
+    for _ in 0..100 {
+        if stats.leases_lost == 1 {
+            break;
+        }
+        sleep(Duration::from_millis(20)).await;
+        stats = client.stats();
+    }
+    assert_eq!((stats.acquires, stats.leases_lost), (1, 1), "{stats:?}");
+    assert!(stats.renewal_failures >= 1, "{stats:?}");
 }
 
 #[tokio::test]
@@ -70,6 +89,12 @@ async fn a_lease_released_behind_the_holders_back_is_reported_lost() {
         .expect("loss noticed");
     assert!(reason.contains("unknown"), "{reason}");
     assert!(matches!(lease.state(), LeaseState::Lost { .. }));
+    let stats = client.stats();
+    assert_eq!(
+        (stats.leases_lost, stats.renewal_failures),
+        (1, 1),
+        "{stats:?}"
+    );
 }
 
 #[tokio::test]
