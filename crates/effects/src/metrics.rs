@@ -36,6 +36,12 @@ pub struct EffectsMetrics {
 impl EffectsMetrics {
     /// Registers the metrics in `registry` (give it the `palisade_effects` prefix).
     pub fn register(&self, registry: &mut Registry) {
+        // Every result is exported from the start (at 0), so a dashboard's rate() has a series.
+        for result in RESULTS {
+            self.reconciliations
+                .get_or_create(&ResultLabels { result })
+                .inc_by(0);
+        }
         registry.register(
             "operations",
             "Operations in the ledger, by state",
@@ -83,7 +89,7 @@ impl EffectsMetrics {
             .inc();
     }
 
-    /// Counts a reconciler pass's outcomes.
+    /// Counts a reconciler pass's outcomes (the results are [`RESULTS`]).
     pub fn count_report(&self, report: &ReconcileReport) {
         for (result, n) in [
             ("performed", report.performed),
@@ -99,3 +105,13 @@ impl EffectsMetrics {
         }
     }
 }
+
+/// The `result` label values of `palisade_effects_reconciliations_total`.
+pub const RESULTS: [&str; 6] = [
+    "performed",
+    "not_performed",
+    "retried",
+    "refused",
+    "to_review",
+    "left",
+];

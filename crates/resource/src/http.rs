@@ -351,14 +351,7 @@ async fn rejections(
 ) -> Response {
     let recent = state.inner.recent.list(query.lock.as_deref());
     let mut totals = serde_json::Map::new();
-    for reason in [
-        "stale_epoch",
-        "not_activated",
-        "invalid_token",
-        "replay_mismatch",
-        "invalid_request",
-        "missing_token",
-    ] {
+    for reason in crate::metrics::REASONS {
         let count = state
             .inner
             .metrics

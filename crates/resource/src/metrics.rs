@@ -6,10 +6,20 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// The `reason` label values of `palisade_resource_rejections_total`.
+pub const REASONS: [&str; 7] = [
+    "stale_epoch",
+    "not_activated",
+    "invalid_token",
+    "replay",
+    "replay_mismatch",
+    "invalid_request",
+    "missing_token",
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// `stale_epoch`, `not_activated`, `invalid_token`, `replay`, `replay_mismatch`,
-    /// `invalid_request`.
+    /// One of [`REASONS`].
     pub reason: &'static str,
 }
 
@@ -73,6 +83,13 @@ impl Metrics {
             "Time to answer a fenced write",
             metrics.write_duration.clone(),
         );
+        // Every reason is exported from the start (at 0).
+        for reason in REASONS {
+            metrics
+                .rejections
+                .get_or_create(&ReasonLabels { reason })
+                .inc_by(0);
+        }
         Self {
             registry,
             ..metrics

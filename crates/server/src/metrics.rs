@@ -24,6 +24,18 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// The `reason` label values of `palisade_acquires_refused_total`.
+pub const REFUSAL_REASONS: [&str; 8] = [
+    "held",
+    "wait_timed_out",
+    "too_many_waiters",
+    "invalid",
+    "policy_downgrade",
+    "policy_no_boundary",
+    "not_leader",
+    "unavailable",
+];
+
 /// Labels of a policy reload.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -212,17 +224,40 @@ impl Metrics {
             "Cluster: this member's last applied log index",
             metrics.raft_last_applied_index.clone(),
         );
+        // Every known label value is exported from the start (at 0), so a dashboard's rate()
+        // has a series before the first event.
+        for reason in REFUSAL_REASONS {
+            metrics.refused_by(reason, 0);
+        }
+        for result in ["ok", "error"] {
+            metrics
+                .policy_reloads
+                .get_or_create(&ResultLabels { result })
+                .inc_by(0);
+        }
+        for class in ["critical", "efficiency"] {
+            for transition in ["granted", "released", "expired"] {
+                metrics
+                    .transitions
+                    .get_or_create(&TransitionLabels { class, transition })
+                    .inc_by(0);
+            }
+        }
         Self {
             registry,
             ..metrics
         }
     }
 
-    /// Counts a refused acquire.
-    pub fn refused(&self, reason: &'static str) {
+    fn refused_by(&self, reason: &'static str, n: u64) {
         self.acquires_refused
             .get_or_create(&ReasonLabels { reason })
-            .inc();
+            .inc_by(n);
+    }
+
+    /// Counts a refused acquire (`reason` is one of [`REFUSAL_REASONS`]).
+    pub fn refused(&self, reason: &'static str) {
+        self.refused_by(reason, 1);
     }
 
     /// The metrics in Prometheus text format.
