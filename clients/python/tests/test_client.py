@@ -183,3 +183,14 @@ def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
     refused = subprocess.run(example + ["late"], env=env, capture_output=True, text=True)
     assert refused.returncode == 1
     assert "refused" in refused.stderr
+
+
+def test_the_readme_block_runs(coordinator):
+    """The README's Python block, run as written (the default address is this test's)."""
+    readme = (HERE / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "127.0.0.1:7420" in block
+    written = []
+    namespace = {"write_report": lambda **kw: written.append(kw)}
+    exec(compile(block.replace("127.0.0.1:7420", coordinator.address), "README.md", "exec"), namespace)
+    assert len(written) == 1 and written[0]["fence"] >= 1 and written[0]["token"]

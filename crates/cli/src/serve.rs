@@ -73,6 +73,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("cannot start the coordinator")?;
     eprintln!("palisade coordinator listening on {}", server.local_addr);
+    eprintln!(
+        "palisade coordinator pid {pid}: kill -HUP {pid} reloads the auth, ACL and policy files; \
+         kill {pid} stops it",
+        pid = std::process::id()
+    );
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     loop {
