@@ -1,5 +1,5 @@
 //! The README's "From Rust" snippet, compiled with the workspace (`cargo build --examples`, and
-//! clippy's `--all-targets`); `crates/cli/tests/docs_blocks.rs` checks that the README shows these lines.
+//! clippy's `--all-targets`); `crates/cli/tests/it/docs_blocks.rs` checks that the README shows these lines.
 //!
 //! Run it against a coordinator on the default port:
 //! `cargo run -p palisade-client --example quickstart`.

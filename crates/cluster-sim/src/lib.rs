@@ -572,7 +572,7 @@ mod tests {
 
     /// Introduces a node that exists only in this answer: it never answers Raft. Isolates the
     /// membership logic from a node's behaviour (the real introducers are tested with real
-    /// members: the simulation's network here, gRPC in `cli/tests/cluster.rs`).
+    /// members: the simulation's network here, gRPC in `cli/tests/it/cluster.rs`).
     struct Phantom;
 
     impl palisade_server::cluster::membership::Introducer for Phantom {

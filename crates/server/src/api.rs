@@ -51,6 +51,8 @@ pub struct Api {
     pub policy: Arc<crate::policy::PolicyState>,
     /// The recent ownership transitions, for the console.
     pub feed: Arc<crate::feed::Feed>,
+    /// The audits: one at a time, the last one reused briefly.
+    pub audits: Arc<crate::console::Audits>,
 }
 
 /// A cluster member, for `/v1/cluster` and `/v1/keys`.

@@ -18,7 +18,6 @@ use palisade_audit::{LiveLock, Probe, Report};
 use palisade_core::{AcquireRequest, HolderId, LockClass, LockName, Principal};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::Semaphore;
 
 use crate::api::Api;
 use crate::auth::{Caller, Right};
@@ -32,9 +31,16 @@ const STYLE_CSS: &str = include_str!("../ui/style.css");
 /// The lock the audit's probe acquires (twice: an older and a newer epoch).
 pub const PROBE_LOCK: &str = "palisade-probe/audit";
 
-/// One audit at a time per coordinator: a page left open in many tabs cannot multiply the load
-/// on the boundaries.
-static AUDITS: Semaphore = Semaphore::const_new(1);
+/// How long an audit without probes is served again instead of asking the boundaries anew:
+/// several consoles polling one coordinator share it.
+pub const AUDIT_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The audits of one coordinator: one at a time (a page left open in many tabs cannot multiply
+/// the load on the boundaries), and the last one without probes.
+#[derive(Default)]
+pub struct Audits {
+    turn: tokio::sync::Mutex<Option<(std::time::Instant, Report)>>,
+}
 
 /// The console's and the audit's routes.
 pub fn routes() -> Router<Api> {
@@ -126,7 +132,20 @@ async fn transitions(
 /// Runs the audit: the live locks, what each boundary reports for them, and (with `probe`)
 /// a probe of each boundary.
 pub async fn run(api: &Api, probe: bool) -> Result<Report, ApiError> {
-    let _turn = AUDITS.acquire().await.expect("never closed");
+    let mut last = api.audits.turn.lock().await;
+    if let Some((at, report)) = last.as_ref() {
+        if !probe && at.elapsed() < AUDIT_REUSE {
+            return Ok(report.clone());
+        }
+    }
+    let report = audit_now(api, probe).await?;
+    if !probe {
+        *last = Some((std::time::Instant::now(), report.clone()));
+    }
+    Ok(report)
+}
+
+async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
     let policy = api.policy.current();
     let locks: Vec<LiveLock> = api
         .coordinator

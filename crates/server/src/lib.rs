@@ -383,6 +383,7 @@ fn start_single(
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),
         feed: Arc::default(),
+        audits: Arc::default(),
     };
     let core: Core = Box::pin(async move {
         // The engine ends on shutdown or on a storage failure.
@@ -426,6 +427,7 @@ async fn start_cluster(
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),
         feed: Arc::default(),
+        audits: Arc::default(),
     };
     let raft = member.raft.clone();
     let supervisor = member.supervisor;

@@ -2,7 +2,7 @@
 //! reference store hosting the embedded ledger, and the fake receiver as a process whose own
 //! durable record counts the effects it performed.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

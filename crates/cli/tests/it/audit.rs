@@ -2,7 +2,7 @@
 //! problem of each kind planted, each found; then the problems removed (policy reloaded on
 //! SIGHUP) and the audit passes.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

@@ -1,7 +1,7 @@
 //! The coordinator process against clients that only open sockets or send slowly (P8: a
 //! coordinator that cannot accept a connection cannot grant, renew or release anything).
 
-mod common;
+use crate::common;
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;

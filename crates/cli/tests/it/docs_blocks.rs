@@ -18,7 +18,7 @@
 //! the reader is told to do: start the coordinator, kill it with -9 and start it again, stop it,
 //! and fill in the `LEASE_ID` the first acquire printed.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};

@@ -1,7 +1,7 @@
 //! `palisade resource serve|put|get|activate` as processes: the stale owner is refused with
 //! exit code 5, and an accepted write survives kill -9 of the store (P2, P8).
 
-mod common;
+use crate::common;
 
 use common::{ResourceProcess, ServerProcess};
 use serde_json::Value;

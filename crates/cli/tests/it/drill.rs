@@ -2,7 +2,7 @@
 //! worker processes (SIGSTOP/SIGCONT, a buffering proxy), against the embedded store and a real
 //! PostgreSQL; every scenario must pass with stale writes attempted and none accepted.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

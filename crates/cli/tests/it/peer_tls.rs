@@ -5,7 +5,7 @@
 //! forged AppendEntries from a client connection was decoded and applied: one carrying a
 //! `LeaderStart` made every member publish the attacker's signing key.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! reference store export is documented, every documented metric is exported, and the
 //! dashboard queries only documented metrics.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

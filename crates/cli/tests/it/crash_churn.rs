@@ -2,7 +2,7 @@
 //! restart: every acknowledged acquire and release is still in effect (P8), and every epoch
 //! issued is above every epoch acknowledged before the crash (P1).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The `palisade` CLI as users script it: JSON fields, tables, exit codes, errors on stderr.
 
-mod common;
+use crate::common;
 
 use common::{ServerProcess, BINARY};
 use serde_json::Value;

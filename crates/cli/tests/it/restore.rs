@@ -8,7 +8,7 @@
 //! Before: the copied-back directory issued epochs 4–6 a second time (and a third time after a
 //! second copy-back), and the resource refused every one of them.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

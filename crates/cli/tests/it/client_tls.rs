@@ -5,7 +5,7 @@
 //! another CA names nobody; the reference store fetches the coordinator's keys over TLS with
 //! the CA it is given, and refuses to fetch them in clear from a non-loopback address.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

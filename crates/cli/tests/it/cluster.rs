@@ -1,7 +1,7 @@
 //! A real 3-process cluster: status, failover of acquires with several endpoints, and the
 //! refusal of a start whose --cluster disagrees with the stored membership.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -4,7 +4,7 @@
 //! ownership transitions, the stale write refused at the store, the audit's findings. A
 //! screenshot is kept in `target/test-artefacts/console.png`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

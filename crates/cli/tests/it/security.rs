@@ -7,7 +7,7 @@
 //! Before the change each of these was accepted: lease ids were the epochs (1, 2, 3, …),
 //! listed at `GET /v1/locks`, and any client could renew, release or change the membership.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

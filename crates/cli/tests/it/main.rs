@@ -1,0 +1,21 @@
+//! The `palisade` binary's integration tests, as one test binary: one link instead of one
+//! per file (each links the whole dependency graph). Each module is one area; `common` runs
+//! the real binary.
+
+mod common;
+
+mod audit;
+mod cli;
+mod client_tls;
+mod cluster;
+mod console_browser;
+mod crash_churn;
+mod docs_blocks;
+mod drill;
+mod effects;
+mod hardening;
+mod metrics_docs;
+mod peer_tls;
+mod resource_cli;
+mod restore;
+mod security;
