@@ -17,12 +17,20 @@ pub const MAX_REJECTIONS_SHOWN: usize = 20;
 pub const MAX_LOCKS_ASKED: usize = 1_000;
 /// The key the resource probe writes: the probe's own lock, never a user's.
 pub const PROBE_KEY: &str = "palisade-audit-probe";
+/// Longest a boundary may take to answer everything one audit asks it (a boundary that
+/// answers each request just inside [`TIMEOUT`] cannot hold the audit for long).
+pub const OBSERVE_BUDGET: Duration = Duration::from_secs(15);
+/// Largest answer read from a boundary.
+pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
 /// An HTTP client fit for asking boundaries.
+/// The client follows no redirect: a boundary answers for itself, it does not send the
+/// coordinator elsewhere.
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(TIMEOUT)
         .connect_timeout(TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("a client with timeouts only")
 }
@@ -45,11 +53,18 @@ pub async fn observe(
         ..BoundaryReport::default()
     };
     let locks = &locks[..locks.len().min(MAX_LOCKS_ASKED)];
-    let outcome = match boundary {
-        Boundary::Resource { url } => observe_resource(http, url, locks, &mut report).await,
-        Boundary::Postgres { table, url } => observe_postgres(url, table, locks, &mut report).await,
-        Boundary::Effects { url, .. } => observe_effects(http, url, &mut report).await,
+    let asking = async {
+        match boundary {
+            Boundary::Resource { url } => observe_resource(http, url, locks, &mut report).await,
+            Boundary::Postgres { table, url } => {
+                observe_postgres(url, table, locks, &mut report).await
+            }
+            Boundary::Effects { url, .. } => observe_effects(http, url, &mut report).await,
+        }
     };
+    let outcome = tokio::time::timeout(OBSERVE_BUDGET, asking)
+        .await
+        .unwrap_or_else(|_| Err(format!("no complete answer within {OBSERVE_BUDGET:?}")));
     match outcome {
         Ok(()) => report.reachable = true,
         Err(error) => report.error = Some(error),
@@ -64,12 +79,25 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
         .await
         .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
     let status = response.status();
-    let body: Value = response
-        .json()
+    let body = read_limited(response)
         .await
-        .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let body: Value =
+        serde_json::from_slice(&body).map_err(|_| format!("GET {url}: not JSON ({status})"))?;
     if !status.is_success() {
         return Err(format!("GET {url}: {status}: {body}"));
+    }
+    Ok(body)
+}
+
+/// The answer's body, at most [`MAX_ANSWER_BYTES`].
+async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| without_url(&e))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!("an answer over {MAX_ANSWER_BYTES} bytes"));
+        }
+        body.extend_from_slice(&chunk);
     }
     Ok(body)
 }
@@ -364,7 +392,8 @@ pub async fn probe_resource(
         Ok(response) if response.status().is_success() => {}
         Ok(response) => {
             let status = response.status();
-            let body = response.text().await.unwrap_or_default();
+            let body = read_limited(response).await.unwrap_or_default();
+            let body = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
             return Probe::Failed {
                 detail: format!(
                     "the current epoch's write was refused ({status} {body}): does this store \
@@ -380,7 +409,11 @@ pub async fn probe_resource(
     }
     match put(older.1).await {
         Ok(response) if response.status() == reqwest::StatusCode::CONFLICT => {
-            let body: Value = response.json().await.unwrap_or(Value::Null);
+            let body: Value = read_limited(response)
+                .await
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(Value::Null);
             Probe::Refused {
                 detail: format!(
                     "epoch {} of {lock} refused after epoch {} wrote: 409 {} (fence {})",

@@ -121,12 +121,13 @@ struct TransitionsQuery {
 async fn transitions(
     State(api): State<Api>,
     caller: Caller,
-    Query(query): Query<TransitionsQuery>,
-) -> Json<serde_json::Value> {
+    query: Result<Query<TransitionsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(format!("?after=N: {e}")))?;
     let (last, entries) = api.feed.since(query.after.unwrap_or(0), |lock| {
         LockName::new(lock).is_ok_and(|lock| caller.can(Right::Read, Some(&lock)))
     });
-    Json(json!({"last": last, "transitions": entries}))
+    Ok(Json(json!({"last": last, "transitions": entries})))
 }
 
 /// Runs the audit: the live locks, what each boundary reports for them, and (with `probe`)

@@ -295,6 +295,10 @@ fn console_needs_read_credentials_and_shows_only_readable_locks() {
         body.contains("orders/1") && !body.contains("payroll/1"),
         "{body}"
     );
+    // A bad query is a JSON error, like every other.
+    let (status, body) = server.http("GET", "/v1/transitions?after=x", Some(&secret("ops")), "");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid_argument"), "{body}");
     // Probing is for admins.
     assert_eq!(
         server
