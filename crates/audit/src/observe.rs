@@ -123,7 +123,11 @@ async fn observe_resource(
 ) -> Result<(), String> {
     let base = url.trim_end_matches('/');
     let info = get_json(http, &format!("{base}/v1/info")).await?;
-    report.restore_required = info["restore_required"].as_bool();
+    // `null`, or why the store refuses writes (older stores said `false`/`true`).
+    report.restore_required = Some(match &info["restore_required"] {
+        Value::Null | Value::Bool(false) => false,
+        _ => true,
+    });
     report.restore_floor = info["restore_floor"].as_u64();
     report.trusted_keys = info["trusted_keys"]
         .as_array()

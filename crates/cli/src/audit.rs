@@ -163,6 +163,11 @@ fn print(report: &Report) {
                         .and_then(|v| v["result"].as_str().map(str::to_owned))
                         .unwrap_or_default(),
                 };
+                let restore = match (b.restore_required, b.restore_floor) {
+                    (Some(true), _) => "REQUIRED".to_owned(),
+                    (_, Some(floor)) if floor > 0 => format!("floor {floor}"),
+                    _ => "-".into(),
+                };
                 vec![
                     b.target.clone(),
                     if b.reachable {
@@ -173,11 +178,15 @@ fn print(report: &Report) {
                     b.rejection_totals
                         .get("stale_epoch")
                         .map_or("-".into(), |n| n.to_string()),
+                    restore,
                     probe,
                 ]
             })
             .collect();
-        print_table(&["BOUNDARY", "ANSWERS", "STALE REFUSED", "PROBE"], &rows);
+        print_table(
+            &["BOUNDARY", "ANSWERS", "STALE REFUSED", "RESTORE", "PROBE"],
+            &rows,
+        );
         for b in &report.boundaries {
             if let Some(probe) = &b.probe {
                 let detail = serde_json::to_value(probe)

@@ -134,7 +134,9 @@ async function refreshAudit() {
     const totals = b.rejection_totals || {};
     const refused = [totals.stale_epoch, totals.invalid_token, totals.missing_token]
       .map((n) => (n === undefined ? "–" : n)).join(" / ");
-    return row([b.target, b.reachable ? "yes" : "NO: " + (b.error || ""), fences || "–", refused]);
+    const restore = b.restore_required ? "REQUIRED: palisade resource restore"
+      : (b.restore_floor ? "floor " + b.restore_floor : "–");
+    return row([b.target, b.reachable ? "yes" : "NO: " + (b.error || ""), fences || "–", refused, restore]);
   }));
 }
 

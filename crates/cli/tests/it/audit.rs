@@ -88,13 +88,14 @@ fn codes(report: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// P1/P4/P5 seen from outside: the audit finds a critical lock with no boundary, a boundary
+/// P1/P4/P5/P6 seen from outside: the audit finds a critical lock with no boundary, a boundary
 /// that does not answer, a fence above the coordinator's epoch (another signer's tokens were
-/// accepted), an efficiency lock whose writes are fenced, a receiver that cannot enforce with
-/// no fallback, and — with `--probe` — a boundary that accepts an obsolete epoch, while the
-/// real store refuses it. Exit 8 while any critical finding stands, 0 once they are gone.
+/// accepted), a store copied back from an old copy, an efficiency lock whose writes are
+/// fenced, a receiver that cannot enforce with no fallback, and — with `--probe` — a boundary
+/// that accepts an obsolete epoch, while the real store refuses it. Exit 8 while any critical
+/// finding stands, 0 once they are gone.
 #[test]
-fn p1_p5_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
+fn p1_p5_p6_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
     let dir = tempfile::tempdir().unwrap();
     // Coordinator A: someone else's signer, trusted by the store by mistake.
     let other = ServerProcess::start(&dir.path().join("other"));
@@ -126,6 +127,25 @@ fn p1_p5_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
         &dir.path().join("store"),
         &["--trust-key", key_file.to_str().unwrap()],
     );
+    // A store copied back from an older copy of its directory: it refuses writes until
+    // `palisade resource restore`, and says so.
+    let restored_dir = dir.path().join("restored");
+    let mut restored = ResourceProcess::start(&restored_dir, "strict", &server.url);
+    let (_, first, first_lease) = token(&server, "restored/1", "1h");
+    assert!(put(&restored, "restored/1", &first).status.success());
+    restored.kill9();
+    common::cp_a(&restored_dir, &dir.path().join("restored-copy"));
+    let mut restored = ResourceProcess::start(&restored_dir, "strict", &server.url);
+    assert!(server
+        .cli(&["lock", "release", &first_lease])
+        .status
+        .success());
+    let (_, second, _) = token(&server, "restored/1", "1h");
+    assert!(put(&restored, "restored/1", &second).status.success());
+    restored.kill9();
+    std::fs::remove_dir_all(&restored_dir).unwrap();
+    common::cp_a(&dir.path().join("restored-copy"), &restored_dir);
+    let restored = ResourceProcess::start(&restored_dir, "strict", &server.url);
     let liar = lying_store();
     let closed = format!("http://127.0.0.1:{}", free_port());
     write_policy(
@@ -151,8 +171,13 @@ boundary = {{ kind = "resource", url = "{liar}" }}
 pattern = "pay/*"
 class = "critical"
 boundary = {{ kind = "effects", url = "{store}", capability = "none" }}
+[[lock]]
+pattern = "restored/*"
+class = "critical"
+boundary = {{ kind = "resource", url = "{restored}" }}
 "#,
-            store = store.url
+            store = store.url,
+            restored = restored.url
         ),
     );
     let reload = nix::sys::signal::kill(
@@ -160,11 +185,11 @@ boundary = {{ kind = "effects", url = "{store}", capability = "none" }}
         nix::sys::signal::Signal::SIGHUP,
     );
     reload.unwrap();
-    // The reload is asynchronous: wait until the policy shows five rules.
+    // The reload is asynchronous: wait until the policy shows six rules.
     for _ in 0..100 {
         let (_, body) = server.http("GET", "/v1/policy", None, "");
         let shown: Value = serde_json::from_str(&body).unwrap();
-        if shown["policy"]["rules"].as_array().map(Vec::len) == Some(5) {
+        if shown["policy"]["rules"].as_array().map(Vec::len) == Some(6) {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -205,6 +230,7 @@ boundary = {{ kind = "effects", url = "{store}", capability = "none" }}
         ("critical", "fence_ahead", "report/1".to_owned()),
         ("critical", "probe_accepted", target(&liar)),
         ("critical", "no_fallback", "pay/*".to_owned()),
+        ("critical", "restore_required", target(&restored.url)),
         ("warning", "efficiency_fenced", "cache/1".to_owned()),
         ("warning", "probe_failed", target(&closed)),
     ] {
