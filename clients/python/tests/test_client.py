@@ -194,3 +194,31 @@ def test_the_readme_block_runs(coordinator):
     namespace = {"write_report": lambda **kw: written.append(kw)}
     exec(compile(block.replace("127.0.0.1:7420", coordinator.address), "README.md", "exec"), namespace)
     assert len(written) == 1 and written[0]["fence"] >= 1 and written[0]["token"]
+
+
+def test_credentials_are_sent_and_refusals_typed(start_coordinator, tmp_path):
+    """A coordinator with principals: the token authenticates; none, or a wrong one, is refused;
+    a principal without the right gets PermissionDenied."""
+    from palisade_client import PermissionDenied, Unauthenticated
+
+    binary = os.environ["PALISADE_BIN"]
+    lines = ""
+    for principal in ["orders", "reader"]:
+        made = subprocess.run(
+            [binary, "auth", "new", principal, "--secret-file", str(tmp_path / principal)],
+            check=True, capture_output=True, text=True,
+        )
+        lines += made.stdout
+    (tmp_path / "auth").write_text(lines)
+    (tmp_path / "acl").write_text("orders acquire orders/\nreader read *\n")
+    running = start_coordinator("--auth-file", str(tmp_path / "auth"), "--acl-file", str(tmp_path / "acl"))
+    secret = (tmp_path / "orders").read_text().strip()
+    with Client(running.address, token=secret).lock("orders/1", ttl=5) as lease:
+        assert lease.principal == "orders"
+    with pytest.raises(Unauthenticated):
+        Client(running.address).acquire("orders/2", ttl=5)
+    with pytest.raises(Unauthenticated):
+        Client(running.address, token="not-a-secret").acquire("orders/2", ttl=5)
+    reader = (tmp_path / "reader").read_text().strip()
+    with pytest.raises(PermissionDenied):
+        Client(running.address, token=reader).acquire("orders/3", ttl=5)
