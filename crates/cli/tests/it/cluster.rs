@@ -636,8 +636,21 @@ fn p4_a_removed_members_key_is_retired_and_resources_drop_it() {
     ));
     let retired = json(&retire());
     assert_eq!(retired["retired"], leader_key.as_str());
+    // The leader answers once the retirement is committed; the other member applies it when it
+    // learns the commit index (its next append or heartbeat): wait for that, boundedly.
     for id in (1..=3).filter(|id| *id != leader_id) {
-        assert!(!published_keys(&layout.endpoint(id)).contains(&leader_key));
+        let mut published = published_keys(&layout.endpoint(id));
+        for _ in 0..50 {
+            if !published.contains(&leader_key) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            published = published_keys(&layout.endpoint(id));
+        }
+        assert!(
+            !published.contains(&leader_key),
+            "member {id} still publishes the retired key {leader_key}: {published:?}"
+        );
     }
     // The store drops the key on its next refresh (every second here); each attempt writes a
     // new key, so only the key's retirement can refuse it.
