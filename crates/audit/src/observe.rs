@@ -124,10 +124,10 @@ async fn observe_resource(
     let base = url.trim_end_matches('/');
     let info = get_json(http, &format!("{base}/v1/info")).await?;
     // `null`, or why the store refuses writes (older stores said `false`/`true`).
-    report.restore_required = Some(match &info["restore_required"] {
-        Value::Null | Value::Bool(false) => false,
-        _ => true,
-    });
+    report.restore_required = Some(!matches!(
+        &info["restore_required"],
+        Value::Null | Value::Bool(false)
+    ));
     report.restore_floor = info["restore_floor"].as_u64();
     report.trusted_keys = info["trusted_keys"]
         .as_array()
