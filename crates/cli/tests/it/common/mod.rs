@@ -78,15 +78,7 @@ impl ServerProcess {
 
     /// SIGTERM, then waits for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        for _ in 0..200 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the server did not stop within 10 s of SIGTERM");
+        terminate(&mut self.child)
     }
 
     /// Runs `palisade ARGS --endpoint URL`.
@@ -224,6 +216,11 @@ impl ResourceProcess {
         self.child.wait().unwrap();
     }
 
+    /// SIGTERM, then waits for a clean exit (the store records its witness).
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        terminate(&mut self.child)
+    }
+
     /// Runs `palisade resource ARGS --resource URL`.
     pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(BINARY)
@@ -283,6 +280,19 @@ pub fn free_port() -> u16 {
 }
 
 /// `cp -a FROM TO`: an operator's copy of a data directory (or putting one back).
+/// SIGTERM to `child`, then waits (at most 10 s) for it to exit.
+fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    for _ in 0..200 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the process did not stop within 10 s of SIGTERM");
+}
+
 pub fn cp_a(from: &Path, to: &Path) {
     let status = Command::new("cp")
         .arg("-a")
