@@ -137,6 +137,28 @@ pub enum Probe {
     },
 }
 
+impl Probe {
+    /// `refused`, `accepted`, `failed` or `not_supported`, as in the JSON.
+    pub fn result(&self) -> &'static str {
+        match self {
+            Probe::Refused { .. } => "refused",
+            Probe::Accepted { .. } => "accepted",
+            Probe::Failed { .. } => "failed",
+            Probe::NotSupported { .. } => "not_supported",
+        }
+    }
+
+    /// What was attempted and what happened, for people.
+    pub fn detail(&self) -> &str {
+        match self {
+            Probe::Refused { detail }
+            | Probe::Accepted { detail }
+            | Probe::Failed { detail }
+            | Probe::NotSupported { detail } => detail,
+        }
+    }
+}
+
 /// A policy rule as the report shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PatternReport {

@@ -198,12 +198,9 @@ fn pg_text(error: &tokio_postgres::Error) -> String {
     }
 }
 
-fn quote(identifier: &str) -> String {
-    identifier
-        .split('.')
-        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
-        .collect::<Vec<_>>()
-        .join(".")
+/// `schema.table` or `column` quoted, accepting only plain identifiers (the adapter's rule).
+fn quote(identifier: &str) -> Result<String, String> {
+    palisade_fence_postgres::quote_identifier(identifier).map_err(|e| e.to_string())
 }
 
 /// How a guarded table is bound to its lock(s), as `palisade_guarded_tables` records it.
@@ -259,7 +256,7 @@ async fn observe_postgres(
         return Ok(());
     };
     report.guard_installed = Some(true);
-    let t = quote(table);
+    let t = quote(table)?;
     for lock in locks {
         // A deleted row's fence stays in palisade_row_fences (its tombstone).
         let fence: Option<i64> = match (&binding.table_lock, &binding.lock_column) {
@@ -280,7 +277,7 @@ async fn observe_postgres(
                 .query_one(
                     &format!(
                         "SELECT max(last_fence) FROM {t} WHERE {}::text = $1",
-                        quote(column)
+                        quote(column)?
                     ),
                     &[lock],
                 )
@@ -321,7 +318,10 @@ pub async fn probe_postgres(url: &str, table: &str) -> Probe {
             detail: pg_text(&e),
         };
     }
-    let t = quote(table);
+    let t = match quote(table) {
+        Ok(t) => t,
+        Err(detail) => return Probe::Failed { detail },
+    };
     let statement = format!(
         "UPDATE {t} SET last_fence = last_fence WHERE ctid = \
          (SELECT ctid FROM {t} LIMIT 1 FOR UPDATE SKIP LOCKED)"

@@ -457,22 +457,7 @@ fn check_rule(rule: &Rule) -> Result<(), String> {
         Some(Boundary::Effects { url, .. }) => check_url(url, "effects ledger", &["http://"])?,
         Some(Boundary::Postgres { table, url }) => {
             check_url(url, "postgres", &["postgres://", "postgresql://"])?;
-            let plain = |part: &str| {
-                !part.is_empty()
-                    && part.len() <= 63
-                    && part
-                        .chars()
-                        .next()
-                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                    && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            };
-            let parts: Vec<&str> = table.split('.').collect();
-            if parts.len() > 2 || !parts.iter().all(|p| plain(p)) {
-                return Err(format!(
-                    "table {table:?} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, \
-                     optionally schema.)"
-                ));
-            }
+            palisade_fence_postgres::quote_identifier(table).map_err(|e| e.to_string())?;
         }
         None => {}
     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use palisade_audit::{Report, Severity};
+use palisade_audit::{Probe, Report, Severity};
 use palisade_client::ClientError;
 use serde_json::Value;
 
@@ -156,13 +156,7 @@ fn print(report: &Report) {
             .boundaries
             .iter()
             .map(|b| {
-                let probe = match &b.probe {
-                    None => "-".into(),
-                    Some(probe) => serde_json::to_value(probe)
-                        .ok()
-                        .and_then(|v| v["result"].as_str().map(str::to_owned))
-                        .unwrap_or_default(),
-                };
+                let probe = b.probe.as_ref().map_or("-", Probe::result).to_owned();
                 let restore = match (b.restore_required, b.restore_floor) {
                     (Some(true), _) => "REQUIRED".to_owned(),
                     (_, Some(floor)) if floor > 0 => format!("floor {floor}"),
@@ -189,11 +183,7 @@ fn print(report: &Report) {
         );
         for b in &report.boundaries {
             if let Some(probe) = &b.probe {
-                let detail = serde_json::to_value(probe)
-                    .ok()
-                    .and_then(|v| v["detail"].as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                println!("  probe of {}: {detail}", b.target);
+                println!("  probe of {}: {}", b.target, probe.detail());
             }
         }
     }

@@ -29,7 +29,7 @@ use palisade_fence::{
 };
 use tokio_postgres::NoTls;
 
-pub use table::{is_guard_violation, GuardedTable, RowLock};
+pub use table::{is_guard_violation, quote_identifier, GuardedTable, RowLock};
 
 /// Connections in the pool by default. Each is a PostgreSQL backend; the server's default
 /// `max_connections` is 100.

@@ -71,7 +71,7 @@ pub struct GuardedTable {
 }
 
 /// Quotes `schema.table` or `column`, accepting only plain SQL identifiers.
-fn quote_identifier(name: &str) -> Result<String, FenceError> {
+pub fn quote_identifier(name: &str) -> Result<String, FenceError> {
     let parts: Vec<&str> = name.split('.').collect();
     let valid = |part: &str| {
         !part.is_empty()

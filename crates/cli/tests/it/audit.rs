@@ -182,20 +182,9 @@ boundary = {{ kind = "resource", url = "{restored}" }}
             restored = restored.url
         ),
     );
-    let reload = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.child.id() as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    );
-    reload.unwrap();
     // The reload is asynchronous: wait until the policy shows six rules.
-    for _ in 0..100 {
-        let (_, body) = server.http("GET", "/v1/policy", None, "");
-        let shown: Value = serde_json::from_str(&body).unwrap();
-        if shown["policy"]["rules"].as_array().map(Vec::len) == Some(6) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    server
+        .reload_policy_until(|shown| shown["policy"]["rules"].as_array().map(Vec::len) == Some(6));
 
     // Another signer's owner writes report/1 at a high epoch.
     for i in 0..4 {
@@ -281,11 +270,7 @@ boundary = {{ kind = "resource", url = "{restored}" }}
             store.url
         ),
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.child.id() as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
+    server.reload();
     for lease in [report1_lease, cache_lease, bare_lease] {
         let out = server.cli(&["lock", "release", &lease]);
         assert!(out.status.success(), "{}", stderr(&out));

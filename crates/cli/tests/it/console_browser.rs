@@ -100,18 +100,7 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
         ),
     )
     .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.child.id() as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-    for _ in 0..100 {
-        let (_, body) = server.http("GET", "/v1/policy", None, "");
-        if body.contains("bare/*") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    server.reload_policy_until(|shown| shown.to_string().contains("bare/*"));
 
     // Owner A's lease expires; owner B acquires and writes; A wakes up and writes: refused.
     let a = acquire(

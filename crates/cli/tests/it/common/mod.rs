@@ -50,19 +50,10 @@ impl ServerProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start palisade serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = BufReader::new(stderr).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the server printed its address before exiting")
-                .unwrap();
-            if let Some(address) = line.strip_prefix("palisade coordinator listening on ") {
-                break format!("http://{address}");
-            }
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let url = read_stderr_until(&mut child, |line| {
+            line.strip_prefix("palisade coordinator listening on ")
+                .map(|address| format!("http://{address}"))
+        });
         Self {
             child,
             url,
@@ -79,6 +70,25 @@ impl ServerProcess {
     /// SIGTERM, then waits for a clean exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         terminate(&mut self.child)
+    }
+
+    /// SIGHUP: the coordinator reloads its auth, ACL and policy files.
+    pub fn reload(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    }
+
+    /// [`Self::reload`], then waits (at most 5 s) until `GET /v1/policy` satisfies `loaded`.
+    pub fn reload_policy_until(&self, loaded: impl Fn(&serde_json::Value) -> bool) {
+        self.reload();
+        for _ in 0..100 {
+            let (_, body) = self.http("GET", "/v1/policy", None, "");
+            if serde_json::from_str(&body).is_ok_and(|shown| loaded(&shown)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the reloaded policy did not show within 5 s");
     }
 
     /// Runs `palisade ARGS --endpoint URL`.
@@ -196,18 +206,10 @@ impl ResourceProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start palisade resource serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = BufReader::new(stderr).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the store printed its address")
-                .unwrap();
-            if let Some((_, address)) = line.split_once(" listening on ") {
-                break format!("http://{address}");
-            }
-        };
-        std::thread::spawn(move || lines.for_each(drop));
+        let url = read_stderr_until(&mut child, |line| {
+            line.split_once(" listening on ")
+                .map(|(_, address)| format!("http://{address}"))
+        });
         Self { child, url }
     }
 
@@ -280,6 +282,23 @@ pub fn free_port() -> u16 {
 }
 
 /// `cp -a FROM TO`: an operator's copy of a data directory (or putting one back).
+/// Reads `child`'s stderr until `found` picks a line, and keeps draining the rest in a thread
+/// so the process never blocks on a full pipe.
+fn read_stderr_until(child: &mut Child, found: impl Fn(&str) -> Option<String>) -> String {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let picked = loop {
+        let line = lines
+            .next()
+            .expect("the process printed its address before exiting")
+            .unwrap();
+        if let Some(picked) = found(&line) {
+            break picked;
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    picked
+}
+
 /// SIGTERM to `child`, then waits (at most 10 s) for it to exit.
 fn terminate(child: &mut Child) -> std::process::ExitStatus {
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
