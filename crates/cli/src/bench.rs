@@ -24,7 +24,7 @@ use crate::output::print_fields;
 /// How long the fdatasync rate is measured.
 const FSYNC_PROBE: Duration = Duration::from_secs(2);
 /// Most cycles recorded per client (bounds the memory of a long run).
-const MAX_SAMPLES_PER_CLIENT: usize = 2_000_000;
+pub(crate) const MAX_SAMPLES_PER_CLIENT: usize = 2_000_000;
 /// How long a contended acquire may wait for its turn.
 const BENCH_WAIT: Duration = Duration::from_secs(30);
 
@@ -61,6 +61,13 @@ pub struct AcquireBenchArgs {
     /// With --endpoint: the bearer secret to authenticate with (else PALISADE_TOKEN).
     #[arg(long, requires = "endpoint")]
     token_file: Option<std::path::PathBuf>,
+    /// Also run the same workload against another lock service, right after Palisade, in the
+    /// same run: `redis=redis://HOST:PORT` (SET NX PX + Lua release) or
+    /// `etcd=http://HOST:PORT` (v3 JSON gateway: lease + transactions). Repeatable.
+    /// `scripts/bench-compare` starts both durably and runs the whole table.
+    #[arg(long, value_delimiter = ',', value_parser = crate::bench_compare::Target::parse,
+          conflicts_with = "with_auth")]
+    compare: Vec<crate::bench_compare::Target>,
     #[command(flatten)]
     tls: crate::ClientTlsArgs,
 }
@@ -103,13 +110,14 @@ fn bench_auth(dir: &Path) -> anyhow::Result<(palisade_server::auth::Auth, Creden
 
 /// One acquire+release cycle as one client saw it.
 #[derive(Clone, Copy)]
-struct Cycle {
-    lock: usize,
-    epoch: u64,
-    acquire_sent: Instant,
-    granted: Instant,
-    release_sent: Instant,
-    released: Instant,
+pub(crate) struct Cycle {
+    pub lock: usize,
+    /// Orders the holders of one lock (the epoch; for another service, the grant's time).
+    pub epoch: u64,
+    pub acquire_sent: Instant,
+    pub granted: Instant,
+    pub release_sent: Instant,
+    pub released: Instant,
 }
 
 #[derive(Serialize)]
@@ -134,24 +142,45 @@ struct Report {
     commits_per_sec: Option<f64>,
     /// Requests answered per durable commit: the group-commit factor.
     requests_per_commit: Option<f64>,
+    /// fdatasync/fsync calls of the lease log per commit (a single node; 1.0 = one per commit).
+    fsyncs_per_commit: Option<f64>,
+    /// With --endpoint: the coordinator's CPU time (user + system) per cycle.
+    server_cpu_us_per_cycle: Option<f64>,
+    /// With --endpoint: this bench process's CPU time per cycle (its clients).
+    client_cpu_us_per_cycle: Option<f64>,
+    /// Embedded: the CPU time of the whole process (coordinator and clients) per cycle.
+    total_cpu_us_per_cycle: Option<f64>,
     endpoint: String,
 }
 
-/// `(requests, commits)` counted by the coordinators' commit histograms (summed over the
-/// endpoints: in a cluster only leaders commit).
-async fn commit_counters(endpoints: &[String]) -> Option<(f64, f64)> {
-    let mut total = (0.0, 0.0);
+/// What the coordinators' /metrics count, summed over the endpoints (in a cluster only
+/// leaders commit).
+#[derive(Clone, Copy, Default)]
+struct ServerCounters {
+    /// Requests answered by commits (`palisade_commit_batch_size_sum`).
+    requests: f64,
+    commits: f64,
+    /// The single node's lease-log syncs (`palisade_store_syncs_total`).
+    syncs: f64,
+    /// CPU seconds of the coordinators' processes (`palisade_process_cpu_seconds_total`).
+    cpu_seconds: f64,
+}
+
+async fn commit_counters(endpoints: &[String]) -> Option<ServerCounters> {
+    let mut total = ServerCounters::default();
     for endpoint in endpoints {
-        if let Some((requests, commits)) = node_commit_counters(endpoint).await {
-            total.0 += requests;
-            total.1 += commits;
+        if let Some(node) = node_commit_counters(endpoint).await {
+            total.requests += node.requests;
+            total.commits += node.commits;
+            total.syncs += node.syncs;
+            total.cpu_seconds += node.cpu_seconds;
         }
     }
     Some(total)
 }
 
-/// `(requests, commits)` counted by one coordinator's commit histogram, from its /metrics.
-async fn node_commit_counters(endpoint: &str) -> Option<(f64, f64)> {
+/// What one coordinator's /metrics count.
+async fn node_commit_counters(endpoint: &str) -> Option<ServerCounters> {
     let text = reqwest::get(format!("{}/metrics", endpoint.trim_end_matches('/')))
         .await
         .ok()?
@@ -163,10 +192,17 @@ async fn node_commit_counters(endpoint: &str) -> Option<(f64, f64)> {
             .find_map(|line| line.strip_prefix(name))
             .and_then(|rest| rest.trim().parse::<f64>().ok())
     };
-    Some((
-        value("palisade_commit_batch_size_sum ")?,
-        value("palisade_commit_batch_size_count ")?,
-    ))
+    Some(ServerCounters {
+        requests: value("palisade_commit_batch_size_sum ")?,
+        commits: value("palisade_commit_batch_size_count ")?,
+        syncs: value("palisade_store_syncs_total ").unwrap_or(0.0),
+        cpu_seconds: value("palisade_process_cpu_seconds_total ").unwrap_or(0.0),
+    })
+}
+
+/// This process's CPU seconds (user + system).
+fn own_cpu_seconds() -> f64 {
+    palisade_server::metrics::process_cpu_seconds().unwrap_or(0.0)
 }
 
 pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<()> {
@@ -207,7 +243,12 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
     }
     let Some(members) = args.cluster else {
         let report = measure(&args, None, Secured::Open).await?;
-        print_report(&report, json);
+        if args.compare.is_empty() {
+            print_report(&report, json);
+        } else {
+            let others = measure_others(&args).await?;
+            print_comparison("palisade", &report, &others, json);
+        }
         return Ok(());
     };
     anyhow::ensure!(
@@ -225,15 +266,22 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
     let tls_ratio = tls
         .as_ref()
         .map(|tls| tls.ops_per_sec / cluster.ops_per_sec.max(f64::MIN_POSITIVE));
+    let others = measure_others(&args).await?;
+    let versus = |other: &Report| cluster.ops_per_sec / other.ops_per_sec.max(f64::MIN_POSITIVE);
     if json {
-        print_json(&serde_json::json!({
+        let mut value = serde_json::json!({
             "single": single,
             "cluster": cluster,
             "members": members,
             "cluster_vs_single": ratio,
             "cluster_peer_tls": tls,
             "peer_tls_vs_clear": tls_ratio,
-        }));
+        });
+        for (name, other) in &others {
+            value[name.as_str()] = serde_json::to_value(other).expect("serializes");
+            value[format!("cluster_vs_{name}")] = serde_json::json!(versus(other));
+        }
+        print_json(&value);
     } else {
         println!("single node:");
         print_report(&single, false);
@@ -245,8 +293,73 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
             print_report(tls, false);
             println!("\nmutual TLS / clear: {tls_ratio:.2}× the cycles per second");
         }
+        for (name, other) in &others {
+            println!("\n{name} (same run):");
+            print_report(other, false);
+            println!(
+                "\ncluster / {name}: {:.2}× the cycles per second",
+                versus(other)
+            );
+        }
     }
     Ok(())
+}
+
+/// The same workload against each `--compare` target, one after the other.
+async fn measure_others(args: &AcquireBenchArgs) -> anyhow::Result<Vec<(String, Report)>> {
+    let mut reports = Vec::new();
+    for target in &args.compare {
+        let started = Instant::now();
+        let deadline = started + args.duration;
+        let mut tasks = Vec::with_capacity(args.clients);
+        for index in 0..args.clients {
+            tasks.push(tokio::spawn(crate::bench_compare::client_loop(
+                target.clone(),
+                index,
+                args.locks,
+                started,
+                deadline,
+            )));
+        }
+        let mut cycles = Vec::new();
+        let mut errors = 0;
+        for task in tasks {
+            let (mine, failed) = task
+                .await?
+                .with_context(|| format!("measuring {}", target.url()))?;
+            cycles.extend(mine);
+            errors += failed;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut report = summarize(args, &[target.url()], cycles, errors, elapsed, None);
+        report.endpoint = target.url();
+        reports.push((target.name().to_owned(), report));
+    }
+    Ok(reports)
+}
+
+/// Prints `ours` beside the other services' reports, with the ratios of cycles per second.
+fn print_comparison(name: &str, ours: &Report, others: &[(String, Report)], json: bool) {
+    let ratio = |other: &Report| ours.ops_per_sec / other.ops_per_sec.max(f64::MIN_POSITIVE);
+    if json {
+        let mut value = serde_json::json!({ name: ours });
+        for (other_name, other) in others {
+            value[other_name.as_str()] = serde_json::to_value(other).expect("serializes");
+            value[format!("{name}_vs_{other_name}")] = serde_json::json!(ratio(other));
+        }
+        print_json(&value);
+        return;
+    }
+    println!("{name}:");
+    print_report(ours, false);
+    for (other_name, other) in others {
+        println!("\n{other_name} (same run):");
+        print_report(other, false);
+        println!(
+            "\n{name} / {other_name}: {:.2}× the cycles per second",
+            ratio(other)
+        );
+    }
 }
 
 /// Starts an in-process cluster of `members` on loopback, each in its own directory.
@@ -370,6 +483,7 @@ async fn measure(
         }
     };
     let counters_before = commit_counters(&endpoints).await;
+    let cpu_before = own_cpu_seconds();
     let started = Instant::now();
     let deadline = started + args.duration;
     let mut tasks = Vec::with_capacity(args.clients);
@@ -387,17 +501,30 @@ async fn measure(
         errors += failed;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let own_cpu = own_cpu_seconds() - cpu_before;
     let counters_after = commit_counters(&endpoints).await;
+    let embedded = servers.len();
     for server in servers {
         server.shutdown().await?;
     }
     let mut report = summarize(args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
-    if let (Some((requests0, commits0)), Some((requests1, commits1))) =
-        (counters_before, counters_after)
-    {
-        let commits = commits1 - commits0;
+    let per_cycle =
+        |seconds: f64| (report.cycles > 0).then(|| seconds * 1e6 / report.cycles as f64);
+    if embedded > 0 {
+        report.total_cpu_us_per_cycle = per_cycle(own_cpu);
+    } else {
+        report.client_cpu_us_per_cycle = per_cycle(own_cpu);
+    }
+    if let (Some(before), Some(after)) = (counters_before, counters_after) {
+        let commits = after.commits - before.commits;
         report.commits_per_sec = Some(commits / elapsed);
-        report.requests_per_commit = (commits > 0.0).then(|| (requests1 - requests0) / commits);
+        report.requests_per_commit =
+            (commits > 0.0).then(|| (after.requests - before.requests) / commits);
+        let syncs = after.syncs - before.syncs;
+        report.fsyncs_per_commit = (commits > 0.0 && syncs > 0.0).then(|| syncs / commits);
+        if embedded == 0 {
+            report.server_cpu_us_per_cycle = per_cycle(after.cpu_seconds - before.cpu_seconds);
+        }
     }
     Ok(report)
 }
@@ -487,6 +614,10 @@ fn summarize(
         ops_per_fsync: fsyncs_per_sec.map(|rate| ops_per_sec / rate),
         commits_per_sec: None,
         requests_per_commit: None,
+        fsyncs_per_commit: None,
+        server_cpu_us_per_cycle: None,
+        client_cpu_us_per_cycle: None,
+        total_cpu_us_per_cycle: None,
         endpoint: if args.endpoint.is_some() {
             endpoints.join(",")
         } else if endpoints.len() > 1 {
@@ -548,7 +679,20 @@ fn print_report(report: &Report, json: bool) {
                 .requests_per_commit
                 .map_or("-".into(), |r| format!("{r:.1}")),
         ),
+        (
+            "fsyncs/commit",
+            report
+                .fsyncs_per_commit
+                .map_or("-".into(), |r| format!("{r:.2}")),
+        ),
+        ("server CPU/cycle", micros(report.server_cpu_us_per_cycle)),
+        ("client CPU/cycle", micros(report.client_cpu_us_per_cycle)),
+        ("total CPU/cycle", micros(report.total_cpu_us_per_cycle)),
     ]);
+}
+
+fn micros(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{v:.0} µs"))
 }
 
 /// Rewrites one 4 KiB block and fdatasyncs it, repeatedly, for [`FSYNC_PROBE`]; returns

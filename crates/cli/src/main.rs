@@ -7,6 +7,7 @@
 mod audit;
 mod backup;
 mod bench;
+mod bench_compare;
 mod bench_effects;
 mod bench_fence;
 mod cluster;

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::high_water::HighWater;
-use crate::store::{LeaseStore, RedbLeaseStore, StoreError};
+use crate::store::{LeaseStore, StoreError};
 
 /// The backup file format.
 pub const FORMAT: u32 = 1;
@@ -212,8 +212,7 @@ pub fn offline(data_dir: &Path) -> Result<Backup, BackupError> {
             taken: "offline".into(),
         });
     }
-    let path = data_dir.join(crate::STORE_FILE);
-    if !path.exists() {
+    if !crate::log_store::exists_in(data_dir) {
         return Err(BackupError::Refused(format!(
             "{} holds no coordinator store ({} or {})",
             data_dir.display(),
@@ -221,8 +220,8 @@ pub fn offline(data_dir: &Path) -> Result<Backup, BackupError> {
             crate::cluster::CLUSTER_STORE_FILE
         )));
     }
-    let store = RedbLeaseStore::open(&path).map_err(|e| match e {
-        StoreError::Storage(redb::Error::DatabaseAlreadyOpen) => in_use(),
+    let store = crate::log_store::open_in(data_dir).map_err(|e| match e {
+        StoreError::InUse(_) => in_use(),
         other => BackupError::Store(other),
     })?;
     Ok(Backup {
@@ -268,7 +267,7 @@ pub struct RestoreRecord {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Target {
-    /// A single node (`coordinator.redb` starting at the counter; the high-water bound raised).
+    /// A single node (`coordinator.log` starting at the counter; the high-water bound raised).
     #[default]
     Single,
     /// The founding member of a new cluster: its store is created at its first start, and its
@@ -309,6 +308,7 @@ pub fn restore(
 ) -> Result<RestoreRecord, BackupError> {
     for existing in [
         crate::STORE_FILE,
+        crate::LEGACY_STORE_FILE,
         crate::cluster::CLUSTER_STORE_FILE,
         crate::keys::SIGNING_KEY_FILE,
     ] {
@@ -370,7 +370,7 @@ pub fn restore(
         bound.raise(counter)?;
     }
     if target == Target::Single {
-        let mut store = RedbLeaseStore::open(&data_dir.join(crate::STORE_FILE))?;
+        let mut store = crate::log_store::open_in(data_dir)?;
         store.commit(&Changes {
             locks: Vec::new(),
             last_epoch: Epoch(counter),
@@ -453,7 +453,7 @@ mod tests {
         assert_eq!(first.counter, 5_000_000_000 + RESTORE_MARGIN);
         assert!(first.decided_by.contains("store"), "{}", first.decided_by);
         // The directory starts above the counter.
-        let store = RedbLeaseStore::open(&dir.path().join("a").join(crate::STORE_FILE)).unwrap();
+        let store = crate::log_store::open_in(&dir.path().join("a")).unwrap();
         assert_eq!(store.load().unwrap().last_epoch, Epoch(first.counter));
         assert_eq!(
             restore_record(&dir.path().join("a")).unwrap(),

@@ -169,6 +169,10 @@ impl<S: LeaseStore> LeaseStore for Witnessed<S> {
         self.inner.commit_blocks()
     }
 
+    fn dedicated_thread(&self) -> bool {
+        self.inner.dedicated_thread()
+    }
+
     /// Only local stores are witnessed: their commit runs (on a blocking thread) through
     /// [`Self::commit`], which covers the epochs first.
     fn commit_async(&mut self, _changes: &Changes) -> Option<PendingCommit> {

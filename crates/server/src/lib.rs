@@ -20,6 +20,7 @@ pub mod grpc;
 pub mod high_water;
 pub mod http;
 pub mod keys;
+pub mod log_store;
 pub mod metrics;
 pub mod policy;
 pub mod store;
@@ -40,14 +41,17 @@ use crate::api::{Api, ClusterMember};
 use crate::cluster::ClusterConfig;
 use crate::gateway::Gateway;
 use crate::metrics::Metrics;
-use crate::store::{RedbLeaseStore, StoreError};
+use crate::store::StoreError;
 
 /// Default data directory of `palisade serve`.
 pub const DEFAULT_DATA_DIR: &str = "./palisade-data";
 /// Default listen address of `palisade serve` (gRPC and HTTP on one port).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
-/// File name of the lease store inside the data directory.
-pub const STORE_FILE: &str = "coordinator.redb";
+/// File name of the lease store (the lease log) inside the data directory.
+pub const STORE_FILE: &str = "coordinator.log";
+/// File name of the lease store of versions before the lease log (redb); moved into the log
+/// at the first start ([`log_store::open_in`]).
+pub const LEGACY_STORE_FILE: &str = "coordinator.redb";
 /// How long a stopping server waits for open connections (keepalive streams, watches) before
 /// it closes them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -224,7 +228,7 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
         STORE_FILE
     });
     let key = dir.join(keys::SIGNING_KEY_FILE);
-    if store.exists() {
+    if store.exists() || (!cluster && log_store::exists_in(dir)) {
         return Ok(());
     }
     if key.exists() {
@@ -237,7 +241,7 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
     if cluster {
         drop(cluster::storage::open(&store)?);
     } else {
-        drop(RedbLeaseStore::open(&store)?);
+        drop(log_store::open_in(dir)?);
     }
     Ok(())
 }
@@ -323,7 +327,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     .await
 }
 
-/// A single node: the engine over `coordinator.redb`.
+/// A single node: the engine over the lease log (`coordinator.log`).
 fn start_single(
     dir: &Path,
     high_water: &Path,
@@ -341,7 +345,8 @@ fn start_single(
             ),
         )));
     }
-    let store = RedbLeaseStore::open(&dir.join(STORE_FILE))?;
+    let mut store = log_store::open_in(dir)?;
+    store.count_syncs(metrics.store_syncs.clone());
     let bound = high_water::HighWater::open(high_water)?;
     let stored = store::LeaseStore::load(&store)?.last_epoch;
     if bound.bound() > stored.0 {

@@ -68,6 +68,12 @@ pub struct Metrics {
     pub commit_batch_size: Histogram,
     /// Duration of one durable commit, in seconds.
     pub commit_duration: Histogram,
+    /// fdatasync/fsync calls made by a single node's lease log.
+    pub store_syncs: Counter,
+    /// CPU time (user + system) of this process, in seconds; read at every scrape.
+    process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// The CPU seconds already added to `process_cpu`.
+    process_cpu_seen: std::sync::Mutex<f64>,
     /// Acquires refused, by reason.
     pub acquires_refused: Family<ReasonLabels, Counter>,
     /// The highest epoch this coordinator has granted since it started.
@@ -106,6 +112,9 @@ impl Metrics {
             acquire_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 20)),
             commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             commit_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+            store_syncs: Counter::default(),
+            process_cpu: Counter::default(),
+            process_cpu_seen: std::sync::Mutex::new(0.0),
             acquires_refused: Family::default(),
             epoch: Gauge::default(),
             policy_rules: Gauge::default(),
@@ -173,6 +182,16 @@ impl Metrics {
             "commit_duration_seconds",
             "Duration of one durable commit (fsync included)",
             metrics.commit_duration.clone(),
+        );
+        r.register(
+            "store_syncs",
+            "fdatasync and fsync calls of a single node's lease log",
+            metrics.store_syncs.clone(),
+        );
+        r.register(
+            "process_cpu_seconds",
+            "CPU time (user and system) of the coordinator's process, in seconds",
+            metrics.process_cpu.clone(),
         );
         r.register(
             "acquires_refused",
@@ -262,11 +281,29 @@ impl Metrics {
 
     /// The metrics in Prometheus text format.
     pub fn render(&self) -> String {
+        if let Some(now) = process_cpu_seconds() {
+            let mut seen = self.process_cpu_seen.lock().expect("not poisoned");
+            if now > *seen {
+                self.process_cpu.inc_by(now - *seen);
+                *seen = now;
+            }
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// This process's CPU time (user + system) in seconds, from `/proc/self/stat` (Linux).
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses; utime and stime
+    // are fields 14 and 15, the 12th and 13th after it.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    Some(ticks as f64 / per_second as f64)
 }
 
 impl Default for Metrics {

@@ -33,6 +33,12 @@ pub enum StoreError {
     /// The stored data does not decode or contradicts itself.
     #[error("corrupt data directory: {0}")]
     Corrupt(String),
+    /// The lease log failed to read, write or sync.
+    #[error("storage I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// Another process has the store open (a running coordinator, or an offline backup).
+    #[error("storage in use: {0} is open in another process (a running coordinator?)")]
+    InUse(String),
     /// Cluster mode: the change did not commit on a majority (leadership lost, no quorum,
     /// timed out). It may still commit later; it was not acknowledged.
     #[error("replication: {0}")]
@@ -83,6 +89,14 @@ pub trait LeaseStore: Send + 'static {
     /// True when `commit` blocks on I/O, so the engine runs it on a blocking thread.
     fn commit_blocks(&self) -> bool {
         true
+    }
+
+    /// True when the engine should run on a thread of its own and call `commit` inline (a
+    /// store that blocks on a local disk): one thread hop fewer per commit than running it on
+    /// the blocking pool. False (the default) keeps the engine a task of the caller's runtime,
+    /// as a deterministic simulation needs.
+    fn dedicated_thread(&self) -> bool {
+        false
     }
 
     /// For a store whose commit waits on other machines rather than on a local disk (a
@@ -139,8 +153,9 @@ impl LeaseStore for MemoryLeaseStore {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct LeaseRecord {
+/// A lease as stored (JSON), in redb and in the lease log.
+#[derive(Clone, Serialize, Deserialize)]
+pub(crate) struct LeaseRecord {
     id: RecordId,
     holder: String,
     /// Absent in records written before principals existed: `anonymous`.
@@ -156,7 +171,7 @@ struct LeaseRecord {
 
 /// A lease id as stored: 32 hex digits, or (records written before ids were random) the
 /// epoch's number. An old lease keeps its old id until it ends.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 enum RecordId {
     Random(LeaseId),
@@ -215,7 +230,7 @@ impl LeaseStore for RedbLeaseStore {
         let mut leases = Vec::new();
         for entry in table.iter()? {
             let (lock, record) = entry?;
-            leases.push(decode_lease(lock.value(), record.value())?);
+            leases.push(decode_lease_bytes(lock.value(), record.value())?);
         }
         Ok(DurableState { last_epoch, leases })
     }
@@ -252,7 +267,11 @@ impl LeaseStore for RedbLeaseStore {
 }
 
 fn encode_lease(lease: &Lease) -> Vec<u8> {
-    let record = LeaseRecord {
+    serde_json::to_vec(&encode_record(lease)).expect("a lease record always serializes")
+}
+
+pub(crate) fn encode_record(lease: &Lease) -> LeaseRecord {
+    LeaseRecord {
         id: RecordId::Random(lease.id),
         holder: lease.holder.as_str().to_owned(),
         principal: lease.principal.clone(),
@@ -260,13 +279,17 @@ fn encode_lease(lease: &Lease) -> Vec<u8> {
         ttl_ms: lease.ttl_ms,
         class: lease.class,
         request_id: lease.request_id.as_ref().map(|r| r.as_str().to_owned()),
-    };
-    serde_json::to_vec(&record).expect("a lease record always serializes")
+    }
 }
 
-fn decode_lease(lock: &str, bytes: &[u8]) -> Result<Lease, StoreError> {
+fn decode_lease_bytes(lock: &str, bytes: &[u8]) -> Result<Lease, StoreError> {
+    let record: LeaseRecord = serde_json::from_slice(bytes)
+        .map_err(|e| StoreError::Corrupt(format!("lease of lock {lock:?}: {e}")))?;
+    decode_lease(lock, record)
+}
+
+pub(crate) fn decode_lease(lock: &str, record: LeaseRecord) -> Result<Lease, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("lease of lock {lock:?}: {what}"));
-    let record: LeaseRecord = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
     Ok(Lease {
         id: match record.id {
             RecordId::Random(id) => id,

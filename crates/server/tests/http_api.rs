@@ -307,7 +307,10 @@ async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
         ..Default::default()
     };
     let error = palisade_server::start(config).await.err().expect("refused");
-    assert!(error.to_string().contains("storage"), "{error}");
+    assert!(
+        error.to_string().contains("is open in another process"),
+        "{error}"
+    );
 }
 
 #[tokio::test]

@@ -445,7 +445,7 @@ pub async fn start_member(
 ) -> Result<Member, ClusterError> {
     let single = dir.join(crate::STORE_FILE);
     let path = dir.join(CLUSTER_STORE_FILE);
-    if single.exists() && !path.exists() {
+    if crate::log_store::exists_in(dir) && !path.exists() {
         return Err(ClusterError::DataDirectory(format!(
             "{} holds a single-node coordinator ({}); a cluster member needs a data directory \
              of its own (starting a cluster over it would forget its epochs)",
