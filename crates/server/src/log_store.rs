@@ -57,13 +57,14 @@ const HEADER_BYTES: u64 = 32;
 const RECORD_HEADER_BYTES: u64 = 20;
 /// Greatest payload of one record (a commit of [`crate::engine::MAX_BATCH`] changes is far
 /// below it; a snapshot of every live lease must fit too).
-pub const MAX_RECORD_BYTES: u64 = 64 << 20;
+pub const MAX_RECORD_BYTES: u64 = 1 << 30;
 /// Zeros written ahead of the records each time the file grows.
 pub const PREALLOCATE_BYTES: u64 = 1 << 20;
 /// Log size past which a commit is followed by a compaction.
 pub const COMPACT_AT_BYTES: u64 = 8 << 20;
-/// Largest log file read at open.
-pub const MAX_FILE_BYTES: u64 = 1 << 30;
+/// Largest log file read at open; a log past half of it is compacted whatever the live state's
+/// size.
+pub const MAX_FILE_BYTES: u64 = 4 << 30;
 
 #[derive(Serialize, Deserialize)]
 struct Payload {
@@ -255,7 +256,7 @@ impl LogLeaseStore {
         }
     }
 
-    fn snapshot_record(&self) -> Vec<u8> {
+    fn snapshot_record(&self) -> Result<Vec<u8>, StoreError> {
         let payload = Payload {
             epoch: self.last_epoch,
             snapshot: true,
@@ -263,14 +264,19 @@ impl LogLeaseStore {
                 .map(|(lock, lease)| (lock.clone(), Some(lease.clone())))
                 .collect(),
         };
-        frame(
-            1,
-            &serde_json::to_vec(&payload).expect("a payload serializes"),
-        )
+        let encoded = serde_json::to_vec(&payload).expect("a payload serializes");
+        if encoded.len() as u64 > MAX_RECORD_BYTES {
+            return Err(StoreError::Corrupt(format!(
+                "a snapshot of {} bytes is larger than a record ({MAX_RECORD_BYTES})",
+                encoded.len()
+            )));
+        }
+        Ok(frame(1, &encoded))
     }
 
     /// Rewrites the log as one snapshot record (see the module's documentation).
     fn compact(&mut self) -> Result<(), StoreError> {
+        let snapshot = self.snapshot_record()?;
         let temporary = compact_path(&self.path);
         let file = OpenOptions::new()
             .read(true)
@@ -280,7 +286,7 @@ impl LogLeaseStore {
             .open(&temporary)
             .map_err(io_error)?;
         let file = lock(file, &temporary)?;
-        let end = self.initialise(&file, Some(&self.snapshot_record()))?;
+        let end = self.initialise(&file, Some(&snapshot))?;
         std::fs::rename(&temporary, &self.path).map_err(io_error)?;
         crate::keys::sync_parent_dir(&self.path).map_err(io_error)?;
         self.synced(2);
@@ -355,7 +361,7 @@ impl LeaseStore for LogLeaseStore {
         self.next_sequence += 1;
         self.apply(payload);
         let live = 256 * (self.leases.len() as u64 + 1);
-        if self.end > self.compact_at && self.end > 4 * live {
+        if self.end > self.compact_at && (self.end > 4 * live || self.end > MAX_FILE_BYTES / 2) {
             if let Err(error) = self.compact() {
                 // The commit is durable in the old log; a failed compaction is retried at the
                 // next commit past the threshold, unless the disk is gone.

@@ -5,6 +5,7 @@
 mod common;
 
 mod audit;
+mod bench_compare;
 mod cli;
 mod client_tls;
 mod cluster;
