@@ -522,9 +522,9 @@ impl Cluster {
         let Some(running) = self.take_down(id) else {
             return;
         };
-        // Its witness saw what it applied (the state machine applies durably before it
-        // publishes `last_applied`; the real witness may lag, which only weakens it).
-        let applied = running.member.raft.metrics().borrow().last_applied;
+        // Its witness saw what it durably applied (an apply is made durable by the store's
+        // next immediate commit; the real witness may lag even that, which only weakens it).
+        let applied = *running.member.durable_applied.borrow();
         let seen = palisade_core::witness::WitnessRecord {
             kind: "member".into(),
             store: running.member.identity.store().to_owned(),

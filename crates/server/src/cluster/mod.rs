@@ -431,6 +431,9 @@ pub struct Member {
     pub changes: Arc<membership::Changes>,
     /// The supervisor; ends on shutdown, or with the fatal error that stopped Raft.
     pub supervisor: tokio::task::JoinHandle<Result<(), ClusterError>>,
+    /// The applied log id known to be on disk
+    /// ([`storage::StateMachine::durable_applied_watch`]).
+    pub durable_applied: tokio::sync::watch::Receiver<Option<openraft::LogId<NodeId>>>,
 }
 
 /// Opens the cluster store in `dir`, checks the membership, starts Raft (initialising a new
@@ -477,7 +480,7 @@ pub async fn start_member(
         applied,
     )?;
     let floor = restored_floor(config, dir, fresh)?;
-    tokio::spawn(witness.follow(stores.1.applied_watch(), shutdown.clone()));
+    tokio::spawn(witness.follow(stores.1.durable_applied_watch(), shutdown.clone()));
     let network = network::Network::new(config.node_id, stores.1.identity(), peer_tls.clone());
     let start = MemberStart {
         config,
@@ -561,6 +564,7 @@ impl MemberStart<'_> {
     {
         let config = self.config;
         let (log, sm) = self.stores;
+        let durable_applied = sm.durable_applied_watch();
         let state = sm.shared();
         let identity = sm.identity();
         // Elections start switched off: the supervisor switches them on once the membership
@@ -657,6 +661,7 @@ impl MemberStart<'_> {
             identity,
             changes,
             supervisor,
+            durable_applied,
         })
     }
 }

@@ -4,9 +4,14 @@
 //! Durability contract (what openraft relies on, and what makes P1/P8 hold across crashes):
 //! - `append` calls back only after the entries are committed with `Durability::Immediate`;
 //! - `save_vote` returns only once the vote is on disk (a node never votes twice in a term);
-//! - `apply` commits the state machine's rows and `last_applied` in one immediate transaction,
-//!   so after a crash the state machine is exactly "every entry up to `last_applied`" and the
-//!   log still holds every entry after it (purges only reach entries a snapshot covers);
+//! - `apply` commits the state machine's rows and `last_applied` in one transaction without an
+//!   fsync (`Durability::None`): redb makes it durable with the store's next immediate commit,
+//!   and a crash before that rolls the state machine back to an earlier `last_applied`, still
+//!   exactly "every entry up to it", whose later entries the log still holds (they are durable
+//!   there, and purges only reach entries a snapshot covers): openraft applies them again.
+//!   Whatever must never get ahead of the disk (the member's witness) follows the *durable*
+//!   `last_applied` ([`StateMachine::durable_applied_watch`]), raised after each immediate
+//!   commit; `save_committed` is not fsynced either (openraft may lose it);
 //! - a log read returns entries from the range's start without a gap, or nothing: a read that
 //!   skipped a purged start made a deposed leader's replication task send a follower a log with
 //!   a hole (see `try_get_log_entries`);
@@ -118,6 +123,17 @@ fn invariant_err(message: String) -> StorageError<NodeId> {
     StorageIOError::write_logs(&LogInvariant(message)).into()
 }
 
+/// Raises the durable watermark to `applied` (it never goes down).
+fn mark_durable(durable: &watch::Sender<Option<LogId<NodeId>>>, applied: Option<LogId<NodeId>>) {
+    durable.send_if_modified(|known| {
+        let higher = applied > *known;
+        if higher {
+            *known = applied;
+        }
+        higher
+    });
+}
+
 fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("raft storage values always serialize")
 }
@@ -163,18 +179,21 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
     let state =
         load_state(&db).map_err(|e| ClusterError::Store(format!("corrupt state machine: {e}")))?;
     let (applied_tx, applied) = watch::channel(state.header.last_applied);
+    let durable = Arc::new(watch::channel(state.header.last_applied).0);
     let state = Arc::new(Mutex::new(state));
     let identity = Identity::open(&db)?;
     Ok((
         LogStore {
             db: db.clone(),
             applied,
+            durable: durable.clone(),
         },
         StateMachine {
             db,
             state,
             identity,
             applied: Arc::new(applied_tx),
+            durable,
             snapshot_seq: 0,
         },
     ))
@@ -220,8 +239,11 @@ fn load_state(db: &Database) -> Result<SmState> {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
-    /// The state machine's durable `last_applied` (a purge waits for it).
+    /// The state machine's `last_applied` (a purge waits for it; the purge's own immediate
+    /// commit makes it durable).
     applied: watch::Receiver<Option<LogId<NodeId>>>,
+    /// The `last_applied` known to be on disk (see [`mark_durable`]).
+    durable: Arc<watch::Sender<Option<LogId<NodeId>>>>,
 }
 
 impl LogStore {
@@ -242,7 +264,18 @@ impl LogStore {
                 .insert(key, to_json(value).as_slice())
                 .map_err(write_err)?;
         }
-        txn.commit().map_err(write_err)
+        self.commit_durably(txn)
+    }
+
+    /// Commits `txn` (an immediate one) and records that every apply committed before it is
+    /// now durable too: redb makes earlier non-durable commits durable with it.
+    fn commit_durably(&self, txn: redb::WriteTransaction) -> Result<()> {
+        // Read while this transaction holds the writer: every value published so far comes
+        // from an apply whose commit finished before this transaction began.
+        let applied = *self.applied.borrow();
+        txn.commit().map_err(write_err)?;
+        mark_durable(&self.durable, applied);
+        Ok(())
     }
 
     /// Appends `entries` durably (one immediate commit), refusing any that would not continue
@@ -269,7 +302,7 @@ impl LogStore {
                     .map_err(write_err)?;
             }
         }
-        txn.commit().map_err(write_err)
+        self.commit_durably(txn)
     }
 
     /// The index the next appended entry must have: after the last entry, or after the last
@@ -309,7 +342,7 @@ impl LogStore {
                     .map_err(write_err)?;
             }
         }
-        txn.commit().map_err(write_err)
+        self.commit_durably(txn)
     }
 }
 
@@ -373,7 +406,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
-        self.put_meta("committed", &committed)
+        // A hint openraft may lose (it learns the commit index from the leader again): not
+        // fsynced, made durable by the next immediate commit.
+        let mut txn = self.db.begin_write().map_err(write_err)?;
+        txn.set_durability(Durability::None).map_err(write_err)?;
+        {
+            let mut table = txn.open_table(RAFT_META).map_err(write_err)?;
+            table
+                .insert("committed", to_json(&committed).as_slice())
+                .map_err(write_err)?;
+        }
+        txn.commit().map_err(write_err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
@@ -443,8 +486,11 @@ pub struct StateMachine {
     db: Arc<Database>,
     state: Arc<Mutex<SmState>>,
     identity: Identity,
-    /// Publishes `last_applied` once it is on disk (the log's purge waits for it).
+    /// Publishes `last_applied` once applied and committed, durably or not (the log's purge
+    /// waits for it).
     applied: Arc<watch::Sender<Option<LogId<NodeId>>>>,
+    /// The `last_applied` known to be on disk (see [`mark_durable`]).
+    durable: Arc<watch::Sender<Option<LogId<NodeId>>>>,
     snapshot_seq: u64,
 }
 
@@ -462,6 +508,14 @@ impl StateMachine {
     /// The durably applied log id, as it changes (published after each apply's commit).
     pub fn applied_watch(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
         self.applied.subscribe()
+    }
+
+    /// The applied log id known to be on disk, as it changes: an apply commits without an
+    /// fsync, and the next immediate commit of this store (an append, a vote, a purge, a
+    /// snapshot) makes it durable. What the witness follows: it must never get ahead of the
+    /// disk.
+    pub fn durable_applied_watch(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
+        self.durable.subscribe()
     }
 
     fn snapshot_now(&mut self) -> Result<Snapshot<TypeConfig>> {
@@ -507,7 +561,10 @@ impl StateMachine {
                 .insert("current", to_json(&stored).as_slice())
                 .map_err(write_err)?;
         }
-        txn.commit().map_err(write_err)
+        let applied = *self.applied.borrow();
+        txn.commit().map_err(write_err)?;
+        mark_durable(&self.durable, applied);
+        Ok(())
     }
 }
 
@@ -625,8 +682,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             });
         }
         let mut txn = self.db.begin_write().map_err(write_err)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(write_err)?;
+        // Not fsynced: the entries are durable in the log, and a crash re-applies them from
+        // there; the next immediate commit of this store makes this one durable too.
+        txn.set_durability(Durability::None).map_err(write_err)?;
         {
             let mut leases = txn.open_table(SM_LEASES).map_err(write_err)?;
             changed.sort();
@@ -660,6 +718,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             state: self.state.clone(),
             identity: self.identity.clone(),
             applied: self.applied.clone(),
+            durable: self.durable.clone(),
             snapshot_seq: self.snapshot_seq + 1_000_000,
         }
     }
@@ -719,6 +778,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 .collect();
         }
         self.applied.send_replace(applied);
+        mark_durable(&self.durable, applied);
         Ok(())
     }
 
