@@ -292,29 +292,34 @@ impl Etcd {
 
     async fn put_if_absent(&self, key: &str, value: &str) -> anyhow::Result<bool> {
         let key = B64.encode(key);
-        let answer = self
-            .post(
-                "kv/txn",
-                serde_json::json!({
-                    "compare": [{"key": key, "target": "CREATE", "create_revision": "0"}],
-                    "success": [{"request_put": {
-                        "key": key, "value": B64.encode(value), "lease": self.lease,
-                    }}],
-                }),
-            )
-            .await?;
-        Ok(answer["succeeded"] == serde_json::Value::Bool(true))
+        self.transaction(
+            serde_json::json!({"key": key, "target": "CREATE", "create_revision": "0"}),
+            serde_json::json!({"request_put": {
+                "key": key, "value": B64.encode(value), "lease": self.lease,
+            }}),
+        )
+        .await
     }
 
     async fn delete_if_mine(&self, key: &str, value: &str) -> anyhow::Result<bool> {
         let key = B64.encode(key);
+        self.transaction(
+            serde_json::json!({"key": key, "target": "VALUE", "value": B64.encode(value)}),
+            serde_json::json!({"request_delete_range": {"key": key}}),
+        )
+        .await
+    }
+
+    /// A transaction of one compare and one request on success; true when it succeeded.
+    async fn transaction(
+        &self,
+        compare: serde_json::Value,
+        success: serde_json::Value,
+    ) -> anyhow::Result<bool> {
         let answer = self
             .post(
                 "kv/txn",
-                serde_json::json!({
-                    "compare": [{"key": key, "target": "VALUE", "value": B64.encode(value)}],
-                    "success": [{"request_delete_range": {"key": key}}],
-                }),
+                serde_json::json!({"compare": [compare], "success": [success]}),
             )
             .await?;
         Ok(answer["succeeded"] == serde_json::Value::Bool(true))

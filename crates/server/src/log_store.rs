@@ -264,14 +264,7 @@ impl LogLeaseStore {
                 .map(|(lock, lease)| (lock.clone(), Some(lease.clone())))
                 .collect(),
         };
-        let encoded = serde_json::to_vec(&payload).expect("a payload serializes");
-        if encoded.len() as u64 > MAX_RECORD_BYTES {
-            return Err(StoreError::Corrupt(format!(
-                "a snapshot of {} bytes is larger than a record ({MAX_RECORD_BYTES})",
-                encoded.len()
-            )));
-        }
-        Ok(frame(1, &encoded))
+        Ok(frame(1, &encode(&payload, "a snapshot")?))
     }
 
     /// Rewrites the log as one snapshot record (see the module's documentation).
@@ -333,14 +326,7 @@ impl LeaseStore for LogLeaseStore {
                 .map(|(lock, lease)| (lock.as_str().to_owned(), lease.as_ref().map(encode_record)))
                 .collect(),
         };
-        let encoded = serde_json::to_vec(&payload).expect("a payload serializes");
-        if encoded.len() as u64 > MAX_RECORD_BYTES {
-            return Err(StoreError::Corrupt(format!(
-                "a commit of {} bytes is larger than a record ({MAX_RECORD_BYTES})",
-                encoded.len()
-            )));
-        }
-        let record = frame(self.next_sequence, &encoded);
+        let record = frame(self.next_sequence, &encode(&payload, "a commit")?);
         let end = self.end + record.len() as u64;
         let written = (|| {
             if end > self.capacity {
@@ -420,6 +406,19 @@ pub fn open_in(dir: &Path) -> Result<LogLeaseStore, StoreError> {
 /// earlier version).
 pub fn exists_in(dir: &Path) -> bool {
     dir.join(crate::STORE_FILE).exists() || dir.join(crate::LEGACY_STORE_FILE).exists()
+}
+
+/// `payload` as a record's JSON, refused when larger than [`MAX_RECORD_BYTES`] (`what`: the
+/// kind of record, for the message).
+fn encode(payload: &Payload, what: &str) -> Result<Vec<u8>, StoreError> {
+    let encoded = serde_json::to_vec(payload).expect("a payload serializes");
+    if encoded.len() as u64 > MAX_RECORD_BYTES {
+        return Err(StoreError::Corrupt(format!(
+            "{what} of {} bytes is larger than a record ({MAX_RECORD_BYTES})",
+            encoded.len()
+        )));
+    }
+    Ok(encoded)
 }
 
 /// The record framed: length, sequence, checksum, payload.

@@ -255,16 +255,26 @@ impl LogStore {
     }
 
     fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<()> {
+        let txn = self.meta_write(key, value, Durability::Immediate)?;
+        self.commit_durably(txn)
+    }
+
+    /// A write transaction of `durability` that sets `key` to `value`, not yet committed.
+    fn meta_write<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        durability: Durability,
+    ) -> Result<redb::WriteTransaction> {
         let mut txn = self.db.begin_write().map_err(write_err)?;
-        txn.set_durability(Durability::Immediate)
-            .map_err(write_err)?;
+        txn.set_durability(durability).map_err(write_err)?;
         {
             let mut table = txn.open_table(RAFT_META).map_err(write_err)?;
             table
                 .insert(key, to_json(value).as_slice())
                 .map_err(write_err)?;
         }
-        self.commit_durably(txn)
+        Ok(txn)
     }
 
     /// Commits `txn` (an immediate one) and records that every apply committed before it is
@@ -408,15 +418,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
         // A hint openraft may lose (it learns the commit index from the leader again): not
         // fsynced, made durable by the next immediate commit.
-        let mut txn = self.db.begin_write().map_err(write_err)?;
-        txn.set_durability(Durability::None).map_err(write_err)?;
-        {
-            let mut table = txn.open_table(RAFT_META).map_err(write_err)?;
-            table
-                .insert("committed", to_json(&committed).as_slice())
-                .map_err(write_err)?;
-        }
-        txn.commit().map_err(write_err)
+        self.meta_write("committed", &committed, Durability::None)?
+            .commit()
+            .map_err(write_err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>> {
