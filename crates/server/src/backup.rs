@@ -220,14 +220,16 @@ pub fn offline(data_dir: &Path) -> Result<Backup, BackupError> {
             crate::cluster::CLUSTER_STORE_FILE
         )));
     }
-    let store = crate::log_store::open_in(data_dir).map_err(|e| match e {
+    // Read without writing: a torn record stays as it is, an earlier version's store is not
+    // migrated (the coordinator does both when it next starts).
+    let state = crate::log_store::read_in(data_dir).map_err(|e| match e {
         StoreError::InUse(_) => in_use(),
         other => BackupError::Store(other),
     })?;
     Ok(Backup {
         format: FORMAT,
         mode: "single".into(),
-        last_epoch: store.load()?.last_epoch.0,
+        last_epoch: state.last_epoch.0,
         taken_at_ms: now_ms(),
         taken: "offline".into(),
     })

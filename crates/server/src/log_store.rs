@@ -136,9 +136,31 @@ impl LogLeaseStore {
                 crate::keys::sync_parent_dir(path).map_err(io_error)?;
             }
         } else {
-            store.replay(length)?;
+            store.replay(length, true)?;
         }
         Ok(store)
+    }
+
+    /// Reads the durable state of the log at `path` without writing anything (an offline
+    /// backup): a torn last record is skipped, not zeroed, and a compaction's leftover is left
+    /// alone. [`StoreError::InUse`] when a process has the log open.
+    pub fn read(path: &Path) -> Result<DurableState, StoreError> {
+        let file = File::open(path).map_err(io_error)?;
+        let mut store = Self {
+            file: lock(file, path)?,
+            path: path.to_owned(),
+            end: HEADER_BYTES,
+            capacity: 0,
+            next_sequence: 1,
+            last_epoch: 0,
+            leases: BTreeMap::new(),
+            compact_at: COMPACT_AT_BYTES,
+            syncs: None,
+            failed: false,
+        };
+        let length = store.file.metadata().map_err(io_error)?.len();
+        store.replay(length, false)?;
+        store.load()
     }
 
     /// Counts every fdatasync and fsync from now on in `counter`.
@@ -175,8 +197,9 @@ impl LogLeaseStore {
         Ok(end)
     }
 
-    /// Reads every record, stopping at the end of the log (see the module's documentation).
-    fn replay(&mut self, length: u64) -> Result<(), StoreError> {
+    /// Reads every record, stopping at the end of the log (see the module's documentation);
+    /// with `repair`, zeroes a torn last record.
+    fn replay(&mut self, length: u64, repair: bool) -> Result<(), StoreError> {
         if length > MAX_FILE_BYTES {
             return Err(corrupt(
                 &self.path,
@@ -229,7 +252,7 @@ impl LogLeaseStore {
                 ),
             ));
         }
-        if written > 0 {
+        if written > 0 && repair {
             tracing::warn!(
                 path = %self.path.display(),
                 bytes = written,
@@ -356,6 +379,17 @@ impl LeaseStore for LogLeaseStore {
         }
         Ok(())
     }
+}
+
+/// The durable state of the single node's store in data directory `dir`, read without
+/// writing: from the log, or from the redb store of an earlier version (not migrated).
+pub fn read_in(dir: &Path) -> Result<DurableState, StoreError> {
+    let path = dir.join(crate::STORE_FILE);
+    let legacy = dir.join(crate::LEGACY_STORE_FILE);
+    if !path.exists() && legacy.exists() {
+        return crate::store::RedbLeaseStore::read(&legacy);
+    }
+    LogLeaseStore::read(&path)
 }
 
 /// Opens the single node's store in data directory `dir`: the log [`crate::STORE_FILE`]. A

@@ -281,3 +281,64 @@ fn p8_a_commit_larger_than_the_zeros_ahead_grows_the_file() {
     let state = LogLeaseStore::open(&path).unwrap().load().unwrap();
     assert_eq!(state.leases.len(), 8_000);
 }
+
+/// P6: an offline backup reads the log without writing to it. A torn last record is skipped
+/// (it was never acknowledged) and stays on disk as it is, for the coordinator to repair when it
+/// next starts; a running coordinator's log is refused as in use.
+#[test]
+fn p6_an_offline_read_writes_nothing_and_skips_a_torn_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(crate::STORE_FILE);
+    {
+        let mut store = LogLeaseStore::open(&path).unwrap();
+        store.commit(&grant("a", 1)).unwrap();
+        store.commit(&grant("b", 2)).unwrap();
+    }
+    let end = *record_offsets(&path).last().unwrap();
+    // Half of a third record: its length and sequence, then nothing.
+    let mut torn = 100u32.to_le_bytes().to_vec();
+    torn.extend_from_slice(&3u64.to_le_bytes());
+    write_at(&path, end, &torn);
+    std::fs::write(compact_path(&path), b"a compaction cut short").unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let state = read_in(dir.path()).unwrap();
+    assert_eq!(state.last_epoch, Epoch(2));
+    assert_eq!(state.leases.len(), 2);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the read wrote to the log"
+    );
+    assert!(compact_path(&path).exists(), "the read removed a file");
+    // The coordinator's own open repairs it; while it holds the log, a read is refused.
+    let store = LogLeaseStore::open(&path).unwrap();
+    assert_ne!(std::fs::read(&path).unwrap(), before);
+    assert!(matches!(read_in(dir.path()), Err(StoreError::InUse(_))));
+    drop(store);
+    assert_eq!(read_in(dir.path()).unwrap().last_epoch, Epoch(2));
+}
+
+/// P6: an offline backup of an earlier version's directory (a redb store) reads its counter
+/// without moving it into a log: the directory is left exactly as it was.
+#[test]
+fn p6_an_offline_read_of_an_earlier_versions_store_does_not_migrate_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let legacy = dir.path().join(crate::LEGACY_STORE_FILE);
+    {
+        let mut old = RedbLeaseStore::open(&legacy).unwrap();
+        old.commit(&grant("a", 41)).unwrap();
+        old.commit(&grant("b", 42)).unwrap();
+    }
+    let before = std::fs::read(&legacy).unwrap();
+    let state = read_in(dir.path()).unwrap();
+    assert_eq!(state.last_epoch, Epoch(42));
+    assert_eq!(state.leases.len(), 2);
+    assert_eq!(std::fs::read(&legacy).unwrap(), before);
+    assert!(!dir.path().join(crate::STORE_FILE).exists());
+    let entries = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(entries, 1, "the read left files behind");
+    // While a process has it open, the read is refused.
+    let open = RedbLeaseStore::open(&legacy).unwrap();
+    assert!(matches!(read_in(dir.path()), Err(StoreError::InUse(_))));
+    drop(open);
+}

@@ -153,6 +153,24 @@ impl LeaseStore for MemoryLeaseStore {
     }
 }
 
+/// The state a redb store's read transaction sees.
+fn load_from(txn: &redb::ReadTransaction) -> Result<DurableState, StoreError> {
+    let meta = txn.open_table(META)?;
+    let last_epoch = Epoch(meta.get(LAST_EPOCH)?.map_or(0, |v| v.value()));
+    let mut leases = Vec::new();
+    match txn.open_table(LEASES) {
+        Ok(table) => {
+            for entry in table.iter()? {
+                let (lock, record) = entry?;
+                leases.push(decode_lease_bytes(lock.value(), record.value())?);
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(StoreError::Storage(e.into())),
+    }
+    Ok(DurableState { last_epoch, leases })
+}
+
 /// A lease as stored (JSON), in redb and in the lease log.
 #[derive(Clone, Serialize, Deserialize)]
 pub(crate) struct LeaseRecord {
@@ -198,6 +216,38 @@ impl RedbLeaseStore {
         Ok(store)
     }
 
+    /// Reads the durable state of the store at `path` without writing anything (an offline
+    /// backup of an earlier version's directory). [`StoreError::InUse`] when a process has it
+    /// open.
+    pub fn read(path: &Path) -> Result<DurableState, StoreError> {
+        let db = redb::ReadOnlyDatabase::open(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                StoreError::InUse(path.display().to_string())
+            }
+            // Recovering it would write: the coordinator does that when it starts.
+            redb::DatabaseError::RepairAborted => StoreError::Io(std::io::Error::other(format!(
+                "{} was not closed cleanly and needs recovery, which a read does not do: \
+                 start the coordinator on its directory once, stop it, and read it again",
+                path.display()
+            ))),
+            other => StoreError::Storage(other.into()),
+        })?;
+        let txn = db.begin_read()?;
+        match txn.open_table(META) {
+            Ok(meta) => match meta.get(FORMAT_VERSION_KEY)?.map(|v| v.value()) {
+                None | Some(FORMAT_VERSION) => {}
+                Some(other) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "data format version {other}; this build reads version {FORMAT_VERSION}"
+                    )))
+                }
+            },
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(DurableState::default()),
+            Err(e) => return Err(StoreError::Storage(e.into())),
+        }
+        load_from(&txn)
+    }
+
     fn check_format(&self) -> Result<(), StoreError> {
         let txn = self.db.begin_write()?;
         {
@@ -223,16 +273,7 @@ impl RedbLeaseStore {
 
 impl LeaseStore for RedbLeaseStore {
     fn load(&self) -> Result<DurableState, StoreError> {
-        let txn = self.db.begin_read()?;
-        let meta = txn.open_table(META)?;
-        let last_epoch = Epoch(meta.get(LAST_EPOCH)?.map_or(0, |v| v.value()));
-        let table = txn.open_table(LEASES)?;
-        let mut leases = Vec::new();
-        for entry in table.iter()? {
-            let (lock, record) = entry?;
-            leases.push(decode_lease_bytes(lock.value(), record.value())?);
-        }
-        Ok(DurableState { last_epoch, leases })
+        load_from(&self.db.begin_read()?)
     }
 
     fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
