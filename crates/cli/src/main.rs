@@ -4,6 +4,12 @@
 //! left); 4 the coordinator or resource is unavailable; 5 the resource rejected the write or
 //! activation (stale epoch, invalid token, …).
 
+/// mimalloc rather than glibc's malloc: measured side by side, it cut the CPU per
+/// acquire+release by 8–10 % and raised cycles/s by 5–10 % at 64 clients, for 10–14 MiB more
+/// resident memory (docs/performance.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod audit;
 mod backup;
 mod bench;
