@@ -103,6 +103,22 @@ fn corrupt(path: &Path, what: impl std::fmt::Display) -> StoreError {
 }
 
 impl LogLeaseStore {
+    /// A store over the locked `file` at `path`, before its header is written or read.
+    fn empty(file: Flock<File>, path: &Path) -> Self {
+        Self {
+            file,
+            path: path.to_owned(),
+            end: HEADER_BYTES,
+            capacity: 0,
+            next_sequence: 1,
+            last_epoch: 0,
+            leases: BTreeMap::new(),
+            compact_at: COMPACT_AT_BYTES,
+            syncs: None,
+            failed: false,
+        }
+    }
+
     /// Opens (or creates) the log at `path`. Fails with [`StoreError::InUse`] when another
     /// process has it open, and [`StoreError::Corrupt`] when it is not a readable log.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
@@ -115,19 +131,7 @@ impl LogLeaseStore {
             .truncate(false)
             .open(path)
             .map_err(io_error)?;
-        let file = lock(file, path)?;
-        let mut store = Self {
-            file,
-            path: path.to_owned(),
-            end: HEADER_BYTES,
-            capacity: 0,
-            next_sequence: 1,
-            last_epoch: 0,
-            leases: BTreeMap::new(),
-            compact_at: COMPACT_AT_BYTES,
-            syncs: None,
-            failed: false,
-        };
+        let mut store = Self::empty(lock(file, path)?, path);
         let length = store.file.metadata().map_err(io_error)?.len();
         if created || length == 0 {
             store.initialise(&store.file, None)?;
@@ -146,18 +150,7 @@ impl LogLeaseStore {
     /// alone. [`StoreError::InUse`] when a process has the log open.
     pub fn read(path: &Path) -> Result<DurableState, StoreError> {
         let file = File::open(path).map_err(io_error)?;
-        let mut store = Self {
-            file: lock(file, path)?,
-            path: path.to_owned(),
-            end: HEADER_BYTES,
-            capacity: 0,
-            next_sequence: 1,
-            last_epoch: 0,
-            leases: BTreeMap::new(),
-            compact_at: COMPACT_AT_BYTES,
-            syncs: None,
-            failed: false,
-        };
+        let mut store = Self::empty(lock(file, path)?, path);
         let length = store.file.metadata().map_err(io_error)?.len();
         store.replay(length, false)?;
         store.load()

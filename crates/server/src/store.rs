@@ -153,6 +153,13 @@ impl LeaseStore for MemoryLeaseStore {
     }
 }
 
+/// A redb store written in a format this build does not read.
+fn unreadable_version(version: u64) -> StoreError {
+    StoreError::Corrupt(format!(
+        "data format version {version}; this build reads version {FORMAT_VERSION}"
+    ))
+}
+
 /// The state a redb store's read transaction sees.
 fn load_from(txn: &redb::ReadTransaction) -> Result<DurableState, StoreError> {
     let meta = txn.open_table(META)?;
@@ -236,11 +243,7 @@ impl RedbLeaseStore {
         match txn.open_table(META) {
             Ok(meta) => match meta.get(FORMAT_VERSION_KEY)?.map(|v| v.value()) {
                 None | Some(FORMAT_VERSION) => {}
-                Some(other) => {
-                    return Err(StoreError::Corrupt(format!(
-                        "data format version {other}; this build reads version {FORMAT_VERSION}"
-                    )))
-                }
+                Some(other) => return Err(unreadable_version(other)),
             },
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(DurableState::default()),
             Err(e) => return Err(StoreError::Storage(e.into())),
@@ -258,11 +261,7 @@ impl RedbLeaseStore {
                     meta.insert(FORMAT_VERSION_KEY, FORMAT_VERSION)?;
                 }
                 Some(FORMAT_VERSION) => {}
-                Some(other) => {
-                    return Err(StoreError::Corrupt(format!(
-                        "data format version {other}; this build reads version {FORMAT_VERSION}"
-                    )))
-                }
+                Some(other) => return Err(unreadable_version(other)),
             }
             txn.open_table(LEASES)?;
         }
