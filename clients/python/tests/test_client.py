@@ -35,6 +35,25 @@ def test_lock_yields_a_signed_token_and_releases_on_exit(coordinator):
         assert second.epoch > lease.epoch
 
 
+def test_epochs_above_2_pow_53_are_exact_over_grpc_and_json(coordinator):
+    """Epochs start at the clock floor (ms x 2^20, about 2^61): a float would round them.
+    gRPC gives Python an exact int; the HTTP API writes the same value as a decimal string."""
+    import json
+    import urllib.request
+
+    client = Client(coordinator.address)
+    with client.lock("exact/1", ttl=5) as lease:
+        assert isinstance(lease.epoch, int) and lease.epoch > 2**53
+        with urllib.request.urlopen(
+            f"http://{coordinator.address}/v1/locks/exact%2F1", timeout=5
+        ) as reply:
+            shown = json.load(reply)
+        assert shown["epoch"] == str(lease.epoch)
+        assert int(shown["epoch"]) == lease.epoch
+    with client.lock("exact/1", ttl=5) as second:
+        assert second.epoch > lease.epoch
+
+
 def test_the_keepalive_holds_the_lease_past_its_ttl(coordinator):
     client = Client(f"http://{coordinator.address}")
     with client.lock("keep/1", ttl=0.3) as lease:

@@ -56,7 +56,8 @@ pub struct Finding {
 pub struct LiveLock {
     /// The lock.
     pub lock: String,
-    /// Its current epoch (the holder's).
+    /// Its current epoch (the holder's); a decimal string in JSON ([`palisade_core::json`]).
+    #[serde(with = "palisade_core::json::string")]
     pub epoch: u64,
     /// Its holder.
     pub holder: String,
@@ -84,12 +85,17 @@ pub struct BoundaryReport {
     pub error: Option<String>,
     /// Its fence for each live lock asked about (resource: the lock's fence; postgres: the
     /// highest `last_fence` of the lock's rows).
+    #[serde(with = "palisade_core::json::string_map")]
     pub fences: BTreeMap<String, u64>,
     /// The resource says it was copied back and refuses writes until repaired.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restore_required: Option<bool>,
     /// The resource's restore floor (0: never restored).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "palisade_core::json::option_string"
+    )]
     pub restore_floor: Option<u64>,
     /// Coordinator keys the resource trusts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -184,6 +190,7 @@ pub struct LockReport {
     /// Its class by the policy (the lease's when no rule names it).
     pub class: LockClass,
     /// The coordinator's epoch.
+    #[serde(with = "palisade_core::json::string")]
     pub epoch: u64,
     /// Its holder.
     pub holder: String,
@@ -198,11 +205,19 @@ pub struct LockReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boundary: Option<String>,
     /// The boundary's fence for it.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "palisade_core::json::option_string"
+    )]
     pub fence: Option<u64>,
     /// `epoch - fence` when the fence is behind (the holder has not written yet, or writes
     /// elsewhere); negative values are reported as `fence_ahead` findings instead.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "palisade_core::json::option_string"
+    )]
     pub lag: Option<u64>,
     /// Stale-epoch rejections the boundary recorded for it recently.
     pub stale_rejections: usize,

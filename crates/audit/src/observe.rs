@@ -128,7 +128,7 @@ async fn observe_resource(
         &info["restore_required"],
         Value::Null | Value::Bool(false)
     ));
-    report.restore_floor = info["restore_floor"].as_u64();
+    report.restore_floor = palisade_core::json::read(&info["restore_floor"]);
     report.trusted_keys = info["trusted_keys"]
         .as_array()
         .map(|keys| {
@@ -139,7 +139,7 @@ async fn observe_resource(
         .unwrap_or_default();
     for lock in locks {
         let fence = get_json(http, &format!("{base}/v1/fences/{}", encode(lock))).await?;
-        if let Some(fence) = fence["fence"].as_u64() {
+        if let Some(fence) = palisade_core::json::read(&fence["fence"]) {
             report.fences.insert(lock.clone(), fence);
         }
     }
@@ -424,7 +424,8 @@ pub async fn probe_resource(
                     older.0,
                     newer.0,
                     body["error"].as_str().unwrap_or("?"),
-                    body["fence"]
+                    palisade_core::json::read(&body["fence"])
+                        .map_or_else(|| "?".to_owned(), |fence| fence.to_string())
                 ),
             }
         }

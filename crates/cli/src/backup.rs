@@ -189,7 +189,6 @@ async fn read_floor(source: &str, tls: &crate::ClientTlsArgs) -> anyhow::Result<
     let url = format!("{}/v1/info", source.trim_end_matches('/'));
     let response = http.get(&url).send().await?.error_for_status()?;
     let info: Value = response.json().await?;
-    info["highest_fence"]
-        .as_u64()
+    palisade_core::json::read(&info["highest_fence"])
         .context("the store did not report its highest fence (an older version?)")
 }

@@ -32,7 +32,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             if json {
                 print_json(&json!({
                     "lock": grant.lock,
-                    "epoch": grant.epoch,
+                    "epoch": palisade_core::json::value(grant.epoch),
                     "lease_id": grant.lease_id,
                     "ttl_ms": grant.ttl_ms,
                     "holder": grant.holder,
@@ -58,7 +58,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             if json {
                 print_json(&json!({
                     "lease_id": renewed.lease_id,
-                    "epoch": renewed.epoch,
+                    "epoch": palisade_core::json::value(renewed.epoch),
                     "ttl_ms": renewed.ttl_ms,
                 }));
             } else {
@@ -156,7 +156,7 @@ fn lock_json(info: &LockInfo) -> serde_json::Value {
     let mut value = json!({
         "lock": info.lock,
         "held": true,
-        "epoch": info.epoch,
+        "epoch": palisade_core::json::value(info.epoch),
         "holder": info.holder,
         "principal": info.principal,
         "ttl_ms": info.ttl_ms,

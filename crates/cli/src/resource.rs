@@ -241,7 +241,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
                 } else {
                     ""
                 };
-                println!("accepted at epoch {}{replay}", body["epoch"]);
+                println!("accepted at epoch {}{replay}", shown(&body["epoch"]));
             }
             Ok(())
         }
@@ -266,7 +266,8 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             let (epoch, seq) = (header("Palisade-Epoch"), header("Palisade-Seq"));
             let value = response.bytes().await.map_err(unreachable)?;
             if json {
-                let mut body = json!({"lock": lock, "key": key, "epoch": epoch.and_then(|e| e.parse::<u64>().ok())});
+                let epoch = epoch.and_then(|e| e.parse::<u64>().ok());
+                let mut body = json!({"lock": lock, "key": key, "epoch": epoch.map(palisade_core::json::value)});
                 if let Some(seq) = seq {
                     body["seq"] = json!(seq.parse::<u64>().ok());
                 }
@@ -297,7 +298,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             if json {
                 print_json(&body);
             } else {
-                println!("fence of {lock} is at epoch {}", body["fence"]);
+                println!("fence of {lock} is at epoch {}", shown(&body["fence"]));
             }
             Ok(())
         }
@@ -369,12 +370,17 @@ fn unreachable(error: reqwest::Error) -> anyhow::Error {
     .into()
 }
 
+/// An epoch or fence from a store's JSON answer, for people (a string or a number).
+fn shown(value: &Value) -> String {
+    palisade_core::json::read(value).map_or_else(|| value.to_string(), |n| n.to_string())
+}
+
 async fn failure(response: reqwest::Response) -> ResourceFailure {
     let status = response.status().as_u16();
     let body: Value = response.json().await.unwrap_or_default();
     let mut message = body["message"].as_str().unwrap_or("").to_owned();
     // The store's message names the fence already ("the fence is at 4"); say it once.
-    if let Some(fence) = body["fence"].as_u64() {
+    if let Some(fence) = palisade_core::json::read(&body["fence"]) {
         if !message.contains(&fence.to_string()) {
             message = format!("{message} (fence {fence})");
         }
@@ -459,8 +465,8 @@ async fn restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
         let applied = palisade_fence_postgres::apply_restore_floor(url, floor, &token).await?;
         let report = json!({
             "postgres": crate::backup::shown(url),
-            "highest_before": applied.highest_before,
-            "floor": applied.floor,
+            "highest_before": palisade_core::json::value(applied.highest_before),
+            "floor": palisade_core::json::value(applied.floor),
         });
         print_restore(&report, json);
         return Ok(());
@@ -487,9 +493,9 @@ async fn restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
     let applied = palisade_resource::apply_restore_floor(&data_dir, floor, &record.to_string())?;
     let report = json!({
         "data_dir": data_dir.display().to_string(),
-        "highest_before": applied.highest_before,
-        "witness_saw": applied.witness_seen,
-        "floor": applied.floor,
+        "highest_before": palisade_core::json::value(applied.highest_before),
+        "witness_saw": palisade_core::json::value(applied.witness_seen),
+        "floor": palisade_core::json::value(applied.floor),
     });
     print_restore(&report, json);
     Ok(())
@@ -502,7 +508,8 @@ fn print_restore(report: &Value, json: bool) {
         println!(
             "restore floor {} applied (the store's highest epoch was {}): every token issued \
              before it is refused from now on; the current owners acquire again to write",
-            report["floor"], report["highest_before"]
+            shown(&report["floor"]),
+            shown(&report["highest_before"])
         );
     }
 }

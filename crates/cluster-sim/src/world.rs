@@ -324,6 +324,32 @@ struct Member {
     /// Its witness beside the data directory: store id and applied index
     /// (`palisade_server::cluster::witness` keeps it in a file; here in memory).
     witness: Option<palisade_core::witness::WitnessRecord>,
+    /// Its wall clock: the simulation's time from `wall_clock_origin_ms`, off by a skew of
+    /// up to [`MAX_CLOCK_SKEW_MS`] drawn from the seed (the members of a real cluster never
+    /// agree exactly). It goes on through crashes, like a machine's.
+    clock: Arc<palisade_server::engine::SteppableClock>,
+}
+
+/// The greatest skew between a member's clock and the simulation's time.
+const MAX_CLOCK_SKEW_MS: u64 = 20;
+
+/// Member `id`'s wall clock: skewed by a draw from a generator of its own (so the run's other
+/// draws stay as they were), or frozen.
+fn member_clock(
+    seed: u64,
+    id: NodeId,
+    sim: &ClusterSimConfig,
+) -> Arc<palisade_server::engine::SteppableClock> {
+    if sim.frozen_clocks {
+        let clock = palisade_server::engine::SteppableClock::starting_at(sim.wall_clock_origin_ms);
+        // Stepped back further than any run lasts: it reads its origin (saturating) throughout.
+        clock.step(-(1 << 40));
+        return Arc::new(clock);
+    }
+    let skew_ms = SplitMix64::new(seed ^ id).range(0, MAX_CLOCK_SKEW_MS + 1);
+    Arc::new(palisade_server::engine::SteppableClock::starting_at(
+        sim.wall_clock_origin_ms + skew_ms,
+    ))
 }
 
 struct Running {
@@ -395,6 +421,8 @@ impl Cluster {
                 running: None,
                 copy: None,
                 witness: None,
+                // Drawn from a generator of its own, so the run's other draws stay as they were.
+                clock: member_clock(seed, *id, sim),
             })
             .collect();
         Self {
@@ -497,6 +525,7 @@ impl Cluster {
             shutdown: shutdown_signal,
             introducer: Arc::new(self.router.introducer(id)),
             floor: palisade_core::Epoch(0),
+            clock: member.clock.clone(),
         }
         .run(self.router.endpoint(id))
         .await

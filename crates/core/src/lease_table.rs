@@ -311,6 +311,15 @@ impl LeaseTable {
         LeaseId(u128::from_be_bytes(id))
     }
 
+    /// Raises the epoch counter to `floor` (never lowers it): the next grant takes an epoch
+    /// above it. The raise is durable with the next commit that grants; until then a restart
+    /// raises the counter again (the clock floor, [`crate::clock`]).
+    pub fn raise_epoch_floor(&mut self, floor: Epoch) {
+        if floor > self.last_epoch {
+            self.last_epoch = floor;
+        }
+    }
+
     /// The greatest epoch granted so far (0 before the first grant).
     pub fn last_epoch(&self) -> Epoch {
         self.last_epoch

@@ -8,6 +8,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod clock;
+pub mod json;
 pub mod lease_table;
 pub mod limits;
 pub mod restore;

@@ -11,7 +11,7 @@
 /// What a restore adds above the greatest known floor.
 pub const RESTORE_MARGIN: u64 = 1 << 32;
 /// The clock floor is the wall clock in milliseconds shifted left by this much.
-pub const CLOCK_SHIFT: u32 = 20;
+pub use crate::clock::CLOCK_SHIFT;
 
 /// Which input decided the restored counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -254,7 +254,8 @@ pub struct AttemptLog {
     /// 1, 2, …
     pub n: u32,
     /// The epoch of the owner that recorded it (for a reconciler's retry: the epoch of the
-    /// attempt it retried).
+    /// attempt it retried). A decimal string in JSON ([`palisade_core::json`]).
+    #[serde(with = "palisade_core::json::string")]
     pub epoch: u64,
     /// Who: `owner` or `reconciler`.
     pub by: String,
@@ -338,6 +339,7 @@ pub struct Record {
     /// The current attempt's number (0: never attempted).
     pub attempt: u32,
     /// The epoch of the current attempt.
+    #[serde(with = "palisade_core::json::string")]
     pub epoch: u64,
     /// The current attempt must not be sent after this (ms since the Unix epoch); a `lookup`
     /// receiver refuses it after this.
@@ -400,8 +402,10 @@ pub enum LedgerRejection {
     #[error("stale epoch {epoch}: the ledger's fence for the lock is at {fence}")]
     StaleEpoch {
         /// The request's epoch.
+        #[serde(with = "palisade_core::json::string")]
         epoch: u64,
         /// The lock's fence in the ledger.
+        #[serde(with = "palisade_core::json::string")]
         fence: u64,
     },
     /// The token is not valid for the lock (P4).

@@ -136,16 +136,20 @@ fn token(headers: &HeaderMap) -> Result<&str, HttpError> {
 fn rejection_response(rejection: &Rejection) -> HttpError {
     let (status, mut body) = match rejection {
         Rejection::StaleEpoch { fence, fence_seq } => {
-            let mut body = json!({"fence": fence.0});
+            let mut body = json!({"fence": palisade_core::json::value(*fence)});
             if let Some(seq) = fence_seq {
                 body["fence_seq"] = json!(seq);
             }
             (StatusCode::CONFLICT, body)
         }
-        Rejection::NotActivated { fence } => (StatusCode::CONFLICT, json!({"fence": fence.0})),
-        Rejection::ReplayMismatch { epoch, seq } => {
-            (StatusCode::CONFLICT, json!({"epoch": epoch.0, "seq": seq}))
-        }
+        Rejection::NotActivated { fence } => (
+            StatusCode::CONFLICT,
+            json!({"fence": palisade_core::json::value(*fence)}),
+        ),
+        Rejection::ReplayMismatch { epoch, seq } => (
+            StatusCode::CONFLICT,
+            json!({"epoch": palisade_core::json::value(*epoch), "seq": seq}),
+        ),
         Rejection::InvalidToken(_) => (StatusCode::FORBIDDEN, json!({})),
         _ => (StatusCode::BAD_REQUEST, json!({})),
     };
@@ -228,7 +232,7 @@ async fn write_inner(
     match state.inner.store.write(write).await {
         Ok(Outcome::Accepted { epoch, seq }) => {
             metrics.accepted.inc();
-            let mut body = json!({"accepted": true, "epoch": epoch.0});
+            let mut body = json!({"accepted": true, "epoch": palisade_core::json::value(epoch)});
             if let Some(seq) = seq {
                 body["seq"] = json!(seq);
             }
@@ -236,7 +240,7 @@ async fn write_inner(
         }
         Ok(Outcome::Replayed { epoch, seq }) => {
             metrics.reject("replay");
-            let body = json!({"accepted": true, "epoch": epoch.0, "seq": seq, "replay": true});
+            let body = json!({"accepted": true, "epoch": palisade_core::json::value(epoch), "seq": seq, "replay": true});
             Ok(Json(body).into_response())
         }
         Ok(Outcome::Rejected(rejection)) => {
@@ -293,7 +297,7 @@ async fn activate(
     match state.inner.store.activate(&lock, token).await {
         Ok(Activation::Activated { fence }) => {
             state.inner.metrics.activations.inc();
-            Json(json!({"fence": fence.0})).into_response()
+            Json(json!({"fence": palisade_core::json::value(fence)})).into_response()
         }
         Ok(Activation::Rejected(rejection)) => {
             state.inner.metrics.reject(rejection.code());
@@ -313,7 +317,9 @@ async fn fence(
         Err(response) => return response.into_response(),
     };
     match state.inner.store.fence(&lock).await {
-        Ok(fence) => Json(json!({"lock": lock, "fence": fence.0})).into_response(),
+        Ok(fence) => {
+            Json(json!({"lock": lock, "fence": palisade_core::json::value(fence)})).into_response()
+        }
         Err(failure) => storage_failure(&state, &failure).into_response(),
     }
 }
@@ -371,8 +377,8 @@ async fn info(axum::extract::State(state): axum::extract::State<State>) -> Respo
     match highest {
         Ok(Ok(highest)) => Json(json!({
             "mode": state.inner.store.mode().as_str(),
-            "highest_fence": highest,
-            "restore_floor": state.inner.store.restore_floor().0,
+            "highest_fence": palisade_core::json::value(highest),
+            "restore_floor": palisade_core::json::value(state.inner.store.restore_floor()),
             "restore_required": state.inner.store.restore_required(),
             "trusted_keys": state.inner.keys.trusted_ids(),
         }))

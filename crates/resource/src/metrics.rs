@@ -125,9 +125,11 @@ pub struct RejectionRecord {
     pub key: Option<String>,
     /// The epoch the token claimed (unverified: an invalid token claims anything).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(with = "palisade_core::json::option_string")]
     pub epoch: Option<u64>,
     /// The fence that refused it (stale and not-activated rejections).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(with = "palisade_core::json::option_string")]
     pub fence: Option<u64>,
     /// The rejection's code.
     pub reason: &'static str,

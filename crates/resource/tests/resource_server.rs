@@ -92,7 +92,7 @@ impl Fixture {
             .unwrap();
         let token = grant["token"].as_str().unwrap().to_owned();
         (
-            grant["epoch"].as_u64().unwrap(),
+            palisade_core::json::read(&grant["epoch"]).unwrap(),
             token,
             grant["lease_id"].as_str().unwrap().to_owned(),
         )
@@ -172,7 +172,10 @@ async fn p2_p4_strict_store_accepts_the_newest_owner_and_rejects_the_rest() {
         .await;
     assert_eq!(
         (status, body.clone()),
-        (StatusCode::OK, json!({"accepted": true, "epoch": e1}))
+        (
+            StatusCode::OK,
+            json!({"accepted": true, "epoch": e1.to_string()})
+        )
     );
     assert_eq!(
         f.get("report%2F7/summary").await,
@@ -192,7 +195,10 @@ async fn p2_p4_strict_store_accepts_the_newest_owner_and_rejects_the_rest() {
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(
-        (body["error"].as_str(), body["fence"].as_u64()),
+        (
+            body["error"].as_str(),
+            palisade_core::json::read(&body["fence"])
+        ),
         (Some("stale_epoch"), Some(e2))
     );
     assert_eq!(f.get("report%2F7/summary").await.2, b"second".to_vec());
@@ -247,7 +253,10 @@ async fn p2_p4_strict_store_accepts_the_newest_owner_and_rejects_the_rest() {
 
     let (status, fence) = f.text("/v1/fences/report%2F7").await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(serde_json::from_str::<Value>(&fence).unwrap()["fence"], e2);
+    assert_eq!(
+        palisade_core::json::read(&serde_json::from_str::<Value>(&fence).unwrap()["fence"]),
+        Some(e2)
+    );
     let (_, metrics) = f.text("/metrics").await;
     for line in [
         "palisade_resource_writes_accepted_total 2",
@@ -268,7 +277,7 @@ async fn p2_activated_store_rejects_the_old_owner_once_the_new_one_activates() {
     );
     assert_eq!(
         f.activate("job", &t1).await,
-        (StatusCode::OK, json!({"fence": e1}))
+        (StatusCode::OK, json!({"fence": e1.to_string()}))
     );
     assert_eq!(
         f.put("job/k", Some(&t1), None, b"a".to_vec()).await.0,
@@ -281,11 +290,11 @@ async fn p2_activated_store_rejects_the_old_owner_once_the_new_one_activates() {
     let (e2, t2, _) = f.acquire("job", Some(lease1)).await;
     assert_eq!(
         f.activate("job", &t2).await,
-        (StatusCode::OK, json!({"fence": e2}))
+        (StatusCode::OK, json!({"fence": e2.to_string()}))
     );
     let (status, body) = f.put("job/k", Some(&t1), None, b"late".to_vec()).await;
     assert_eq!(
-        (status, body["fence"].as_u64()),
+        (status, palisade_core::json::read(&body["fence"])),
         (StatusCode::CONFLICT, Some(e2))
     );
     assert_eq!(f.get("job/k").await.2, b"b".to_vec());
@@ -309,7 +318,7 @@ async fn sequenced_store_needs_seq_and_answers_replays_with_the_recorded_outcome
         first,
         (
             StatusCode::OK,
-            json!({"accepted": true, "epoch": e1, "seq": 1})
+            json!({"accepted": true, "epoch": e1.to_string(), "seq": 1})
         )
     );
     let replay = f.put("seq/k", Some(&t1), Some(1), b"x".to_vec()).await;

@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_core::clock::{self, WallClock};
 use palisade_core::{
-    AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseId, LeaseTable,
+    AcquireOutcome, AcquireRequest, Changes, Epoch, Event, Lease, LeaseError, LeaseId, LeaseTable,
     LockName, LockSummary, Principal, WaiterId,
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -233,6 +234,7 @@ pub fn start<S: LeaseStore>(
     store: S,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
+    clock: Arc<dyn WallClock>,
 ) -> Result<
     (
         CoordinatorHandle,
@@ -241,16 +243,23 @@ pub fn start<S: LeaseStore>(
     StoreError,
 > {
     let (transitions, _) = broadcast::channel(WATCH_BUFFER);
-    start_with(store, metrics, shutdown, transitions)
+    start_with(store, metrics, shutdown, transitions, clock)
 }
 
 /// [`start`], publishing transitions on an existing channel (a cluster member starts a new
 /// engine each time it becomes leader; its watchers stay subscribed to the same channel).
+///
+/// The epoch counter starts at the clock floor when the stored one is lower
+/// ([`palisade_core::clock`]): whatever the store holds — a volume put back from a snapshot,
+/// a cluster whose every member was — the next epoch is above every epoch acknowledged
+/// before. A stored counter further ahead of `clock` than the engine would wait
+/// ([`clock::MAX_CLOCK_WAIT_MS`]) is refused: the clock was stepped back.
 pub fn start_with<S: LeaseStore>(
     store: S,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
     transitions: broadcast::Sender<Transition>,
+    clock: Arc<dyn WallClock>,
 ) -> Result<
     (
         CoordinatorHandle,
@@ -260,12 +269,23 @@ pub fn start_with<S: LeaseStore>(
 > {
     let durable = store.load()?;
     let start = Instant::now();
+    let now_ms = clock.now_ms();
+    let behind_ms = clock::wait_ms(durable.last_epoch.0, now_ms);
+    if behind_ms > clock::MAX_CLOCK_WAIT_MS {
+        return Err(StoreError::ClockBehind {
+            behind_ms,
+            counter: durable.last_epoch.0,
+        });
+    }
     let mut table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
     table.set_lease_secret(crate::cluster::runtime::lease_secret());
+    table.raise_epoch_floor(Epoch(clock::floor_at(now_ms)));
     tracing::info!(
+        stored_epoch = %durable.last_epoch,
         last_epoch = %table.last_epoch(),
         leases = table.lease_count(),
-        "loaded durable state; every lease restarts at its full TTL"
+        "loaded durable state; every lease restarts at its full TTL, and the epoch counter \
+         starts at least at the clock floor"
     );
     let (requests, receiver) = mpsc::channel(REQUEST_QUEUE_CAPACITY);
     let ready = Arc::new(AtomicBool::new(true));
@@ -279,7 +299,9 @@ pub fn start_with<S: LeaseStore>(
     // thread (the engine would wake it, then be woken by it).
     let own_thread = store.dedicated_thread();
     let engine = Engine {
+        committed_epoch: durable.last_epoch,
         table,
+        clock,
         store: Some(store),
         own_thread,
         waiting: HashMap::new(),
@@ -321,8 +343,83 @@ fn spawn_on_own_thread(
     }))
 }
 
+/// Waits until the wall clock has passed `counter`'s ceiling ([`clock::issuable`]), so
+/// that no start after this commit can floor the counter at or below an epoch it
+/// acknowledges. Right after a start that is under a millisecond; after a clock step back
+/// or a leader change to a member whose clock runs behind, as long as the step (at most
+/// [`clock::MAX_CLOCK_WAIT_MS`], after which the commit is refused).
+async fn wait_for_clock(
+    clock: Arc<dyn WallClock>,
+    metrics: Arc<Metrics>,
+    counter: Epoch,
+) -> Result<(), StoreError> {
+    loop {
+        let behind_ms = clock::wait_ms(counter.0, clock.now_ms());
+        if behind_ms == 0 {
+            return Ok(());
+        }
+        if behind_ms > clock::MAX_CLOCK_WAIT_MS {
+            return Err(StoreError::ClockBehind {
+                behind_ms,
+                counter: counter.0,
+            });
+        }
+        if behind_ms > 1 {
+            tracing::warn!(
+                behind_ms,
+                counter = counter.0,
+                "the wall clock is behind the epoch counter; waiting for it before issuing"
+            );
+            metrics.clock_waits.inc();
+        }
+        tokio::time::sleep(Duration::from_millis(behind_ms)).await;
+    }
+}
+
+/// A wall clock that follows tokio's clock from a chosen starting time, and can be stepped:
+/// under a paused runtime (tests, the cluster simulation) its time moves exactly as the
+/// runtime's does, so every run is deterministic, and a test steps it back or forward to see
+/// what the engine does with a clock that jumps ([`palisade_core::clock`]).
+#[derive(Debug)]
+pub struct SteppableClock {
+    origin: Instant,
+    origin_ms: u64,
+    /// Milliseconds added to (or, negative, taken from) the clock's reading.
+    step_ms: std::sync::atomic::AtomicI64,
+}
+
+impl SteppableClock {
+    /// A clock that reads `origin_ms` now and moves on with tokio's clock.
+    pub fn starting_at(origin_ms: u64) -> Self {
+        Self {
+            origin: Instant::now(),
+            origin_ms,
+            step_ms: std::sync::atomic::AtomicI64::new(0),
+        }
+    }
+
+    /// Steps the clock by `ms` (negative: back), as an operator or NTP stepping it would.
+    pub fn step(&self, ms: i64) {
+        self.step_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl WallClock for SteppableClock {
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_ms
+            .saturating_add(elapsed)
+            .saturating_add_signed(self.step_ms.load(Ordering::SeqCst))
+    }
+}
+
 struct Engine<S> {
     table: LeaseTable,
+    /// The wall clock the epochs' floor and ceiling are read from ([`palisade_core::clock`]).
+    clock: Arc<dyn WallClock>,
+    /// The epoch counter as last made durable: a commit that raises it past this waits for
+    /// the clock first.
+    committed_epoch: Epoch,
     /// The store; `None` only while a commit runs on a blocking thread.
     store: Option<S>,
     /// The engine runs on a thread of its own: a blocking commit runs inline.
@@ -340,30 +437,24 @@ struct Engine<S> {
 impl<S: LeaseStore> Engine<S> {
     async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), StoreError> {
         let mut batch = Vec::new();
-        let result = loop {
-            let mut deadline = self.table.next_deadline().map(|ms| self.instant_of(ms));
-            if !self.waiting.is_empty() {
-                let sweep = Instant::now() + ABANDONED_WAITER_SWEEP;
-                deadline = Some(deadline.map_or(sweep, |d| d.min(sweep)));
+        // The counter starts at the clock's floor (or above): let the clock pass it once, here
+        // (a millisecond), rather than in the first commit that issues an epoch.
+        let floor = self.table.last_epoch();
+        let waited = tokio::select! {
+            biased;
+            () = shutdown_requested(&mut shutdown) => None,
+            waited = wait_for_clock(self.clock.clone(), self.metrics.clone(), floor) => Some(waited),
+        };
+        let result = match waited {
+            None => Ok(()),
+            Some(Ok(())) => {
+                // Restored leases run their full TTL from when this engine begins deciding.
+                self.start = Instant::now();
+                self.serve(&mut batch, &mut shutdown).await
             }
-            tokio::select! {
-                biased;
-                () = shutdown_requested(&mut shutdown) => break Ok(()),
-                received = self.receiver.recv() => match received {
-                    Some(request) => batch.push(request),
-                    None => break Ok(()),
-                },
-                () = sleep_until_optional(deadline) => {}
-            }
-            while batch.len() < MAX_BATCH {
-                match self.receiver.try_recv() {
-                    Ok(request) => batch.push(request),
-                    Err(_) => break,
-                }
-            }
-            if let Err(error) = self.process(std::mem::take(&mut batch)).await {
-                tracing::error!(%error, "commit failed; this engine stops deciding");
-                break Err(error);
+            Some(Err(error)) => {
+                tracing::error!(%error, "this engine does not start deciding");
+                Err(error)
             }
         };
         self.ready.store(false, Ordering::Release);
@@ -373,6 +464,40 @@ impl<S: LeaseStore> Engine<S> {
             let _ = reply.send(Err(stopping.clone()));
         }
         result
+    }
+
+    /// Takes batches of requests and processes them until shutdown or a failed commit.
+    async fn serve(
+        &mut self,
+        batch: &mut Vec<Request>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), StoreError> {
+        loop {
+            let mut deadline = self.table.next_deadline().map(|ms| self.instant_of(ms));
+            if !self.waiting.is_empty() {
+                let sweep = Instant::now() + ABANDONED_WAITER_SWEEP;
+                deadline = Some(deadline.map_or(sweep, |d| d.min(sweep)));
+            }
+            tokio::select! {
+                biased;
+                () = shutdown_requested(shutdown) => return Ok(()),
+                received = self.receiver.recv() => match received {
+                    Some(request) => batch.push(request),
+                    None => return Ok(()),
+                },
+                () = sleep_until_optional(deadline) => {}
+            }
+            while batch.len() < MAX_BATCH {
+                match self.receiver.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            if let Err(error) = self.process(std::mem::take(batch)).await {
+                tracing::error!(%error, "commit failed; this engine stops deciding");
+                return Err(error);
+            }
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -404,6 +529,9 @@ impl<S: LeaseStore> Engine<S> {
                     StoreError::Replication(why) => CoordinatorError::Unavailable(format!(
                         "not committed (outcome unknown; retry with the same request id): {why}"
                     )),
+                    StoreError::ClockBehind { .. } => {
+                        CoordinatorError::Unavailable(error.to_string())
+                    }
                     _ => CoordinatorError::Unavailable(format!("storage failed: {error}")),
                 };
                 answers.into_iter().for_each(|a| a.deliver(Some(&failure)));
@@ -432,11 +560,15 @@ impl<S: LeaseStore> Engine<S> {
     /// engine's own thread (a disk), on a blocking thread (a disk, engine on a shared runtime)
     /// or inline (memory).
     async fn commit(&mut self, changes: Changes, batch_size: usize) -> Result<(), StoreError> {
+        if changes.last_epoch > self.committed_epoch {
+            wait_for_clock(self.clock.clone(), self.metrics.clone(), changes.last_epoch).await?;
+        }
         let mut store = self
             .store
             .take()
             .expect("the store is home between commits");
         let started = std::time::Instant::now();
+        let changes_epoch = changes.last_epoch;
         let (store, result) = if let Some(pending) = store.commit_async(&changes) {
             (store, pending.await)
         } else if store.commit_blocks() && !self.own_thread {
@@ -455,6 +587,9 @@ impl<S: LeaseStore> Engine<S> {
             .commit_duration
             .observe(started.elapsed().as_secs_f64());
         self.metrics.commit_batch_size.observe(batch_size as f64);
+        if result.is_ok() {
+            self.committed_epoch = changes_epoch;
+        }
         result
     }
 

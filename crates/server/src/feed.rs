@@ -23,7 +23,8 @@ pub struct FeedEntry {
     pub kind: &'static str,
     /// The lock.
     pub lock: String,
-    /// The lease's epoch.
+    /// The lease's epoch (a decimal string in JSON, [`palisade_core::json`]).
+    #[serde(with = "palisade_core::json::string")]
     pub epoch: u64,
     /// The lease's holder.
     pub holder: String,

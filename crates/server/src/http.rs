@@ -189,6 +189,7 @@ struct AcquireBody {
 #[derive(Serialize)]
 struct AcquireReply {
     lock: LockName,
+    #[serde(with = "palisade_core::json::string")]
     epoch: u64,
     lease_id: String,
     ttl_ms: u64,
@@ -202,6 +203,7 @@ struct AcquireReply {
 struct LockReply {
     lock: LockName,
     held: bool,
+    #[serde(with = "palisade_core::json::option_string")]
     epoch: Option<u64>,
     /// Shown only to the lease's principal and to admins: the id is what renews and releases.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -298,7 +300,7 @@ async fn renew(
     Ok(Json(json!({
         "lease_id": lease.id,
         "lock": lease.lock,
-        "epoch": lease.epoch.0,
+        "epoch": palisade_core::json::value(lease.epoch),
         "ttl_ms": lease.ttl_ms,
     })))
 }
@@ -315,7 +317,7 @@ async fn release(
     Ok(Json(json!({
         "lease_id": lease.id,
         "lock": lease.lock,
-        "epoch": lease.epoch.0,
+        "epoch": palisade_core::json::value(lease.epoch),
         "released": true,
     })))
 }

@@ -151,7 +151,7 @@ pub enum ServerError {
     /// The data directory has a signing key but its store is gone: starting would reissue
     /// epochs from 1.
     #[error(
-        "{key} exists but {store} does not: this data directory was used and its store is \
+        "{key} exists but {store} does not (or is empty): this data directory was used and its store is \
          lost; starting would issue epochs again from 1. Restore the store from a backup \
          (palisade restore), or start over in an empty data directory"
     )]
@@ -160,6 +160,20 @@ pub enum ServerError {
         store: String,
         /// The signing key that shows the directory was used.
         key: String,
+    },
+    /// A file that must survive a copy of the data directory put back (the high-water bound,
+    /// a member's witness) would be inside it, so a copy-back would bring it back too.
+    #[error(
+        "{file} would be inside the data directory {data_dir}, so copying the directory back \
+         from an older copy would bring it back too: give the data directory a name of its \
+         own inside a parent (e.g. --data-dir ./palisade-data), or put the file elsewhere \
+         (--high-water-file)"
+    )]
+    SideFileInside {
+        /// The side file.
+        file: String,
+        /// The data directory.
+        data_dir: String,
     },
 }
 
@@ -228,6 +242,17 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
         STORE_FILE
     });
     let key = dir.join(keys::SIGNING_KEY_FILE);
+    // A lease log emptied in place (`truncate -s 0`, a file system that lost its blocks) is as
+    // lost as a removed one: it was created with its header before the key was.
+    let emptied = !cluster
+        && key.exists()
+        && std::fs::metadata(&store).is_ok_and(|m| m.len() < log_store::HEADER_BYTES);
+    if emptied {
+        return Err(ServerError::LostStore {
+            store: format!("{} (emptied)", store.display()),
+            key: key.display().to_string(),
+        });
+    }
     if store.exists() || (!cluster && log_store::exists_in(dir)) {
         return Ok(());
     }
@@ -242,6 +267,26 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
         drop(cluster::storage::open(&store)?);
     } else {
         drop(log_store::open_in(dir)?);
+    }
+    Ok(())
+}
+
+/// Refuses a side file (`DIR.high-water`, `DIR.witness`) whose folder is the data directory or
+/// inside it (`--data-dir .`, `--data-dir sub/..`): it must outlive a copy of the directory.
+fn refuse_side_file_inside(dir: &Path, side_file: &Path) -> Result<(), ServerError> {
+    let folder = match side_file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => parent.to_owned(),
+        None => PathBuf::from("."),
+    };
+    let (Ok(dir_real), Ok(folder_real)) = (dir.canonicalize(), folder.canonicalize()) else {
+        // A folder that does not exist yet cannot be inside an existing directory.
+        return Ok(());
+    };
+    if folder_real.starts_with(&dir_real) {
+        return Err(ServerError::SideFileInside {
+            file: side_file.display().to_string(),
+            data_dir: dir.display().to_string(),
+        });
     }
     Ok(())
 }
@@ -280,6 +325,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     )?;
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
+    let side_file = match &config.cluster {
+        None => config
+            .high_water
+            .clone()
+            .unwrap_or_else(|| high_water::default_path(dir)),
+        Some(_) => cluster::witness::default_path(dir),
+    };
+    refuse_side_file_inside(dir, &side_file)?;
     create_store_before_key(dir, config.cluster.is_some())?;
     let signer = Arc::new(keys::load_or_create_signer(dir)?);
     let metrics = Arc::new(Metrics::new());
@@ -378,8 +431,13 @@ fn start_single(
     }
     let store = high_water::Witnessed::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
-    let (handle, engine) =
-        engine::start_with(store, metrics.clone(), shutdown_signal, transitions.clone())?;
+    let (handle, engine) = engine::start_with(
+        store,
+        metrics.clone(),
+        shutdown_signal,
+        transitions.clone(),
+        Arc::new(palisade_core::clock::SystemClock),
+    )?;
     let api = Api {
         coordinator: Gateway::fixed(handle, transitions),
         signer,

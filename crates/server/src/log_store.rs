@@ -53,7 +53,8 @@ use crate::store::{
 const MAGIC: &[u8; 16] = b"palisade-leases\0";
 /// Version of the log's layout; a file of another version is refused.
 pub const FORMAT_VERSION: u32 = 1;
-const HEADER_BYTES: u64 = 32;
+/// The file's header: its format, written and synced when the file is created.
+pub const HEADER_BYTES: u64 = 32;
 const RECORD_HEADER_BYTES: u64 = 20;
 /// Greatest payload of one record (a commit of [`crate::engine::MAX_BATCH`] changes is far
 /// below it; a snapshot of every live lease must fit too).

@@ -70,6 +70,9 @@ pub struct Metrics {
     pub commit_duration: Histogram,
     /// fdatasync/fsync calls made by a single node's lease log.
     pub store_syncs: Counter,
+    /// Commits that waited for the wall clock to pass the epoch counter (a clock stepped back,
+    /// or a leader whose clock runs behind the previous leader's).
+    pub clock_waits: Counter,
     /// CPU time (user + system) of this process, in seconds; read at every scrape.
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
     /// The CPU seconds already added to `process_cpu`.
@@ -113,6 +116,7 @@ impl Metrics {
             commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             commit_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
             store_syncs: Counter::default(),
+            clock_waits: Counter::default(),
             process_cpu: Counter::default(),
             process_cpu_seen: std::sync::Mutex::new(0.0),
             acquires_refused: Family::default(),
@@ -187,6 +191,11 @@ impl Metrics {
             "store_syncs",
             "fdatasync and fsync calls of a single node's lease log",
             metrics.store_syncs.clone(),
+        );
+        r.register(
+            "clock_waits",
+            "Commits that waited for the wall clock to pass the epoch counter",
+            metrics.clock_waits.clone(),
         );
         r.register(
             "process_cpu_seconds",

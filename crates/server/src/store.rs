@@ -43,6 +43,21 @@ pub enum StoreError {
     /// timed out). It may still commit later; it was not acknowledged.
     #[error("replication: {0}")]
     Replication(String),
+    /// The wall clock is behind the epoch counter by more than the engine waits
+    /// (`palisade_core::clock::MAX_CLOCK_WAIT_MS`): issuing now could put an epoch above a
+    /// later start's clock floor, so nothing is issued until the clock is fixed.
+    #[error(
+        "the wall clock is {behind_ms} ms behind the epoch counter {counter} (stepped back, \
+         or far behind the clock of the member that issued it); no epoch is issued until the \
+         clock is right (check NTP), since an epoch issued now could be issued again after a \
+         restart"
+    )]
+    ClockBehind {
+        /// How far the clock must move before the counter's epochs may be issued.
+        behind_ms: u64,
+        /// The epoch counter.
+        counter: u64,
+    },
 }
 
 macro_rules! storage_error {
@@ -128,6 +143,18 @@ pub type PendingCommit =
 #[derive(Debug, Clone, Default)]
 pub struct MemoryLeaseStore {
     state: std::sync::Arc<std::sync::Mutex<DurableState>>,
+}
+
+impl MemoryLeaseStore {
+    /// A store of its own holding a copy of this one's state now: a snapshot of the volume,
+    /// to be put back later (tests of rollback).
+    pub fn snapshot(&self) -> Self {
+        Self {
+            state: std::sync::Arc::new(std::sync::Mutex::new(
+                self.state.lock().expect("not poisoned").clone(),
+            )),
+        }
+    }
 }
 
 impl LeaseStore for MemoryLeaseStore {

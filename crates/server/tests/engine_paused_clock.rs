@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_core::clock::{floor_at, MAX_CLOCK_WAIT_MS};
 use palisade_core::{AcquireRequest, Epoch, HolderId, LeaseError, LockClass, LockName};
-use palisade_server::engine::{self, CoordinatorError, CoordinatorHandle};
+use palisade_server::engine::{self, CoordinatorError, CoordinatorHandle, SteppableClock};
 use palisade_server::metrics::Metrics;
 use palisade_server::store::{LeaseStore, MemoryLeaseStore};
 use tokio::sync::watch;
@@ -30,10 +31,25 @@ struct Running {
     task: tokio::task::JoinHandle<Result<(), palisade_server::store::StoreError>>,
 }
 
+/// The wall clock's reading when a test starts (2027).
+const T0_MS: u64 = 1_800_000_000_000;
+
 fn start(store: &MemoryLeaseStore) -> Running {
+    start_with_clock(store, &Arc::new(SteppableClock::starting_at(T0_MS))).unwrap()
+}
+
+fn start_with_clock(
+    store: &MemoryLeaseStore,
+    clock: &Arc<SteppableClock>,
+) -> Result<Running, palisade_server::store::StoreError> {
     let (stop, signal) = watch::channel(false);
-    let (handle, task) = engine::start(store.clone(), Arc::new(Metrics::new()), signal).unwrap();
-    Running { handle, stop, task }
+    let (handle, task) = engine::start(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        signal,
+        clock.clone(),
+    )?;
+    Ok(Running { handle, stop, task })
 }
 
 impl Running {
@@ -163,7 +179,8 @@ async fn an_abandoned_wait_does_not_receive_the_lock() {
 #[tokio::test(start_paused = true)]
 async fn p1_p8_a_restart_keeps_acknowledged_state_and_restarts_ttls_in_full() {
     let store = MemoryLeaseStore::default();
-    let running = start(&store);
+    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
+    let running = start_with_clock(&store, &clock).unwrap();
     let kept = running
         .handle
         .acquire(request("r/1", "a", 1_000, 0))
@@ -177,8 +194,9 @@ async fn p1_p8_a_restart_keeps_acknowledged_state_and_restarts_ttls_in_full() {
     running.handle.release(released.id, None).await.unwrap();
     sleep(Duration::from_millis(900)).await;
     running.stop().await;
+    let clock_at_restart = palisade_core::clock::WallClock::now_ms(&*clock);
 
-    let restarted = start(&store).handle;
+    let restarted = start_with_clock(&store, &clock).unwrap().handle;
     // The acknowledged release stays released; the held lease is back with a full TTL.
     assert!(restarted
         .describe(released.lock.clone())
@@ -195,7 +213,8 @@ async fn p1_p8_a_restart_keeps_acknowledged_state_and_restarts_ttls_in_full() {
         .unwrap();
     assert!(next.epoch > released.epoch && next.epoch > kept.epoch);
     assert_eq!(store.load().unwrap().last_epoch, next.epoch);
-    assert_eq!(next.epoch, Epoch(3));
+    // The restart floored the counter at the clock (the store's counter was below it).
+    assert_eq!(next.epoch, Epoch(floor_at(clock_at_restart) + 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -227,4 +246,118 @@ async fn stopping_answers_waiters_with_unavailable() {
         handle.acquire(request("r/3", "c", 1_000, 0)).await,
         Err(CoordinatorError::Unavailable(_))
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn p1_p6_a_store_put_back_to_an_older_snapshot_never_reissues_an_epoch() {
+    let store = MemoryLeaseStore::default();
+    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
+    let running = start_with_clock(&store, &clock).unwrap();
+    running
+        .handle
+        .acquire(request("r/1", "a", 1_000, 0))
+        .await
+        .unwrap();
+    // The whole volume is snapshotted here (a VM or disk snapshot: nothing beside it
+    // survives either, so only the clock can tell what happened after).
+    let snapshot = store.snapshot();
+    let mut issued = Vec::new();
+    for n in 0..20 {
+        let lock = format!("r/{}", n % 3 + 2);
+        let lease = running
+            .handle
+            .acquire(request(&lock, "b", 1_000, 0))
+            .await
+            .unwrap();
+        running.handle.release(lease.id, None).await.unwrap();
+        issued.push(lease.epoch);
+    }
+    running.stop().await;
+    sleep(Duration::from_millis(50)).await;
+    // The snapshot is put back and started: every epoch after it is above all 20.
+    let restored = start_with_clock(&snapshot, &clock).unwrap();
+    let highest = *issued.iter().max().unwrap();
+    for n in 0..5 {
+        let lease = restored
+            .handle
+            .acquire(request(&format!("r/{}", n + 2), "c", 1_000, 0))
+            .await
+            .unwrap();
+        assert!(
+            lease.epoch > highest,
+            "{} reissued (<= {highest})",
+            lease.epoch
+        );
+        assert!(!issued.contains(&lease.epoch));
+    }
+    restored.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn p1_p6_a_clock_stepped_back_a_little_is_waited_out_never_issued_below() {
+    let store = MemoryLeaseStore::default();
+    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
+    let running = start_with_clock(&store, &clock).unwrap();
+    let first = running
+        .handle
+        .acquire(request("r/1", "a", 60_000, 0))
+        .await
+        .unwrap();
+    clock.step(-2_000);
+    let before = tokio::time::Instant::now();
+    let second = running
+        .handle
+        .acquire(request("r/2", "a", 60_000, 0))
+        .await
+        .unwrap();
+    // The engine waited for the clock to pass the counter before it issued.
+    assert!(before.elapsed() >= Duration::from_millis(1_999));
+    assert!(second.epoch > first.epoch);
+    let now = palisade_core::clock::WallClock::now_ms(&*clock);
+    assert!(palisade_core::clock::issuable(second.epoch.0, now));
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn p1_p6_a_clock_stepped_back_far_stops_issuing_and_refuses_to_start() {
+    let store = MemoryLeaseStore::default();
+    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
+    let running = start_with_clock(&store, &clock).unwrap();
+    let first = running
+        .handle
+        .acquire(request("r/1", "a", 60_000, 0))
+        .await
+        .unwrap();
+    let step = i64::try_from(MAX_CLOCK_WAIT_MS).unwrap() + 10_000;
+    clock.step(-step);
+    // Renewing issues no epoch: it is not held up by the clock.
+    running.handle.renew(first.id, None).await.unwrap();
+    let refused = running.handle.acquire(request("r/2", "a", 1_000, 0)).await;
+    assert!(
+        matches!(&refused, Err(CoordinatorError::Unavailable(why)) if why.contains("clock")),
+        "{refused:?}"
+    );
+    let stopped = running.task.await.unwrap();
+    assert!(
+        matches!(
+            stopped,
+            Err(palisade_server::store::StoreError::ClockBehind { .. })
+        ),
+        "{stopped:?}"
+    );
+    // Nothing above the clock was made durable, and a start with the clock still behind the
+    // stored counter is refused, naming the clock.
+    assert_eq!(store.load().unwrap().last_epoch, first.epoch);
+    let error = start_with_clock(&store, &clock).err().unwrap();
+    assert!(error.to_string().contains("NTP"), "{error}");
+    // Once the clock is right again, the coordinator starts and issues above.
+    clock.step(step);
+    let again = start_with_clock(&store, &clock).unwrap();
+    let next = again
+        .handle
+        .acquire(request("r/2", "a", 1_000, 0))
+        .await
+        .unwrap();
+    assert!(next.epoch > first.epoch);
+    again.stop().await;
 }

@@ -214,7 +214,7 @@ async fn grant_epoch(http: &reqwest::Client, base: &str) -> u64 {
         .json()
         .await
         .unwrap();
-    let epoch = granted["epoch"].as_u64().expect("a grant");
+    let epoch = palisade_core::json::read(&granted["epoch"]).expect("a grant");
     let lease = granted["lease_id"].clone();
     let lease = lease
         .as_str()

@@ -24,7 +24,7 @@ fn token(server: &ServerProcess, lock: &str, ttl: &str) -> (u64, String, String)
     assert!(out.status.success(), "{}", stderr(&out));
     let grant: Value = serde_json::from_slice(&out.stdout).unwrap();
     (
-        grant["epoch"].as_u64().unwrap(),
+        palisade_core::json::read(&grant["epoch"]).unwrap(),
         grant["token"].as_str().unwrap().to_owned(),
         grant["lease_id"].as_str().unwrap().to_owned(),
     )
@@ -97,8 +97,6 @@ fn codes(report: &Value) -> Vec<(String, String, String)> {
 #[test]
 fn p1_p5_p6_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
     let dir = tempfile::tempdir().unwrap();
-    // Coordinator A: someone else's signer, trusted by the store by mistake.
-    let other = ServerProcess::start(&dir.path().join("other"));
     let policy = dir.path().join("policy.toml");
     write_policy(&policy, "default_class = \"efficiency\"\n");
     let server = ServerProcess::start_with(
@@ -111,6 +109,9 @@ fn p1_p5_p6_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
         ],
         &dir.path().join("data"),
     );
+    // Coordinator A: someone else's signer, trusted by the store by mistake. Started after
+    // this one, so its clock floor — and every epoch it issues — is above this one's.
+    let other = ServerProcess::start(&dir.path().join("other"));
     // The store trusts both coordinators' keys.
     let keys: Vec<Value> = [&other, &server]
         .iter()
@@ -246,7 +247,10 @@ boundary = {{ kind = "resource", url = "{restored}" }}
         .iter()
         .find(|l| l["lock"] == "report/1")
         .unwrap();
-    assert_eq!(report1["fence"], foreign_epoch);
+    assert_eq!(
+        palisade_core::json::read(&report1["fence"]),
+        Some(foreign_epoch)
+    );
     assert_eq!(report1["stale_rejections"], 1, "{report1}");
 
     // For people: the findings, most severe first.

@@ -161,7 +161,10 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     );
     // ... and a new grant is above every acknowledged epoch (P1).
     let b = acquire("cluster/b", "req-b");
-    assert!(b["epoch"].as_u64() > a["epoch"].as_u64(), "{a} then {b}");
+    assert!(
+        palisade_core::json::read(&b["epoch"]) > palisade_core::json::read(&a["epoch"]),
+        "{a} then {b}"
+    );
     let (second_leader, _) = leader(&endpoints);
     assert_ne!(second_leader, first_leader);
 
@@ -190,7 +193,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     );
     nodes[first_leader as usize - 1] = Some(start(first_leader, &cluster, &killed_dir));
     let c = acquire("cluster/c", "req-c");
-    assert!(c["epoch"].as_u64() > b["epoch"].as_u64());
+    assert!(palisade_core::json::read(&c["epoch"]) > palisade_core::json::read(&b["epoch"]));
     drop(nodes); // kills the members
 }
 
@@ -402,7 +405,9 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
     let show = json(&cli(&["lock", "show", "wiped/a", "--json"], endpoints));
     assert_eq!(show["epoch"], granted["epoch"]);
     let next = json(&cli(&["lock", "acquire", "wiped/c", "--json"], endpoints));
-    assert!(next["epoch"].as_u64() > granted["epoch"].as_u64());
+    assert!(
+        palisade_core::json::read(&next["epoch"]) > palisade_core::json::read(&granted["epoch"])
+    );
     drop(nodes);
 }
 
@@ -456,7 +461,8 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
             &["lock", "acquire", lock, "--json", "--ttl", "60s"],
             endpoints,
         ))["epoch"]
-            .as_u64()
+            .as_str()
+            .and_then(|e| e.parse::<u64>().ok())
             .unwrap()
     };
     let mut issued = Vec::new();
@@ -472,7 +478,10 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     );
     let taken = json(&out);
     assert_eq!(taken["mode"], "cluster", "{taken}");
-    assert_eq!(taken["last_epoch"].as_u64(), issued.last().copied());
+    assert_eq!(
+        palisade_core::json::read(&taken["last_epoch"]),
+        issued.last().copied()
+    );
     for node in &mut nodes {
         assert!(node.terminate().success());
     }
@@ -538,11 +547,12 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     let endpoint = layout.endpoint(1);
     leader(&endpoint);
     let next = json(&cli(&["lock", "acquire", "copied/a", "--json"], &endpoint))["epoch"]
-        .as_u64()
+        .as_str()
+        .and_then(|e| e.parse::<u64>().ok())
         .unwrap();
     let highest = *issued.iter().max().unwrap();
     assert!(next > highest, "epoch {next} is not above {highest}");
-    assert!(next > record["counter"].as_u64().unwrap());
+    assert!(next > palisade_core::json::read(&record["counter"]).unwrap());
     // A second member joins it empty and learns the counter.
     let two = format!("{alone},2=127.0.0.1:{}", layout.ports[1]);
     let mut joiner = Command::new(BINARY)
@@ -560,7 +570,8 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     json(&cli(&["cluster", "add", "2", &addr2, "--json"], &endpoint));
     let both = format!("{endpoint},{}", layout.endpoint(2));
     let after = json(&cli(&["lock", "acquire", "copied/c", "--json"], &both))["epoch"]
-        .as_u64()
+        .as_str()
+        .and_then(|e| e.parse::<u64>().ok())
         .unwrap();
     assert!(after > next);
     joiner.kill().unwrap();

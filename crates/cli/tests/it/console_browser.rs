@@ -112,7 +112,10 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
         &server,
         &["report/7", "--ttl", "1h", "--holder", "worker-b"],
     );
-    let (a_epoch, b_epoch) = (a["epoch"].as_u64().unwrap(), b["epoch"].as_u64().unwrap());
+    let (a_epoch, b_epoch) = (
+        palisade_core::json::read(&a["epoch"]).unwrap(),
+        palisade_core::json::read(&b["epoch"]).unwrap(),
+    );
     assert!(b_epoch > a_epoch);
     let out = store.cli(&[
         "put",

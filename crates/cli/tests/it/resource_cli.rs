@@ -16,7 +16,7 @@ fn acquire(coordinator: &ServerProcess, lock: &str) -> (u64, String, String) {
     let grant: Value = serde_json::from_slice(&output.stdout).unwrap();
     let token = grant["token"].as_str().unwrap().to_owned();
     (
-        grant["epoch"].as_u64().unwrap(),
+        palisade_core::json::read(&grant["epoch"]).unwrap(),
         token,
         grant["lease_id"].as_str().unwrap().to_owned(),
     )
@@ -51,7 +51,7 @@ fn p2_p8_the_stale_owner_is_refused_and_accepted_writes_survive_kill_9() {
     assert!(e2 > e1);
     let activated = store.cli(&["activate", "report/7", "--token", &new, "--json"]);
     let fence: Value = serde_json::from_slice(&activated.stdout).unwrap();
-    assert_eq!(fence["fence"], e2);
+    assert_eq!(palisade_core::json::read(&fence["fence"]), Some(e2));
     let stale = store.cli(&["put", "report/7", "summary", "late A", "--token", &old]);
     assert_eq!(stale.status.code(), Some(5));
     assert!(String::from_utf8_lossy(&stale.stderr).contains("stale_epoch"));
@@ -65,7 +65,10 @@ fn p2_p8_the_stale_owner_is_refused_and_accepted_writes_survive_kill_9() {
     let read = store.cli(&["get", "report/7", "summary", "--json"]);
     let value: Value = serde_json::from_slice(&read.stdout).unwrap();
     assert_eq!(
-        (value["value"].as_str(), value["epoch"].as_u64()),
+        (
+            value["value"].as_str(),
+            palisade_core::json::read(&value["epoch"])
+        ),
         (Some("from B"), Some(e2))
     );
     // The fence survived too: the old owner is still out.

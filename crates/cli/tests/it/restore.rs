@@ -30,8 +30,9 @@ fn cycle(server: &ServerProcess, lock: &str) -> Value {
     grant
 }
 
+/// A grant's epoch: a decimal string in JSON, since epochs pass 2^53 (`palisade_core::json`).
 fn epoch(grant: &Value) -> u64 {
-    grant["epoch"].as_u64().unwrap()
+    grant["epoch"].as_str().unwrap().parse().unwrap()
 }
 
 #[test]
@@ -92,7 +93,10 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
     let out = coordinator.cli(&["backup", "--out", backup.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let taken: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(taken["last_epoch"].as_u64(), Some(epoch(&early)));
+    assert_eq!(
+        palisade_core::json::read(&taken["last_epoch"]),
+        Some(epoch(&early))
+    );
     let mut last = early.clone();
     for _ in 0..3 {
         last = cycle(&coordinator, "orders/1");
@@ -138,8 +142,12 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
     let out = restore(&backup, &second, &["--floor-from", &store.url]);
     assert!(out.status.success(), "{}", stderr(&out));
     let record: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(record["floor"].as_u64(), Some(epoch(&last)), "{record}");
-    let counter = record["counter"].as_u64().unwrap();
+    assert_eq!(
+        palisade_core::json::read(&record["floor"]),
+        Some(epoch(&last)),
+        "{record}"
+    );
+    let counter = palisade_core::json::read(&record["counter"]).unwrap();
     assert!(counter > epoch(&last));
 
     // The restored coordinator (same address: the store trusts its keys from there) starts
@@ -167,7 +175,10 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let again: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(again["counter"].as_u64().unwrap() > epoch(&next), "{again}");
+    assert!(
+        palisade_core::json::read(&again["counter"]).unwrap() > epoch(&next),
+        "{again}"
+    );
     // And into a directory that holds a coordinator: refused.
     let out = restore(&backup, &second, &[]);
     assert!(stderr(&out).contains("already holds"), "{}", stderr(&out));
@@ -196,7 +207,10 @@ fn an_offline_backup_needs_a_stopped_single_node() {
     let out = backup(file.to_str().unwrap());
     assert!(out.status.success(), "{}", stderr(&out));
     let taken: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(taken["last_epoch"].as_u64(), Some(epoch(&granted)));
+    assert_eq!(
+        palisade_core::json::read(&taken["last_epoch"]),
+        Some(epoch(&granted))
+    );
     assert_eq!(taken["taken"], "offline");
 }
 
@@ -265,10 +279,16 @@ fn p6_a_copied_back_store_writes_nothing_until_resource_restore_then_refuses_old
     let out = restore();
     assert!(out.status.success(), "{}", stderr(&out));
     let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let floor = applied["floor"].as_u64().unwrap();
+    let floor = palisade_core::json::read(&applied["floor"]).unwrap();
     assert!(floor > epoch(&new), "{applied}");
-    assert_eq!(applied["highest_before"].as_u64(), Some(epoch(&old)));
-    assert_eq!(applied["witness_saw"].as_u64(), Some(epoch(&new)));
+    assert_eq!(
+        palisade_core::json::read(&applied["highest_before"]),
+        Some(epoch(&old))
+    );
+    assert_eq!(
+        palisade_core::json::read(&applied["witness_saw"]),
+        Some(epoch(&new))
+    );
 
     // Every token issued before the floor is refused; the next owner writes.
     let store = ResourceProcess::start(&store_dir, "strict", &coordinator.url);
@@ -284,7 +304,10 @@ fn p6_a_copied_back_store_writes_nothing_until_resource_restore_then_refuses_old
     let (status, body) = common::http_request(address, "GET", "/v1/info", None, "");
     assert_eq!(status, 200, "{body}");
     let info: Value = serde_json::from_str(body.rsplit("\r\n\r\n").next().unwrap()).unwrap();
-    assert_eq!(info["restore_floor"].as_u64(), Some(floor));
+    assert_eq!(
+        palisade_core::json::read(&info["restore_floor"]),
+        Some(floor)
+    );
     assert!(info["restore_required"].is_null(), "{info}");
 }
 
@@ -318,7 +341,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     let out = coordinator.cli(&["resource", "restore", "--postgres", &url, "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let floor = applied["floor"].as_u64().unwrap();
+    let floor = palisade_core::json::read(&applied["floor"]).unwrap();
     assert!(floor > epoch(&old), "{applied}");
     assert!(
         !applied["postgres"].as_str().unwrap().contains('@'),
@@ -359,7 +382,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     let out = coordinator.cli(&["resource", "restore", "--postgres", &url, "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let again: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let floor = again["floor"].as_u64().unwrap();
+    let floor = palisade_core::json::read(&again["floor"]).unwrap();
     assert!(floor > epoch(&next));
     // A database ahead of the coordinator (a coordinator restored without --floor-from it):
     // the floor would not cover what the database holds, so the restore is refused.
@@ -396,4 +419,101 @@ async fn connect(url: &str) -> tokio_postgres::Client {
         .unwrap();
     tokio::spawn(connection);
     client
+}
+
+/// A `palisade serve` that must refuse to start: its exit status and stderr.
+fn serve_refused(data: &Path, cwd: &Path) -> String {
+    let out = Command::new(BINARY)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data)
+        .current_dir(cwd)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "started: {}", stderr(&out));
+    stderr(&out)
+}
+
+/// The whole volume — the data directory *and* every file beside it, the high-water bound
+/// included — put back from a snapshot, as a VM, disk or Kubernetes volume snapshot restore
+/// does. Nothing on the volume can tell what was issued after the snapshot; the clock floor
+/// at every start can (P1, P6; `palisade_core::clock`).
+///
+/// Before: epochs 65538–65540 were granted a second time, to new owners, with no warning.
+#[test]
+fn p1_p6_a_whole_volume_put_back_from_a_snapshot_never_issues_an_epoch_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("volume");
+    let snapshot = dir.path().join("snapshot");
+    let data = volume.join("data");
+    std::fs::create_dir_all(&volume).unwrap();
+    let mut issued = Vec::new();
+    let mut server = ServerProcess::start(&data);
+    issued.push(epoch(&cycle(&server, "volume/a")));
+    assert!(server.terminate().success());
+    cp_a(&volume, &snapshot); // the snapshot: data and data.high-water together
+    assert!(snapshot.join("data.high-water").exists());
+
+    for round in 0..3 {
+        let mut server = ServerProcess::start(&data);
+        issued.extend((0..3).map(|_| epoch(&cycle(&server, "volume/a"))));
+        // A clean stop, then a crash: neither may matter.
+        if round % 2 == 0 {
+            assert!(server.terminate().success());
+        } else {
+            server.kill9();
+        }
+        std::fs::remove_dir_all(&volume).unwrap();
+        cp_a(&snapshot, &volume);
+    }
+    let mut server = ServerProcess::start(&data);
+    let next = epoch(&cycle(&server, "volume/a"));
+    assert!(
+        next > *issued.iter().max().unwrap(),
+        "{next} after {issued:?}"
+    );
+    issued.push(next);
+    server.kill9();
+    let mut sorted = issued.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted, issued, "epochs strictly increase: {issued:?}");
+}
+
+/// `--data-dir .` (or any directory that holds its own side files) would carry the
+/// high-water bound inside the directory, so a copy-back would bring it back: refused with
+/// the fix. Before: accepted silently.
+#[test]
+fn p6_a_data_directory_that_would_hold_its_own_side_files_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = serve_refused(Path::new("."), dir.path());
+    assert!(error.contains("inside the data directory"), "{error}");
+    assert!(error.contains("--data-dir ./palisade-data"), "{error}");
+    // Nothing was created there.
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let error = serve_refused(Path::new("sub/.."), dir.path());
+    assert!(error.contains("inside the data directory"), "{error}");
+}
+
+/// A lease log emptied in place (`truncate -s 0`) is refused like a removed one: starting
+/// would issue from an empty state as if nothing had been granted. Before: it started with
+/// no warning.
+#[test]
+fn p8_an_emptied_lease_log_is_refused_like_a_removed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = ServerProcess::start(&data);
+    cycle(&server, "emptied/a");
+    assert!(server.terminate().success());
+    let log = data.join("coordinator.log");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let error = serve_refused(&data, dir.path());
+    assert!(error.contains("(emptied)"), "{error}");
+    assert!(error.contains("palisade restore"), "{error}");
 }

@@ -492,6 +492,7 @@ pub async fn start_member(
         shutdown,
         introducer: Arc::new(network::GrpcIntroducer { tls: peer_tls }),
         floor,
+        clock: Arc::new(palisade_core::clock::SystemClock),
     };
     start.run(network).await
 }
@@ -553,6 +554,9 @@ pub struct MemberStart<'a> {
     /// The epoch counter a restore started this member at (`palisade restore --cluster`; 0:
     /// none): its first entry as leader raises the replicated counter to it.
     pub floor: Epoch,
+    /// The wall clock whose floor every term this member leads starts at
+    /// ([`palisade_core::clock`]).
+    pub clock: Arc<dyn palisade_core::clock::WallClock>,
 }
 
 impl MemberStart<'_> {
@@ -647,6 +651,7 @@ impl MemberStart<'_> {
                 palisade_core::token::encode_public_key(&self.signer.verifying_key()),
             ),
             floor: self.floor,
+            clock: self.clock,
             metrics: self.metrics,
             serving,
             transitions,

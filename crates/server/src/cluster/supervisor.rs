@@ -44,6 +44,11 @@ pub struct Supervisor {
     /// The epoch counter a restore started this member at (0: not restored); every term it
     /// leads starts by raising the replicated counter to it.
     pub floor: palisade_core::Epoch,
+    /// The wall clock: every term this member leads starts by raising the replicated counter
+    /// to its floor, so a cluster whose members' volumes were all put back, or a member put
+    /// back that leads with a lagging peer, issues above every epoch acknowledged before
+    /// ([`palisade_core::clock`]).
+    pub clock: Arc<dyn palisade_core::clock::WallClock>,
     /// Metrics of the engine.
     pub metrics: Arc<Metrics>,
     /// Where the gateway looks.
@@ -326,7 +331,11 @@ impl Supervisor {
             node: self.node_id,
             key_id: self.key.0.clone(),
             public_key: self.key.1.clone(),
-            floor: self.floor,
+            floor: self
+                .floor
+                .max(palisade_core::Epoch(palisade_core::clock::floor_at(
+                    self.clock.now_ms(),
+                ))),
         };
         match tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(barrier)).await {
             Ok(Ok(_)) => {}
@@ -344,6 +353,7 @@ impl Supervisor {
             self.metrics.clone(),
             stop_signal,
             self.transitions.clone(),
+            self.clock.clone(),
         )
         .map_err(|e| ClusterError::Raft(format!("the leader engine: {e}")))?;
         tracing::info!(
