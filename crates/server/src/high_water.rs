@@ -131,7 +131,15 @@ fn parse(text: &str) -> Option<u64> {
 }
 
 fn io_error(path: &Path, error: io::Error) -> StoreError {
-    StoreError::Corrupt(format!("high-water file {}: {error}", path.display()))
+    match StoreError::from_io(error) {
+        StoreError::DiskFull(why) => {
+            StoreError::DiskFull(format!("high-water file {}: {why}", path.display()))
+        }
+        StoreError::Io(error) => {
+            StoreError::Corrupt(format!("high-water file {}: {error}", path.display()))
+        }
+        other => other,
+    }
 }
 
 /// A [`LeaseStore`] whose epochs never pass the high-water bound: it covers each commit's

@@ -91,12 +91,14 @@ pub struct LogLeaseStore {
     /// Counts every fdatasync/fsync made (the coordinator's `palisade_store_syncs_total`).
     syncs: Option<prometheus_client::metrics::counter::Counter>,
     /// Set when a write or sync failed: the file's state is unknown, so nothing more is
-    /// written (the engine stops at the first failed commit anyway).
-    failed: bool,
+    /// written (the engine stops at the first failed commit anyway). Why, for the message.
+    failed: Option<String>,
+    /// Makes a rename durable (fsync of the log's directory); a test swaps in a failing one.
+    sync_dir: fn(&Path) -> io::Result<()>,
 }
 
 fn io_error(error: io::Error) -> StoreError {
-    StoreError::Io(error)
+    StoreError::from_io(error)
 }
 
 fn corrupt(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -116,7 +118,8 @@ impl LogLeaseStore {
             leases: BTreeMap::new(),
             compact_at: COMPACT_AT_BYTES,
             syncs: None,
-            failed: false,
+            failed: None,
+            sync_dir: crate::keys::sync_parent_dir,
         }
     }
 
@@ -232,17 +235,15 @@ impl LogLeaseStore {
         // What follows the last record: zeros, or the remains of one torn write.
         let tail = &bytes[at..];
         let written = tail.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        if let Some(found) = (1..written)
-            .find(|&i| record_at(&bytes[..at + written], at + i, self.next_sequence + 1).is_some())
+        if let Some((found, sequence)) =
+            later_record(&bytes[..at + written], at, self.next_sequence)
         {
             return Err(corrupt(
                 &self.path,
                 format!(
-                    "record {} at byte {at} does not check, and record {} follows it at byte \
-                     {}: the log is damaged (not a torn write), so it is not read short",
+                    "record {} at byte {at} does not check, and record {sequence} follows it at \
+                     byte {found}: the log is damaged (not a torn write), so it is not read short",
                     self.next_sequence,
-                    self.next_sequence + 1,
-                    at + found
                 ),
             ));
         }
@@ -298,9 +299,20 @@ impl LogLeaseStore {
         let file = lock(file, &temporary)?;
         let end = self.initialise(&file, Some(&snapshot))?;
         std::fs::rename(&temporary, &self.path).map_err(io_error)?;
-        crate::keys::sync_parent_dir(&self.path).map_err(io_error)?;
-        self.synced(2);
+        // From here on the log's name is the new file: appending to the old one would
+        // acknowledge commits into a file no name leads to. If the rename cannot be made
+        // durable, which file a crash leaves under the name is unknown: nothing more is
+        // acknowledged (both files hold every commit so far, so a restart finds them all).
+        let durable = (self.sync_dir)(&self.path);
         self.file = file;
+        if let Err(error) = durable {
+            self.failed = Some(format!(
+                "the directory could not be synced after a compaction ({error}): which log a \
+                 crash would leave is unknown"
+            ));
+            return Err(io_error(error));
+        }
+        self.synced(2);
         self.end = end;
         self.capacity = end + PREALLOCATE_BYTES;
         self.next_sequence = 2;
@@ -324,9 +336,9 @@ impl LeaseStore for LogLeaseStore {
     }
 
     fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
-        if self.failed {
+        if let Some(why) = &self.failed {
             return Err(StoreError::Corrupt(format!(
-                "{}: an earlier write failed; reopen the store",
+                "{}: {why}; nothing more is written: restart the coordinator",
                 self.path.display()
             )));
         }
@@ -357,7 +369,7 @@ impl LeaseStore for LogLeaseStore {
         })();
         self.synced(1);
         if let Err(error) = written {
-            self.failed = true;
+            self.failed = Some(format!("a commit failed to write or sync ({error})"));
             return Err(io_error(error));
         }
         self.end = end;
@@ -366,9 +378,15 @@ impl LeaseStore for LogLeaseStore {
         let live = 256 * (self.leases.len() as u64 + 1);
         if self.end > self.compact_at && (self.end > 4 * live || self.end > MAX_FILE_BYTES / 2) {
             if let Err(error) = self.compact() {
-                // The commit is durable in the old log; a failed compaction is retried at the
-                // next commit past the threshold, unless the disk is gone.
-                tracing::warn!(%error, "compacting the lease log failed");
+                // The commit is durable in the old log (and in the new one when the rename
+                // happened). A failed compaction is retried at the next commit past the
+                // threshold — unless it left the store failed, and the next commit refuses.
+                if self.failed.is_some() {
+                    tracing::error!(%error, "compacting the lease log failed after its rename; \
+                        the store accepts no more commits");
+                } else {
+                    tracing::warn!(%error, "compacting the lease log failed");
+                }
             }
         }
         Ok(())
@@ -479,6 +497,21 @@ fn record_at(bytes: &[u8], at: usize, sequence: u64) -> Option<(&[u8], usize)> {
     let start = at + RECORD_HEADER_BYTES as usize;
     let payload = bytes.get(start..start + length)?;
     (checksum(&header[..12], payload) == header[12..20]).then_some((payload, start + length))
+}
+
+/// A record that checks anywhere after `at` with a sequence number above `sequence` (where it
+/// starts, and its sequence): only the last record can be torn, so one that follows a record
+/// that does not check — the next one, or any later one when several in a row were damaged —
+/// means damage.
+fn later_record(bytes: &[u8], at: usize, sequence: u64) -> Option<(usize, u64)> {
+    let last = bytes.len().saturating_sub(RECORD_HEADER_BYTES as usize);
+    (at + 1..=last).find_map(|offset| {
+        let stored = u64::from_le_bytes(bytes[offset + 4..offset + 12].try_into().ok()?);
+        // A later record's sequence is above this one's and at most one per record header.
+        let most = sequence.saturating_add(((offset - at) as u64 / RECORD_HEADER_BYTES) + 1);
+        (stored > sequence && stored <= most && record_at(bytes, offset, stored).is_some())
+            .then_some((offset, stored))
+    })
 }
 
 fn write_zeros(file: &File, from: u64, length: u64) -> io::Result<()> {

@@ -342,3 +342,71 @@ fn p6_an_offline_read_of_an_earlier_versions_store_does_not_migrate_it() {
     assert!(matches!(read_in(dir.path()), Err(StoreError::InUse(_))));
     drop(open);
 }
+
+/// P1/P8: two records in a row damaged, a third intact after them: damage, not a torn write,
+/// so the log is refused. Before, only the record right after the first bad one was looked
+/// for, and both (with everything after them) were zeroed as if torn.
+#[test]
+fn p1_two_damaged_records_in_a_row_are_refused_not_zeroed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    {
+        let mut store = LogLeaseStore::open(&path).unwrap();
+        for epoch in 1..=6 {
+            store.commit(&grant("a", epoch)).unwrap();
+        }
+    }
+    let offsets = record_offsets(&path);
+    write_at(&path, offsets[2] + RECORD_HEADER_BYTES + 3, b"X");
+    write_at(&path, offsets[3] + RECORD_HEADER_BYTES + 3, b"Y");
+    let before = std::fs::read(&path).unwrap();
+    let error = LogLeaseStore::open(&path).err().expect("refused");
+    assert!(error.to_string().contains("not read short"), "{error}");
+    assert!(error.to_string().contains("record 5 follows"), "{error}");
+    // Nothing was zeroed.
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
+fn failing_sync(_: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::other(
+        "injected: fsync of the directory failed",
+    ))
+}
+
+/// P8: a compaction whose rename happened but could not be made durable leaves the store
+/// refusing every later commit (which log a crash would leave is unknown), never appending to
+/// the unlinked old file. Everything committed before is in the log found at the next open.
+/// Before, commits went on into the old, unlinked file and were acknowledged, then lost.
+#[test]
+fn p8_a_compaction_that_cannot_sync_its_directory_stops_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let mut store = LogLeaseStore::open(&path).unwrap();
+    store.compact_at(64 << 10);
+    store.sync_dir = failing_sync;
+    store.commit(&grant("kept", 1)).unwrap();
+    let mut epoch = 1;
+    while store.failed.is_none() && epoch < 200_000 {
+        epoch += 1;
+        store.commit(&grant("churn", epoch)).unwrap();
+    }
+    assert!(store.failed.is_some(), "no compaction after {epoch} epochs");
+    let refused = store.commit(&grant("after", epoch + 1)).unwrap_err();
+    assert!(refused.to_string().contains("compaction"), "{refused}");
+    drop(store);
+    let state = LogLeaseStore::open(&path).unwrap().load().unwrap();
+    assert_eq!(state.last_epoch, Epoch(epoch));
+    assert_eq!(state.leases, vec![lease("churn", epoch), lease("kept", 1)]);
+}
+
+/// A full disk is named as such, never as corruption.
+#[test]
+fn a_full_disk_is_reported_as_full() {
+    let full = StoreError::from_io(std::io::Error::from_raw_os_error(28));
+    assert!(matches!(full, StoreError::DiskFull(_)), "{full}");
+    assert!(full.to_string().contains("disk is full"), "{full}");
+    let quota = StoreError::from_io(std::io::Error::from_raw_os_error(122));
+    assert!(matches!(quota, StoreError::DiskFull(_)), "{quota}");
+    let other = StoreError::from_io(std::io::Error::from_raw_os_error(5));
+    assert!(matches!(other, StoreError::Io(_)), "{other}");
+}

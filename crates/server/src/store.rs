@@ -43,6 +43,10 @@ pub enum StoreError {
     /// timed out). It may still commit later; it was not acknowledged.
     #[error("replication: {0}")]
     Replication(String),
+    /// The disk is full (ENOSPC, or a quota): nothing was lost, but nothing more can be made
+    /// durable until space is freed.
+    #[error("the disk is full: {0}; free space, then restart (nothing acknowledged was lost)")]
+    DiskFull(String),
     /// The wall clock is behind the epoch counter by more than the engine waits
     /// (`palisade_core::clock::MAX_CLOCK_WAIT_MS`): issuing now could put an epoch above a
     /// later start's clock floor, so nothing is issued until the clock is fixed.
@@ -58,6 +62,17 @@ pub enum StoreError {
         /// The epoch counter.
         counter: u64,
     },
+}
+
+impl StoreError {
+    /// An I/O error as the store reports it: a full disk by name, anything else as I/O.
+    pub fn from_io(error: std::io::Error) -> Self {
+        if error.kind() == std::io::ErrorKind::StorageFull || error.raw_os_error() == Some(122) {
+            StoreError::DiskFull(error.to_string())
+        } else {
+            StoreError::Io(error)
+        }
+    }
 }
 
 macro_rules! storage_error {
