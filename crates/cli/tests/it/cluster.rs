@@ -678,3 +678,99 @@ fn p4_a_removed_members_key_is_retired_and_resources_drop_it() {
     assert!(message.contains("invalid_token"), "{message}");
     drop(nodes);
 }
+
+/// P1, P6: every member's whole volume — data directory *and* witness beside it — put back
+/// from a snapshot, as a VM or disk snapshot restore does. Nothing on the volumes can tell
+/// what was issued after the snapshot; every leader's start floors the counter at its clock
+/// (`palisade_core::clock`), so the cluster issues above every epoch acknowledged before.
+/// Then one member put back again (with its witness) while another lags: the two form a
+/// majority without the member that holds the latest history, and still issue above it.
+///
+/// Before: all three started and issued epochs 4, 5, 6 a second time; the second case
+/// granted epochs 10–12 again.
+#[test]
+fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::three();
+    let (cluster, endpoints) = (&layout.cluster, &layout.endpoints);
+    let volume = |id: u64| dir.path().join(format!("volume{id}"));
+    let snapshot = |id: u64| dir.path().join(format!("snapshot{id}"));
+    let data = |id: u64| volume(id).join("data");
+    let acquire = |lock: &str, endpoints: &str| {
+        json(&cli(
+            &["lock", "acquire", lock, "--json", "--ttl", "60s"],
+            endpoints,
+        ))["epoch"]
+            .as_str()
+            .and_then(|e| e.parse::<u64>().ok())
+            .unwrap()
+    };
+    let mut issued = Vec::new();
+    for id in 1..=3 {
+        std::fs::create_dir_all(volume(id)).unwrap();
+    }
+    let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
+    leader(endpoints);
+    issued.push(acquire("volumes/a", endpoints));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for node in &mut nodes {
+        assert!(node.terminate().success());
+    }
+    for id in 1..=3 {
+        cp_a(&volume(id), &snapshot(id));
+        assert!(snapshot(id).join("data.witness").exists());
+    }
+    let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
+    leader(endpoints);
+    for n in 0..3 {
+        issued.push(acquire(&format!("volumes/b{n}"), endpoints));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for node in &mut nodes {
+        assert!(node.terminate().success());
+    }
+    // Every volume put back at once: the members start (their witnesses agree with them).
+    for id in 1..=3 {
+        std::fs::remove_dir_all(volume(id)).unwrap();
+        cp_a(&snapshot(id), &volume(id));
+    }
+    let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
+    leader(endpoints);
+    let highest = *issued.iter().max().unwrap();
+    let next = acquire("volumes/c", endpoints);
+    assert!(
+        next > highest,
+        "epoch {next} issued again or below {highest}"
+    );
+    issued.push(next);
+
+    // Member 3 lags (down) while 1 and 2 grant; then 1 goes down, 2 is put back to its
+    // snapshot (witness included), and 2 + 3 form a majority without 1's history.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(nodes[2].terminate().success());
+    let two = format!("{},{}", layout.endpoint(1), layout.endpoint(2));
+    leader(&two);
+    for n in 0..3 {
+        issued.push(acquire(&format!("volumes/d{n}"), &two));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(nodes[0].terminate().success());
+    assert!(nodes[1].terminate().success());
+    std::fs::remove_dir_all(volume(2)).unwrap();
+    cp_a(&snapshot(2), &volume(2));
+    let _two = start(2, cluster, &data(2));
+    let _three = start(3, cluster, &data(3));
+    let others = format!("{},{}", layout.endpoint(2), layout.endpoint(3));
+    leader(&others);
+    let highest = *issued.iter().max().unwrap();
+    let next = acquire("volumes/e", &others);
+    assert!(
+        next > highest,
+        "epoch {next} issued again or below {highest}"
+    );
+    issued.push(next);
+    let mut sorted = issued.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted, issued, "epochs strictly increase: {issued:?}");
+}
