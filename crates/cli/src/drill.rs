@@ -14,9 +14,10 @@ use crate::output::print_table;
 #[derive(Args)]
 pub struct DrillArgs {
     /// A scenario (stale-process, delayed-delivery, duplicate-token, forged-token, bypass,
-    /// coordinator-failover, restore, resource-restore) or all. For coordinator-failover,
-    /// iterations = leader kills; for the restores, iterations = restores (their orders
-    /// alternate), always on the drill's own embedded store.
+    /// coordinator-failover, restore, resource-restore, rollback, effects) or all. For
+    /// coordinator-failover, iterations = leader kills; for the restores and rollback,
+    /// iterations = restores (their orders alternate), always on the drill's own embedded
+    /// store.
     scenario: String,
     /// `embedded` (stores started by the drill) or a postgres:// URL (the drill creates and
     /// drops its own table there).

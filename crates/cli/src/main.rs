@@ -88,7 +88,8 @@ enum Command {
     #[command(subcommand)]
     Receiver(effects::ReceiverCommand),
     /// Fault drills with real processes: stale-process, delayed-delivery, duplicate-token,
-    /// forged-token, bypass, coordinator-failover, restore, resource-restore, effects, or all.
+    /// forged-token, bypass, coordinator-failover, restore, resource-restore, rollback, effects,
+    /// or all.
     Drill(drill::DrillArgs),
     /// Deterministic simulation: seeds of random pauses, delays, drops, reorders and crashes.
     Simulate(drill::SimulateArgs),

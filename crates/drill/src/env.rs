@@ -53,6 +53,21 @@ impl Service {
     }
 }
 
+impl Service {
+    /// SIGTERM, then waits (at most 10 s, then SIGKILL) for the process to exit: a clean stop.
+    pub(crate) fn terminate(mut self) -> anyhow::Result<()> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        for _ in 0..1_000 {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        anyhow::bail!("the service did not stop within 10 s of SIGTERM")
+    }
+}
+
 impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -82,6 +82,9 @@ pub enum Scenario {
     Restore,
     /// The reference store copied back (and the coordinator restored too, every other time).
     ResourceRestore,
+    /// The coordinator's whole volume — data directory and the high-water file beside it —
+    /// put back from a snapshot (a VM or disk snapshot restore), after a clean stop or a kill -9.
+    Rollback,
     /// External effects through the effects ledger, for each receiver capability: owners
     /// stopped and killed between recording and sending and between sending and recording,
     /// newer owners taking over, a reconciler running throughout (P7).
@@ -90,7 +93,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario built so far, in `drill all` order.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::StaleProcess,
         Scenario::DelayedDelivery,
         Scenario::DuplicateToken,
@@ -99,6 +102,7 @@ impl Scenario {
         Scenario::CoordinatorFailover,
         Scenario::Restore,
         Scenario::ResourceRestore,
+        Scenario::Rollback,
         Scenario::Effects,
     ];
 
@@ -113,6 +117,7 @@ impl Scenario {
             Scenario::CoordinatorFailover => "coordinator-failover",
             Scenario::Restore => "restore",
             Scenario::ResourceRestore => "resource-restore",
+            Scenario::Rollback => "rollback",
             Scenario::Effects => "effects",
         }
     }
@@ -275,6 +280,7 @@ pub async fn run(
         if let Some(kind) = match scenario {
             Scenario::Restore => Some(restore::Kind::Coordinator),
             Scenario::ResourceRestore => Some(restore::Kind::Resource),
+            Scenario::Rollback => Some(restore::Kind::Rollback),
             _ => None,
         } {
             // Its own coordinator and reference store (restored, copied back).

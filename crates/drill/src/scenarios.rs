@@ -35,7 +35,7 @@ pub async fn run_iteration(
         Scenario::CoordinatorFailover => {
             anyhow::bail!("coordinator-failover runs its own cluster (see `failover::run`)")
         }
-        Scenario::Restore | Scenario::ResourceRestore => {
+        Scenario::Restore | Scenario::ResourceRestore | Scenario::Rollback => {
             anyhow::bail!("the restore drills run their own processes (see `restore::run`)")
         }
         Scenario::Effects => {

@@ -52,6 +52,7 @@ fn check_report(report: &Value, resource: &str) {
             "coordinator-failover",
             "restore",
             "resource-restore",
+            "rollback",
             "effects"
         ]
     );
@@ -59,7 +60,7 @@ fn check_report(report: &Value, resource: &str) {
     // stopped right before a send (then resumed late) and one killed after an answer; no
     // duplicate effect, no lost operation, no send the ledger had not recorded, and every
     // operation the superseded owner had not begun refused by the ledger.
-    let effects = &scenarios[8];
+    let effects = &scenarios[9];
     assert_eq!(effects["passed"], true, "{effects}");
     assert_eq!(effects["resource"], resource);
     let capabilities: Vec<&str> = effects["effects"]
@@ -105,6 +106,22 @@ fn check_report(report: &Value, resource: &str) {
             "{restore}"
         );
     }
+    // P1, P6: the coordinator's whole volume (data directory and high-water file) put back
+    // from a snapshot, after a clean stop and after a kill -9: no epoch granted twice, the next
+    // owner wrote, every superseded owner refused (the store saw the newer epochs).
+    let rollback = &scenarios[8];
+    assert_eq!(rollback["passed"], true, "{rollback}");
+    let figures = &rollback["restore"];
+    assert_eq!(figures["orders"]["after-stop"], 1, "{rollback}");
+    assert_eq!(figures["orders"]["after-kill-9"], 1, "{rollback}");
+    assert_eq!(figures["restores"], 2, "{rollback}");
+    assert_eq!(figures["progressed"], 2, "{rollback}");
+    assert_eq!(figures["epochs_reused"], 0, "{rollback}");
+    assert_eq!(figures["obsolete_accepted"], 0, "{rollback}");
+    assert!(
+        figures["obsolete_attempted"].as_u64().unwrap() > 0,
+        "{rollback}"
+    );
     assert!(
         scenarios[7]["restore"]["refused_until_floor"]
             .as_u64()
