@@ -21,7 +21,7 @@ pub use lease_table::{
     AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseTable, LockSummary,
     ReleaseOutcome, WaiterId,
 };
-pub use token::{KeyId, TokenClaims, TokenError, TokenSigner, TokenVerifier};
+pub use token::{FloorClaims, KeyId, TokenClaims, TokenError, TokenSigner, TokenVerifier};
 pub use types::{
     Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, Principal, RequestId,
 };

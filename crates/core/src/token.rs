@@ -29,6 +29,11 @@ use crate::types::{Epoch, HolderId, LockName, Principal};
 
 const TEXT_PREFIX: &str = "pt1.";
 const PAYLOAD_VERSION: u8 = 2;
+/// Text prefix of a floor statement ([`FloorClaims`]).
+const FLOOR_PREFIX: &str = "pf1.";
+/// First byte of a floor statement's payload: never a token's version, so no floor statement
+/// verifies as a token (and no token as a floor statement), whatever its prefix says.
+const FLOOR_PAYLOAD_VERSION: u8 = 0xf1;
 const SIGNATURE_BYTES: usize = 64;
 
 /// The id of a signing key: the first 8 bytes of the SHA-256 of its public key, shown as 16
@@ -254,6 +259,44 @@ impl TokenSigner {
     }
 }
 
+impl TokenSigner {
+    /// Signs a **floor statement** for `lock`: "every owner of `lock` whose epoch is below
+    /// `floor` has been superseded (or its lease has ended)", as of `issued_at_ms`. A
+    /// resource that cannot trust its own memory (its volume may have been put back) refuses
+    /// epochs below it. It grants nothing: it is not a token and never verifies as one.
+    ///
+    /// ```text
+    /// pf1. base64url( 0xf1 ‖ key_id:[u8;8] ‖ floor:u64 ‖ issued_at_ms:u64
+    ///                 ‖ lock_len:u16 ‖ lock ‖ signature:[u8;64] )
+    /// ```
+    pub fn sign_floor(&self, lock: &LockName, floor: Epoch, issued_at_ms: u64) -> String {
+        let mut bytes = vec![FLOOR_PAYLOAD_VERSION];
+        bytes.extend_from_slice(&self.key_id.0);
+        bytes.extend_from_slice(&floor.0.to_be_bytes());
+        bytes.extend_from_slice(&issued_at_ms.to_be_bytes());
+        let lock_bytes = lock.as_str().as_bytes();
+        let lock_len = u16::try_from(lock_bytes.len()).expect("lock names are short");
+        bytes.extend_from_slice(&lock_len.to_be_bytes());
+        bytes.extend_from_slice(lock_bytes);
+        let signature = self.key.sign(&bytes);
+        bytes.extend_from_slice(&signature.to_bytes());
+        format!("{FLOOR_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
+    }
+}
+
+/// What a floor statement says ([`TokenSigner::sign_floor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FloorClaims {
+    /// The key that signed it.
+    pub key_id: KeyId,
+    /// The lock.
+    pub lock: LockName,
+    /// Every owner below this epoch is superseded.
+    pub floor: Epoch,
+    /// When the coordinator made it (ms since the Unix epoch).
+    pub issued_at_ms: u64,
+}
+
 /// Verifies tokens against a set of trusted public keys (several, for rotation).
 #[derive(Debug, Clone, Default)]
 pub struct TokenVerifier {
@@ -321,6 +364,55 @@ impl TokenVerifier {
     }
 }
 
+impl TokenVerifier {
+    /// Verifies a floor statement's signature and that it is about `expected_lock`.
+    pub fn verify_floor(
+        &self,
+        text: &str,
+        expected_lock: &LockName,
+    ) -> Result<FloorClaims, TokenError> {
+        let (payload, signature) = split_signed(text, FLOOR_PREFIX)?;
+        let key_id = peek_key_id(&payload)?;
+        let key = self
+            .keys
+            .get(&key_id)
+            .ok_or(TokenError::UnknownKey(key_id))?;
+        key.verify_strict(&payload, &signature)
+            .map_err(|_| TokenError::BadSignature)?;
+        let mut reader = Reader(&payload);
+        if reader.take(1)? != [FLOOR_PAYLOAD_VERSION] {
+            return Err(TokenError::Malformed("not a floor statement"));
+        }
+        reader.take(8)?;
+        let floor = Epoch(reader.u64()?);
+        let issued_at_ms = reader.u64()?;
+        let lock_len = u16::from_be_bytes(reader.take(2)?.try_into().expect("2 bytes"));
+        let lock = reader.text(lock_len as usize)?;
+        if !reader.0.is_empty() {
+            return Err(TokenError::Malformed("trailing bytes after the claims"));
+        }
+        let lock = LockName::new(lock).map_err(|_| TokenError::Malformed("invalid lock name"))?;
+        if lock != *expected_lock {
+            return Err(TokenError::WrongLock {
+                expected: expected_lock.clone(),
+                actual: lock,
+            });
+        }
+        Ok(FloorClaims {
+            key_id,
+            lock,
+            floor,
+            issued_at_ms,
+        })
+    }
+}
+
+/// The key id a floor statement names, *without* verifying it: only to fetch that key.
+pub fn floor_key_id(text: &str) -> Result<KeyId, TokenError> {
+    let (payload, _) = split_signed(text, FLOOR_PREFIX)?;
+    peek_key_id(&payload)
+}
+
 /// Reads a token's claims *without* verifying it: for display and for choosing which key to
 /// fetch. Never base a decision on the result.
 pub fn decode_unverified(text: &str) -> Result<TokenClaims, TokenError> {
@@ -329,12 +421,16 @@ pub fn decode_unverified(text: &str) -> Result<TokenClaims, TokenError> {
 }
 
 fn split_token(text: &str) -> Result<(Vec<u8>, Signature), TokenError> {
+    split_signed(text, TEXT_PREFIX)
+}
+
+fn split_signed(text: &str, prefix: &str) -> Result<(Vec<u8>, Signature), TokenError> {
     if text.len() > MAX_TOKEN_TEXT_BYTES {
         return Err(TokenError::Malformed("token is longer than 1024 bytes"));
     }
-    let body = text
-        .strip_prefix(TEXT_PREFIX)
-        .ok_or(TokenError::Malformed("token does not start with pt1."))?;
+    let body = text.strip_prefix(prefix).ok_or(TokenError::Malformed(
+        "token does not start with its prefix",
+    ))?;
     let mut bytes = URL_SAFE_NO_PAD
         .decode(body)
         .map_err(|_| TokenError::Malformed("token is not base64url"))?;
@@ -528,5 +624,49 @@ mod tests {
         let key = signer(3).verifying_key();
         assert_eq!(decode_public_key(&encode_public_key(&key)).unwrap(), key);
         assert!(decode_public_key("short").is_err());
+    }
+}
+
+#[cfg(test)]
+mod floor_tests {
+    use super::*;
+
+    #[test]
+    fn p4_a_floor_statement_verifies_for_its_lock_and_never_as_a_token() {
+        let signer = TokenSigner::from_secret_bytes(&[7; 32]);
+        let verifier = TokenVerifier::new([signer.verifying_key()]);
+        let lock = LockName::new("report/7").unwrap();
+        let text = signer.sign_floor(&lock, Epoch(42), 1_800_000_000_000);
+        let claims = verifier.verify_floor(&text, &lock).unwrap();
+        assert_eq!(
+            (claims.floor, claims.lock.as_str()),
+            (Epoch(42), "report/7")
+        );
+        // Another lock's statement, an altered one, an unknown key: refused.
+        let other = LockName::new("report/8").unwrap();
+        assert!(matches!(
+            verifier.verify_floor(&text, &other),
+            Err(TokenError::WrongLock { .. })
+        ));
+        let mut altered = text.clone().into_bytes();
+        let at = altered.len() / 2;
+        altered[at] = if altered[at] == b'A' { b'B' } else { b'A' };
+        let altered = String::from_utf8(altered).unwrap();
+        assert!(verifier.verify_floor(&altered, &lock).is_err());
+        assert!(TokenVerifier::default().verify_floor(&text, &lock).is_err());
+        // Never a token, even re-prefixed; and a token is never a floor statement.
+        assert!(verifier.verify(&text, Some(&lock)).is_err());
+        let swapped = text.replacen("pf1.", "pt1.", 1);
+        assert!(verifier.verify(&swapped, Some(&lock)).is_err());
+        let token = signer.sign(
+            &lock,
+            Epoch(42),
+            &HolderId::new("h").unwrap(),
+            &Principal::anonymous(),
+            1,
+        );
+        assert!(verifier.verify_floor(&token, &lock).is_err());
+        let swapped = token.replacen("pt1.", "pf1.", 1);
+        assert!(verifier.verify_floor(&swapped, &lock).is_err());
     }
 }

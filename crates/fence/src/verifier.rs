@@ -130,7 +130,19 @@ impl Verifier {
         Ok(claims)
     }
 
-    /// True when at least one key is trusted.
+    /// Verifies a coordinator's floor statement for `lock` with the trusted keys.
+    pub fn verify_floor(
+        &self,
+        statement: &str,
+        lock: &LockName,
+    ) -> Result<palisade_core::FloorClaims, TokenError> {
+        self.keys
+            .read()
+            .expect("not poisoned")
+            .verify_floor(statement, lock)
+    }
+
+    /// True once at least one key is trusted.
     pub fn has_any_key(&self) -> bool {
         !self.keys.read().expect("not poisoned").is_empty()
     }

@@ -202,6 +202,51 @@ impl KeyRing {
         }
     }
 
+    /// Asks the coordinator for `lock`'s floor statement (`GET /v1/locks/{lock}/floor`) and
+    /// verifies it with the trusted keys (fetching them first when the statement names an
+    /// unknown key). `None` when the keys come from a file: there is nobody to ask.
+    pub async fn lock_floor(
+        &self,
+        lock: &palisade_core::LockName,
+    ) -> Option<Result<palisade_core::Epoch, String>> {
+        let KeySource::Coordinator(url) = &self.source else {
+            return None;
+        };
+        let url = format!(
+            "{}/v1/locks/{}/floor",
+            url.trim_end_matches('/'),
+            lock.as_str().replace('/', "%2F")
+        );
+        Some(self.fetch_floor(&url, lock).await)
+    }
+
+    async fn fetch_floor(
+        &self,
+        url: &str,
+        lock: &palisade_core::LockName,
+    ) -> Result<palisade_core::Epoch, String> {
+        let body: serde_json::Value = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("GET {url}: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let statement = body["statement"]
+            .as_str()
+            .ok_or_else(|| format!("GET {url}: no floor statement (an older coordinator?)"))?;
+        if let Ok(key_id) = palisade_core::token::floor_key_id(statement) {
+            self.ensure_known(key_id, u64::MAX).await;
+        }
+        self.verifier
+            .verify_floor(statement, lock)
+            .map(|claims| claims.floor)
+            .map_err(|e| format!("the floor statement from {url} does not verify: {e}"))
+    }
+
     /// Fetches and installs the coordinator's keys now; `last` is the held fetch time.
     async fn fetch(&self, last: &mut Option<(Instant, u64)>) -> Result<(), String> {
         let KeySource::Coordinator(url) = &self.source else {

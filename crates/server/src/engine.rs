@@ -36,6 +36,9 @@ pub const MAX_BATCH: usize = 4_096;
 /// Ownership transitions buffered for watchers; a watcher that falls further behind is
 /// disconnected (it can reconnect and read the current state).
 pub const WATCH_BUFFER: usize = 4_096;
+/// Locks whose last granted epoch an engine remembers for floors; past this it forgets them
+/// all and their floors fall back to the counter (safe: a higher floor only refuses more).
+pub const MAX_REMEMBERED_LOCKS: usize = 100_000;
 /// Most locks one `list` returns.
 pub const MAX_LIST: usize = 10_000;
 /// How often, at most, a queued acquire whose client went away (socket closed, request
@@ -136,6 +139,7 @@ enum Request {
     Describe(LockName, Reply<LockSummary>),
     List(usize, Reply<Vec<LockSummary>>),
     Counter(Reply<palisade_core::Epoch>),
+    Floor(LockName, Reply<palisade_core::Epoch>),
 }
 
 /// A cheap, cloneable handle to the engine.
@@ -186,6 +190,14 @@ impl CoordinatorHandle {
     /// it): what a backup records.
     pub async fn epoch_counter(&self) -> Result<palisade_core::Epoch, CoordinatorError> {
         self.call(Request::Counter).await
+    }
+
+    /// The lock's floor: every owner below it is superseded — the held lease's epoch, else
+    /// the last epoch this engine granted for the lock, else (a lock it never granted, or
+    /// forgotten past [`MAX_REMEMBERED_LOCKS`], or granted by an earlier engine) one above
+    /// the counter. Answered after the batch's commit, in one step with the state it reads.
+    pub async fn floor(&self, lock: LockName) -> Result<palisade_core::Epoch, CoordinatorError> {
+        self.call(|reply| Request::Floor(lock, reply)).await
     }
 
     /// Ownership transitions from now on.
@@ -300,6 +312,7 @@ pub fn start_with<S: LeaseStore>(
     let own_thread = store.dedicated_thread();
     let engine = Engine {
         committed_epoch: durable.last_epoch,
+        last_granted: HashMap::new(),
         table,
         clock,
         store: Some(store),
@@ -420,6 +433,9 @@ struct Engine<S> {
     /// The epoch counter as last made durable: a commit that raises it past this waits for
     /// the clock first.
     committed_epoch: Epoch,
+    /// The last epoch granted per lock (for [`CoordinatorHandle::floor`]), at most
+    /// [`MAX_REMEMBERED_LOCKS`].
+    last_granted: HashMap<LockName, Epoch>,
     /// The store; `None` only while a commit runs on a blocking thread.
     store: Option<S>,
     /// The engine runs on a thread of its own: a blocking commit runs inline.
@@ -636,6 +652,17 @@ impl<S: LeaseStore> Engine<S> {
                 Some(Box::new(Answer(reply, Ok(self.table.list(limit, now)))))
             }
             Request::Counter(reply) => Some(Box::new(Answer(reply, Ok(self.table.last_epoch())))),
+            Request::Floor(lock, reply) => {
+                let held = self
+                    .table
+                    .describe(&lock, now)
+                    .lease
+                    .map(|lease| lease.epoch);
+                let floor = held
+                    .or_else(|| self.last_granted.get(&lock).copied())
+                    .unwrap_or(Epoch(self.table.last_epoch().0.saturating_add(1)));
+                Some(Box::new(Answer(reply, Ok(floor))))
+            }
         }
     }
 
@@ -694,6 +721,12 @@ impl<S: LeaseStore> Engine<S> {
     /// neither counted nor shown to watchers.
     fn publish(&mut self, events: Vec<Event>, vanished: &HashSet<LeaseId>, now: u64) {
         for event in events {
+            if let Event::Granted { lease, .. } = &event {
+                if self.last_granted.len() >= MAX_REMEMBERED_LOCKS {
+                    self.last_granted.clear(); // forgotten locks' floors fall back to the counter
+                }
+                self.last_granted.insert(lease.lock.clone(), lease.epoch);
+            }
             if let Event::Granted { lease, .. } | Event::Released { lease } = &event {
                 if vanished.contains(&lease.id) {
                     continue;

@@ -97,6 +97,11 @@ impl Gateway {
         self.engine()?.epoch_counter().await
     }
 
+    /// See [`CoordinatorHandle::floor`].
+    pub async fn floor(&self, lock: LockName) -> Result<palisade_core::Epoch, CoordinatorError> {
+        self.engine()?.floor(lock).await
+    }
+
     /// See [`CoordinatorHandle::list`].
     pub async fn list(&self, limit: usize) -> Result<Vec<LockSummary>, CoordinatorError> {
         self.engine()?.list(limit).await

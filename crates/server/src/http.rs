@@ -35,6 +35,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/locks", get(list_locks))
         .route("/v1/locks/{name}", get(show_lock))
         .route("/v1/locks/{name}/acquire", post(acquire))
+        .route("/v1/locks/{name}/floor", get(lock_floor))
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/leases/{id}/release", post(release))
         .route("/v1/keys", get(keys))
@@ -346,6 +347,26 @@ async fn show_lock(
     caller.require(Right::Read, Some(&lock))?;
     let summary = api.coordinator.describe(lock).await?;
     Ok(Json(LockReply::new(summary, &caller)))
+}
+
+/// `GET /v1/locks/{name}/floor`: a signed floor statement for the lock — every owner below
+/// the floor is superseded or its lease has ended — for a resource that cannot trust its own
+/// memory after a restart (its whole volume may have been put back). The floor is the held
+/// lease's epoch, else the lock's last granted epoch, else one above the counter
+/// ([`crate::engine::CoordinatorHandle::floor`]). Served without credentials, like `/v1/keys`:
+/// it grants nothing (it never verifies as a token) and names no holder, principal or lease.
+async fn lock_floor(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let lock = LockName::new(name)?;
+    let floor = api.coordinator.floor(lock.clone()).await?;
+    let now_ms = palisade_core::clock::WallClock::now_ms(&palisade_core::clock::SystemClock);
+    Ok(Json(json!({
+        "lock": lock,
+        "floor": palisade_core::json::value(floor),
+        "statement": api.signer.sign_floor(&lock, floor, now_ms),
+    })))
 }
 
 /// An online backup (`admin`): the epoch counter once it is durable, in the backup file format

@@ -517,3 +517,110 @@ fn p8_an_emptied_lease_log_is_refused_like_a_removed_one() {
     assert!(error.contains("(emptied)"), "{error}");
     assert!(error.contains("palisade restore"), "{error}");
 }
+
+/// `lock acquire LOCK --json` (held); the grant.
+fn hold(server: &ServerProcess, lock: &str) -> Value {
+    let out = server.cli(&["lock", "acquire", lock, "--ttl", "1m", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// P2, P6: the reference store's whole volume — its data directory *and* the witness beside
+/// it — put back from a snapshot taken before a newer owner wrote. Its fence and its witness
+/// both went back, so neither can tell; the coordinator's signed floor for the lock, asked
+/// at the first write after the start, can: the superseded owner is refused, the current
+/// owner goes on. Before: `/v1/info` showed `restore_required: null` and the old owner's
+/// write was accepted (200).
+#[test]
+fn p2_p6_a_store_whose_whole_volume_was_put_back_refuses_the_superseded_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = ServerProcess::start(&dir.path().join("coordinator"));
+    let volume = dir.path().join("volume");
+    let snapshot = dir.path().join("snapshot");
+    let data = volume.join("store");
+    std::fs::create_dir_all(&volume).unwrap();
+    let put = |store: &ResourceProcess, token: &str, value: &str| {
+        store.cli(&["put", "orders/9", "total", value, "--token", token])
+    };
+    let mut store = ResourceProcess::start(&data, "strict", &coordinator.url);
+    let first = cycle(&coordinator, "orders/9");
+    assert!(put(&store, first["token"].as_str().unwrap(), "first")
+        .status
+        .success());
+    assert!(store.terminate().success());
+    cp_a(&volume, &snapshot); // before A and B wrote
+    let mut store = ResourceProcess::start(&data, "strict", &coordinator.url);
+    let a = hold(&coordinator, "orders/9");
+    let token_a = a["token"].as_str().unwrap();
+    assert!(put(&store, token_a, "from A").status.success());
+    let out = coordinator.cli(&["lock", "release", a["lease_id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let b = hold(&coordinator, "orders/9");
+    let token_b = b["token"].as_str().unwrap();
+    assert!(put(&store, token_b, "from B").status.success());
+    assert_eq!(put(&store, token_a, "A again").status.code(), Some(5));
+    assert!(store.terminate().success());
+
+    // The whole volume goes back: fence and witness both from before A wrote.
+    std::fs::remove_dir_all(&volume).unwrap();
+    cp_a(&snapshot, &volume);
+    let store = ResourceProcess::start(&data, "strict", &coordinator.url);
+    let stale = put(&store, token_a, "A after the rollback");
+    assert_eq!(stale.status.code(), Some(5), "{}", stderr(&stale));
+    assert!(stderr(&stale).contains("stale"), "{}", stderr(&stale));
+    // The current owner goes on; A stays refused; the value is B's.
+    assert!(put(&store, token_b, "B after the rollback")
+        .status
+        .success());
+    assert_eq!(put(&store, token_a, "A once more").status.code(), Some(5));
+    let read = store.cli(&["get", "orders/9", "total"]);
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout),
+        "B after the rollback"
+    );
+    // Its refusals are recorded like any stale write.
+    let info = Command::new(BINARY)
+        .args([
+            "resource",
+            "get",
+            "orders/9",
+            "total",
+            "--json",
+            "--resource",
+            &store.url,
+        ])
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(
+        palisade_core::json::read(&shown["epoch"]),
+        Some(epoch(&b)),
+        "{shown}"
+    );
+}
+
+/// P6: a store that cannot ask the coordinator for a lock's floor after a start refuses the
+/// write (503 `floor_unavailable`, exit non-zero) rather than trust its own memory.
+#[test]
+fn p6_a_store_that_cannot_learn_a_floor_refuses_rather_than_guess() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut coordinator = ServerProcess::start(&dir.path().join("coordinator"));
+    let store = ResourceProcess::start(&dir.path().join("store"), "strict", &coordinator.url);
+    let grant = hold(&coordinator, "orders/10");
+    // Keys fetched (the store trusts the key), then the coordinator goes away.
+    coordinator.kill9();
+    let out = store.cli(&[
+        "put",
+        "orders/10",
+        "k",
+        "v",
+        "--token",
+        grant["token"].as_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("floor_unavailable"),
+        "{}",
+        stderr(&out)
+    );
+}
