@@ -50,6 +50,8 @@ pub struct KeyRing {
     pub trusted_keys: prometheus_client::metrics::gauge::Gauge,
     /// The ids trusted now, for `/v1/info`.
     trusted_ids: std::sync::Mutex<Vec<String>>,
+    /// A CA was given for the coordinator's TLS (a leader's URL is checked like the source's).
+    with_ca: bool,
 }
 
 impl KeyRing {
@@ -95,6 +97,7 @@ impl KeyRing {
             key_changes: Default::default(),
             trusted_keys: Default::default(),
             trusted_ids: std::sync::Mutex::new(Vec::new()),
+            with_ca: coordinator_ca.is_some(),
         })
     }
 
@@ -202,6 +205,16 @@ impl KeyRing {
         }
     }
 
+    /// The claims of `token` for `lock` when it verifies with the trusted keys (and the
+    /// principal rules); `None` when it does not (the store then refuses it as invalid).
+    pub fn verified(
+        &self,
+        token: &str,
+        lock: &palisade_core::LockName,
+    ) -> Option<palisade_core::TokenClaims> {
+        self.verifier.verify(token, lock).ok()
+    }
+
     /// Asks the coordinator for `lock`'s floor statement (`GET /v1/locks/{lock}/floor`) and
     /// verifies it with the trusted keys (fetching them first when the statement names an
     /// unknown key). `None` when the keys come from a file: there is nobody to ask.
@@ -212,29 +225,58 @@ impl KeyRing {
         let KeySource::Coordinator(url) = &self.source else {
             return None;
         };
-        let url = format!(
-            "{}/v1/locks/{}/floor",
-            url.trim_end_matches('/'),
-            lock.as_str().replace('/', "%2F")
-        );
-        Some(self.fetch_floor(&url, lock).await)
+        let path = format!("/v1/locks/{}/floor", lock.as_str().replace('/', "%2F"));
+        let first = format!("{}{path}", url.trim_end_matches('/'));
+        Some(match self.get_floor(&first).await {
+            // A cluster member that does not lead names the leader: asked once more there,
+            // over a channel held to the same rule as the source's.
+            Err(FloorAnswer::NotLeader(Some(leader))) => {
+                match check_channel(&leader, self.with_ca) {
+                    Ok(()) => {
+                        let url = format!("{}{path}", leader.trim_end_matches('/'));
+                        match self.get_floor(&url).await {
+                            Ok(body) => self.verify_floor(&url, &body, lock).await,
+                            Err(answer) => Err(answer.to_string()),
+                        }
+                    }
+                    Err(why) => Err(format!("the leader {leader}: {why}")),
+                }
+            }
+            Err(answer) => Err(answer.to_string()),
+            Ok(body) => self.verify_floor(&first, &body, lock).await,
+        })
     }
 
-    async fn fetch_floor(
-        &self,
-        url: &str,
-        lock: &palisade_core::LockName,
-    ) -> Result<palisade_core::Epoch, String> {
-        let body: serde_json::Value = self
+    /// `GET url`: its JSON, or why not (a `not_leader` answer with the leader it names).
+    async fn get_floor(&self, url: &str) -> Result<serde_json::Value, FloorAnswer> {
+        let response = self
             .http
             .get(url)
             .send()
             .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| format!("GET {url}: {e}"))?
+            .map_err(|e| FloorAnswer::Failed(format!("GET {url}: {e}")))?;
+        let status = response.status();
+        let body: serde_json::Value = response
             .json()
             .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
+            .map_err(|e| FloorAnswer::Failed(format!("GET {url}: {status}: {e}")))?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        if body["error"] == "not_leader" {
+            return Err(FloorAnswer::NotLeader(
+                body["leader"].as_str().map(str::to_owned),
+            ));
+        }
+        Err(FloorAnswer::Failed(format!("GET {url}: {status}: {body}")))
+    }
+
+    async fn verify_floor(
+        &self,
+        url: &str,
+        body: &serde_json::Value,
+        lock: &palisade_core::LockName,
+    ) -> Result<palisade_core::Epoch, String> {
         let statement = body["statement"]
             .as_str()
             .ok_or_else(|| format!("GET {url}: no floor statement (an older coordinator?)"))?;
@@ -271,6 +313,25 @@ impl KeyRing {
         self.install(keys);
         tracing::info!(%url, "trusted keys refreshed");
         Ok(())
+    }
+}
+
+/// Why a floor could not be read from one member.
+enum FloorAnswer {
+    /// It does not lead; the leader it names, if any.
+    NotLeader(Option<String>),
+    /// Anything else.
+    Failed(String),
+}
+
+impl std::fmt::Display for FloorAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FloorAnswer::NotLeader(_) => {
+                f.write_str("the coordinator does not lead, nor knows who does")
+            }
+            FloorAnswer::Failed(why) => f.write_str(why),
+        }
     }
 }
 
