@@ -826,6 +826,68 @@ mod tests {
         });
     }
 
+    #[test]
+    fn p1_a_member_whose_history_a_rolled_back_majority_lost_refuses_it_and_never_panics() {
+        // Member 2's whole volume (disk and witness) is snapshotted; 3 goes down and 1 + 2
+        // grant; 1 goes down, 2's snapshot is put back, and 2 + 3 — both behind — form a
+        // majority and grant again: above every earlier epoch (the clock floor). Then 1, which
+        // holds the lost history, rejoins: its log conflicts with entries it applied. openraft
+        // 0.9 panicked there (index out of bounds applying an empty range); now its store
+        // refuses the truncation, its Raft stops with that error, and nothing panics.
+        paused_runtime().block_on(async {
+            let mut cluster = world::Cluster::new(43, &ClusterSimConfig::default());
+            cluster.form().await.unwrap();
+            let mut issued = Vec::new();
+            async fn acquire(cluster: &world::Cluster, lock: &str) -> palisade_core::Epoch {
+                let leader = eventually(10_000, || cluster.serving_leader())
+                    .await
+                    .expect("a serving leader");
+                cluster
+                    .gateway(leader)
+                    .unwrap()
+                    .acquire(request(lock))
+                    .await
+                    .expect("granted")
+                    .epoch
+            }
+            issued.push(acquire(&cluster, "rollback/a").await);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            cluster.crash(2).await;
+            let snapshot = cluster.snapshot_volume(2);
+            cluster.start(2).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            cluster.crash(3).await;
+            for n in 0..5 {
+                issued.push(acquire(&cluster, &format!("rollback/b{n}")).await);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            cluster.crash(1).await;
+            cluster.crash(2).await;
+            cluster.put_back_volume(2, snapshot);
+            cluster.start(2).await.unwrap();
+            cluster.start(3).await.unwrap();
+            let highest = *issued.iter().max().unwrap();
+            let next = acquire(&cluster, "rollback/c").await;
+            assert!(next > highest, "P1: {next} issued again or below {highest}");
+            // Member 1 rejoins with the history the others lost: it refuses the leader's
+            // entries, keeps its history, and nothing panics.
+            cluster.start(1).await.unwrap();
+            let (_, raft1) = cluster.member(1).unwrap();
+            let applied = raft1.metrics().borrow().last_applied;
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            assert!(cluster.raft_runs(1), "{:?}", cluster.raft_error(1));
+            assert!(
+                cluster.messages().diverged > 0,
+                "the leader's entries were refused"
+            );
+            assert_eq!(raft1.metrics().borrow().last_applied, applied);
+            // The other two go on serving, above everything.
+            let after = acquire(&cluster, "rollback/d").await;
+            assert!(after > next);
+            cluster.shutdown().await;
+        });
+    }
+
     /// The Raft store of cluster mode under the `LeaseStore` conformance suite: a 3-member
     /// simulated cluster; a restart is a power cut of every member (unsynced writes lost) and
     /// a store over the new leader once it serves (its `LeaderStart` applied).

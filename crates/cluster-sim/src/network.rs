@@ -19,7 +19,7 @@ use openraft::raft::{
 };
 use palisade_server::cluster::identity::Identity;
 use palisade_server::cluster::membership::{Introducer, Introducing, Introduction};
-use palisade_server::cluster::network::check_append_entries;
+use palisade_server::cluster::network::{check_append_entries, check_history};
 use palisade_server::cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
 
@@ -51,6 +51,10 @@ pub struct NetStats {
     /// AppendEntries refused by the receiver because their entries do not continue their
     /// `prev_log_id` ([`palisade_server::cluster::network::check_append_entries`]).
     pub malformed: u64,
+    /// AppendEntries refused because they contradict entries the receiver applied
+    /// ([`palisade_server::cluster::network::check_history`]): its history was lost by the
+    /// members that elected the sender.
+    pub diverged: u64,
 }
 
 /// The network of one run; clones share it.
@@ -238,6 +242,11 @@ impl RaftNetwork<TypeConfig> for Peer {
                 if let Err(malformed) = check_append_entries(&rpc) {
                     stats.lock().expect("not poisoned").malformed += 1;
                     return Err(NetworkError::new(&malformed));
+                }
+                let applied = raft.metrics().borrow().last_applied;
+                if let Err(diverged) = check_history(&rpc, applied) {
+                    stats.lock().expect("not poisoned").diverged += 1;
+                    return Err(NetworkError::new(&diverged));
                 }
                 Ok(raft.append_entries(rpc).await)
             })

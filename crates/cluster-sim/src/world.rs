@@ -642,6 +642,48 @@ impl Cluster {
         self.readd(id).await
     }
 
+    /// A snapshot of `id`'s whole volume — its disk and the witness beside it — as a VM or
+    /// disk snapshot takes it (`id` should be down).
+    #[cfg(test)]
+    pub(crate) fn snapshot_volume(
+        &self,
+        id: NodeId,
+    ) -> (Disk, Option<palisade_core::witness::WitnessRecord>) {
+        let member = &self.members[self.index(id)];
+        (member.disk.copy(), member.witness.clone())
+    }
+
+    /// Puts `id`'s whole volume back from `snapshot` (`id` should be down): nothing on it
+    /// can tell what it forgot.
+    #[cfg(test)]
+    pub(crate) fn put_back_volume(
+        &mut self,
+        id: NodeId,
+        snapshot: (Disk, Option<palisade_core::witness::WitnessRecord>),
+    ) {
+        let index = self.index(id);
+        self.members[index].disk = snapshot.0;
+        self.members[index].witness = snapshot.1;
+        self.shared.trace(&format!("put back the volume of {id}"));
+    }
+
+    /// True while `id` runs and its Raft has not stopped (a fatal storage error stops it).
+    #[cfg(test)]
+    pub(crate) fn raft_runs(&self, id: NodeId) -> bool {
+        self.members[self.index(id)]
+            .running
+            .as_ref()
+            .is_some_and(|r| r.member.raft.metrics().borrow().running_state.is_ok())
+    }
+
+    /// Why `id`'s Raft stopped, if it did.
+    #[cfg(test)]
+    pub(crate) fn raft_error(&self, id: NodeId) -> Option<String> {
+        let running = self.members[self.index(id)].running.as_ref()?;
+        let state = running.member.raft.metrics().borrow().running_state.clone();
+        state.err().map(|fatal| fatal.to_string())
+    }
+
     /// The disk of `id` fills up.
     #[cfg(test)]
     pub(crate) fn fill_disk(&self, id: NodeId) {

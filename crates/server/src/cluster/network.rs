@@ -274,6 +274,50 @@ pub fn check_append_entries(
     Ok(())
 }
 
+/// An AppendEntries that contradicts entries this member already applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "refusing entries that contradict history this member applied: {0}. The members that \
+     elected this leader lost entries a majority had acknowledged (their volumes went back in \
+     time together?); this member keeps that history and does not follow. Recover from it: \
+     palisade backup --data-dir of this member, then palisade restore --cluster"
+)]
+pub struct DivergedHistory(String);
+
+/// Refuses what no leader of this member's history can send: an entry (or `prev_log_id`) at or
+/// below this member's last applied entry `applied` whose term is above `applied`'s, or that
+/// differs from `applied` at its index. A leader holds every committed entry (Raft's leader
+/// completeness), so its entries up to `applied` are this member's, whose terms are at most
+/// `applied`'s. Only members that lost committed entries — a majority whose volumes were put
+/// back, or one put back with a lagging peer — elect a leader that sends such entries;
+/// openraft 0.9 assumes entries below the commit index match and, handed one, panics (debug)
+/// or applies a range that ends before its last applied entry (release: index out of bounds).
+pub fn check_history(
+    request: &AppendEntriesRequest<TypeConfig>,
+    applied: Option<openraft::LogId<NodeId>>,
+) -> Result<(), DivergedHistory> {
+    let Some(applied) = applied else {
+        return Ok(());
+    };
+    let sent = request
+        .prev_log_id
+        .iter()
+        .chain(request.entries.iter().map(|entry| &entry.log_id));
+    for log_id in sent {
+        if log_id.index > applied.index {
+            break;
+        }
+        let contradicts = log_id.leader_id.term > applied.leader_id.term
+            || (log_id.index == applied.index && *log_id != applied);
+        if contradicts {
+            return Err(DivergedHistory(format!(
+                "the leader sent {log_id}, this member applied {applied}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The server side: hands each message from an admitted peer to the local Raft node.
 pub struct RaftService {
     node: NodeId,
@@ -287,6 +331,17 @@ pub struct RaftService {
 /// nothing about this member (no store id, term or membership).
 fn not_a_peer() -> Status {
     Status::unauthenticated("raft traffic is accepted only from cluster members over mutual TLS")
+}
+
+/// Logs a refused divergent history at most every 10 s (the leader retries at every heartbeat).
+fn log_diverged(diverged: &DivergedHistory) {
+    static LAST_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now_ms = palisade_core::clock::WallClock::now_ms(&palisade_core::clock::SystemClock);
+    let last = LAST_MS.load(std::sync::atomic::Ordering::Relaxed);
+    if now_ms.saturating_sub(last) >= 10_000 {
+        LAST_MS.store(now_ms, std::sync::atomic::Ordering::Relaxed);
+        tracing::error!(%diverged, "this member does not follow a leader that lost its history");
+    }
 }
 
 /// The gRPC service of Raft traffic for member `node`'s `raft`, whose store is `identity`;
@@ -366,6 +421,11 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: AppendEntriesRequest<TypeConfig> = self.admit(request)?;
         check_append_entries(&request).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let applied = self.raft.metrics().borrow().last_applied;
+        if let Err(diverged) = check_history(&request, applied) {
+            log_diverged(&diverged);
+            return Err(Status::failed_precondition(diverged.to_string()));
+        }
         self.encode(&self.raft.append_entries(request).await)
     }
 
@@ -555,6 +615,27 @@ mod tests {
         assert!(check_append_entries(&request(Some(24), &[(2, 25), (2, 27)])).is_err());
         assert!(check_append_entries(&request(Some(24), &[(2, 24)])).is_err());
         assert!(check_append_entries(&request(None, &[(1, 1)])).is_err());
+    }
+
+    #[test]
+    fn p1_p8_entries_that_contradict_applied_history_are_refused() {
+        let applied = Some(log_id(3, 1, 30));
+        // The same history resent, and entries past it: accepted.
+        assert!(check_history(&request(Some(28), &[(3, 29), (3, 30), (4, 31)]), applied).is_ok());
+        assert!(check_history(&request(Some(29), &[(3, 30), (5, 31)]), applied).is_ok());
+        assert!(check_history(&request(Some(10), &[]), None).is_ok());
+        // A leader of a later term with entries at or below what was applied: its electors
+        // lost them (seen after a majority's volumes were put back).
+        let lost = check_history(&request(Some(25), &[(5, 26)]), applied).unwrap_err();
+        assert!(
+            lost.to_string().contains("palisade restore --cluster"),
+            "{lost}"
+        );
+        assert!(check_history(&request(Some(29), &[(2, 30)]), applied).is_err());
+        assert!(check_history(&request(Some(26), &[]), applied).is_ok());
+        let mut prev_later_term = request(Some(26), &[]);
+        prev_later_term.prev_log_id = Some(log_id(4, 1, 26));
+        assert!(check_history(&prev_later_term, applied).is_err());
     }
 
     #[test]

@@ -443,7 +443,39 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         result
     }
 
+    /// Removes the entries from `log_id` on: a leader's log conflicts with them. In Raft
+    /// only entries that were never committed conflict, so none of them can have been
+    /// applied. A truncation that reaches an applied (or known committed) entry means the
+    /// members that elected this leader lost entries a majority had acknowledged — their
+    /// volumes went back in time together (a snapshot put back on a majority, or a member put
+    /// back forming a majority with a lagging one). This member holds the history they lost:
+    /// it refuses to discard it and its Raft stops with that error (openraft 0.9 would
+    /// otherwise panic applying a range that ends before its last applied entry).
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<()> {
+        let applied = *self.applied.borrow();
+        let committed = self.read_committed().await?;
+        let kept = [applied, committed]
+            .into_iter()
+            .flatten()
+            .filter(|known| known.index >= log_id.index)
+            .max_by_key(|known| known.index);
+        if let Some(kept) = kept {
+            tracing::error!(
+                truncate_from = %log_id,
+                applied_or_committed = %kept,
+                "refusing to discard committed entries: the members that elected the current \
+                 leader lost entries a majority had acknowledged (their volumes went back in \
+                 time together?); this member keeps that history and stops following"
+            );
+            return Err(invariant_err(format!(
+                "refused to truncate the log from {log_id}: entry {kept} was committed \
+                 (applied or known committed here) and a leader's log no longer has it — a \
+                 majority of members went back in time (volume snapshots put back?). This \
+                 member holds the lost history: take an offline backup of its data directory \
+                 (palisade backup --data-dir) and restore the cluster from it (palisade restore \
+                 --cluster), or compare before deciding"
+            )));
+        }
         self.remove((Bound::Included(log_id.index), Bound::Unbounded), None)
     }
 
