@@ -279,12 +279,17 @@ pub struct SimulateArgs {
     /// then removed, restarted with --join and added back (the documented procedure).
     #[arg(long, requires = "cluster")]
     wipe: bool,
-    /// With --cluster: found the cluster with member 1 alone and add every other member with
-    /// --join and `cluster add` (members that talk only to the leader until they vote).
     /// With --cluster: crashes alternate between copying the member's disk and, half of the
     /// later times, putting the older copy back (`cp -a`); its witness must refuse it.
     #[arg(long, requires = "cluster")]
     copy_back: bool,
+    /// With --cluster: like --copy-back, but the copy is the member's whole volume (disk and
+    /// witness) and both go back together (a VM or disk snapshot restore): the member starts
+    /// from its older state, and P1 and P8 must still hold.
+    #[arg(long, requires = "cluster", conflicts_with = "copy_back")]
+    rollback: bool,
+    /// With --cluster: found the cluster with member 1 alone and add every other member with
+    /// --join and `cluster add` (members that talk only to the leader until they vote).
     #[arg(long, requires = "cluster")]
     join: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
@@ -389,7 +394,8 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     use std::sync::atomic::{AtomicU64, Ordering};
     let config = ClusterSimConfig {
         wipe_on_crash: args.wipe,
-        copy_back_on_crash: args.copy_back,
+        copy_back_on_crash: args.copy_back || args.rollback,
+        rollback_volumes: args.rollback,
         join_members: args.join,
         ..ClusterSimConfig::for_members(members)
     };
@@ -454,7 +460,8 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
     if json {
         print_json(&json!({
             "seeds": args.seeds, "from": args.from, "members": members, "wipe": args.wipe,
-            "join": args.join, "copy_back": args.copy_back, "copy_backs": copy_backs,
+            "join": args.join, "copy_back": args.copy_back, "rollback": args.rollback,
+            "copy_backs": copy_backs,
             "copy_backs_refused": copy_backs_refused,
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,

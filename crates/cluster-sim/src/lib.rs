@@ -68,6 +68,10 @@ pub struct ClusterSimConfig {
     pub copy_back_on_crash: bool,
     /// Plant a bug: a member put back to an older copy starts from it (no witness).
     pub plant_no_witness: bool,
+    /// With `copy_back_on_crash`: the copy is of the member's whole volume — its disk *and*
+    /// its witness — and both are put back together (a VM or disk snapshot restore), so the
+    /// member starts from the older state and nothing on it refuses.
+    pub rollback_volumes: bool,
     /// Where the members' wall clocks start, in ms since 1970 (each then skewed by a few ms).
     /// 0 with [`Self::frozen_clocks`]: the clocks read 0 throughout.
     pub wall_clock_origin_ms: u64,
@@ -88,6 +92,7 @@ impl Default for ClusterSimConfig {
             join_members: false,
             copy_back_on_crash: false,
             plant_no_witness: false,
+            rollback_volumes: false,
             wall_clock_origin_ms: 1_800_000_000_000,
             frozen_clocks: false,
         }

@@ -321,6 +321,8 @@ struct Member {
     running: Option<Running>,
     /// A copy of its disk taken while it was down (`cp -a`), to be put back later.
     copy: Option<Disk>,
+    /// Its witness when `copy` was taken (put back with it when whole volumes roll back).
+    copy_witness: Option<palisade_core::witness::WitnessRecord>,
     /// Its witness beside the data directory: store id and applied index
     /// (`palisade_server::cluster::witness` keeps it in a file; here in memory).
     witness: Option<palisade_core::witness::WitnessRecord>,
@@ -379,6 +381,7 @@ pub(crate) struct Cluster {
     wipe_on_crash: bool,
     join_members: bool,
     copy_back_on_crash: bool,
+    rollback_volumes: bool,
     plant_no_witness: bool,
     /// Every member has been started once (the cluster is formed).
     formed: bool,
@@ -420,6 +423,7 @@ impl Cluster {
                 signer: palisade_core::TokenSigner::from_secret_bytes(&[*id as u8; 32]),
                 running: None,
                 copy: None,
+                copy_witness: None,
                 witness: None,
                 // Drawn from a generator of its own, so the run's other draws stay as they were.
                 clock: member_clock(seed, *id, sim),
@@ -436,6 +440,7 @@ impl Cluster {
             wipe_on_crash: sim.wipe_on_crash,
             join_members: sim.join_members,
             copy_back_on_crash: sim.copy_back_on_crash,
+            rollback_volumes: sim.rollback_volumes,
             plant_no_witness: sim.plant_no_witness,
             formed: false,
         }

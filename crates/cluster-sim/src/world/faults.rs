@@ -163,11 +163,18 @@ impl Cluster {
         match self.members[index].copy.take() {
             None => {
                 self.members[index].copy = Some(self.members[index].disk.copy());
+                self.members[index].copy_witness = self.members[index].witness.clone();
                 self.shared.trace(&format!("copy {id}"));
             }
             Some(copy) if self.shared.chance(50) => {
                 self.members[index].disk = copy;
                 self.faults.copy_backs += 1;
+                if self.rollback_volumes {
+                    // The whole volume: its witness goes back with the disk, nothing refuses.
+                    self.members[index].witness = self.members[index].copy_witness.take();
+                    self.shared.trace(&format!("put back the volume of {id}"));
+                    return self.start(id).await;
+                }
                 self.shared.trace(&format!("put back the copy of {id}"));
                 if !self.start_as(id, false).await? {
                     self.faults.copy_backs_refused += 1;
