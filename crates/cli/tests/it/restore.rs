@@ -97,6 +97,8 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
         palisade_core::json::read(&taken["last_epoch"]),
         Some(epoch(&early))
     );
+    // As every epoch in JSON: a decimal string, which jq and JavaScript read exactly.
+    assert!(taken["last_epoch"].is_string(), "{taken}");
     let mut last = early.clone();
     for _ in 0..3 {
         last = cycle(&coordinator, "orders/1");
