@@ -333,6 +333,20 @@ impl TokenVerifier {
         self.keys.is_empty()
     }
 
+    /// The payload of `text` (with `prefix`) and the key that signed it, once its signature by
+    /// a trusted key is checked: nothing of a payload is read before that.
+    fn signed_payload(&self, text: &str, prefix: &str) -> Result<(Vec<u8>, KeyId), TokenError> {
+        let (payload, signature) = split_signed(text, prefix)?;
+        let key_id = peek_key_id(&payload)?;
+        let key = self
+            .keys
+            .get(&key_id)
+            .ok_or(TokenError::UnknownKey(key_id))?;
+        key.verify_strict(&payload, &signature)
+            .map_err(|_| TokenError::BadSignature)?;
+        Ok((payload, key_id))
+    }
+
     /// True when the verifier knows this key id (a resource refreshes its keys otherwise).
     pub fn knows(&self, key_id: KeyId) -> bool {
         self.keys.contains_key(&key_id)
@@ -345,14 +359,7 @@ impl TokenVerifier {
         text: &str,
         expected_lock: Option<&LockName>,
     ) -> Result<TokenClaims, TokenError> {
-        let (payload, signature) = split_token(text)?;
-        let key_id = peek_key_id(&payload)?;
-        let key = self
-            .keys
-            .get(&key_id)
-            .ok_or(TokenError::UnknownKey(key_id))?;
-        key.verify_strict(&payload, &signature)
-            .map_err(|_| TokenError::BadSignature)?;
+        let (payload, _) = self.signed_payload(text, TEXT_PREFIX)?;
         let claims = TokenClaims::decode(&payload)?;
         match expected_lock {
             Some(expected) if *expected != claims.lock => Err(TokenError::WrongLock {
@@ -371,14 +378,7 @@ impl TokenVerifier {
         text: &str,
         expected_lock: &LockName,
     ) -> Result<FloorClaims, TokenError> {
-        let (payload, signature) = split_signed(text, FLOOR_PREFIX)?;
-        let key_id = peek_key_id(&payload)?;
-        let key = self
-            .keys
-            .get(&key_id)
-            .ok_or(TokenError::UnknownKey(key_id))?;
-        key.verify_strict(&payload, &signature)
-            .map_err(|_| TokenError::BadSignature)?;
+        let (payload, key_id) = self.signed_payload(text, FLOOR_PREFIX)?;
         let mut reader = Reader(&payload);
         if reader.take(1)? != [FLOOR_PAYLOAD_VERSION] {
             return Err(TokenError::Malformed("not a floor statement"));

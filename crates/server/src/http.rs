@@ -361,11 +361,10 @@ async fn lock_floor(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let lock = LockName::new(name)?;
     let floor = api.coordinator.floor(lock.clone()).await?;
-    let now_ms = palisade_core::clock::WallClock::now_ms(&palisade_core::clock::SystemClock);
     Ok(Json(json!({
         "lock": lock,
         "floor": palisade_core::json::value(floor),
-        "statement": api.signer.sign_floor(&lock, floor, now_ms),
+        "statement": api.signer.sign_floor(&lock, floor, crate::backup::now_ms()),
     })))
 }
 

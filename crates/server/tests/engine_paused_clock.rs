@@ -52,7 +52,23 @@ fn start_with_clock(
     Ok(Running { handle, stop, task })
 }
 
+/// A fresh store and clock, and an engine over them.
+fn started() -> (MemoryLeaseStore, Arc<SteppableClock>, Running) {
+    let store = MemoryLeaseStore::default();
+    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
+    let running = start_with_clock(&store, &clock).unwrap();
+    (store, clock, running)
+}
+
 impl Running {
+    /// Acquires `lock` for holder `a` with `ttl_ms`, which must be granted.
+    async fn grant(&self, lock: &str, ttl_ms: u64) -> palisade_core::Lease {
+        self.handle
+            .acquire(request(lock, "a", ttl_ms, 0))
+            .await
+            .unwrap()
+    }
+
     async fn stop(self) {
         self.stop.send(true).unwrap();
         self.task.await.unwrap().unwrap();
@@ -295,21 +311,11 @@ async fn p1_p6_a_store_put_back_to_an_older_snapshot_never_reissues_an_epoch() {
 
 #[tokio::test(start_paused = true)]
 async fn p1_p6_a_clock_stepped_back_a_little_is_waited_out_never_issued_below() {
-    let store = MemoryLeaseStore::default();
-    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
-    let running = start_with_clock(&store, &clock).unwrap();
-    let first = running
-        .handle
-        .acquire(request("r/1", "a", 60_000, 0))
-        .await
-        .unwrap();
+    let (_store, clock, running) = started();
+    let first = running.grant("r/1", 60_000).await;
     clock.step(-2_000);
     let before = tokio::time::Instant::now();
-    let second = running
-        .handle
-        .acquire(request("r/2", "a", 60_000, 0))
-        .await
-        .unwrap();
+    let second = running.grant("r/2", 60_000).await;
     // The engine waited for the clock to pass the counter before it issued.
     assert!(before.elapsed() >= Duration::from_millis(1_999));
     assert!(second.epoch > first.epoch);
@@ -320,14 +326,8 @@ async fn p1_p6_a_clock_stepped_back_a_little_is_waited_out_never_issued_below() 
 
 #[tokio::test(start_paused = true)]
 async fn p1_p6_a_clock_stepped_back_far_stops_issuing_and_refuses_to_start() {
-    let store = MemoryLeaseStore::default();
-    let clock = Arc::new(SteppableClock::starting_at(T0_MS));
-    let running = start_with_clock(&store, &clock).unwrap();
-    let first = running
-        .handle
-        .acquire(request("r/1", "a", 60_000, 0))
-        .await
-        .unwrap();
+    let (store, clock, running) = started();
+    let first = running.grant("r/1", 60_000).await;
     let step = i64::try_from(MAX_CLOCK_WAIT_MS).unwrap() + 10_000;
     clock.step(-step);
     // Renewing issues no epoch: it is not held up by the clock.

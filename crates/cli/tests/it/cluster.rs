@@ -76,6 +76,16 @@ fn json(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+/// `lock acquire LOCK --json --ttl 60s` at `endpoints`; the epoch granted (a decimal string in
+/// JSON).
+fn acquired_epoch(lock: &str, endpoints: &str) -> u64 {
+    let granted = json(&cli(
+        &["lock", "acquire", lock, "--json", "--ttl", "60s"],
+        endpoints,
+    ));
+    palisade_core::json::read(&granted["epoch"]).expect("an epoch")
+}
+
 /// Waits (bounded) until `cluster status` names a leader.
 fn leader(endpoints: &str) -> (u64, Value) {
     for _ in 0..200 {
@@ -456,15 +466,7 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     let (cluster, endpoints) = (&layout.cluster, &layout.endpoints);
     let data = |id: u64| dir.path().join(format!("n{id}"));
     let copy = |id: u64| dir.path().join(format!("copy-n{id}"));
-    let acquire = |lock: &str| {
-        json(&cli(
-            &["lock", "acquire", lock, "--json", "--ttl", "60s"],
-            endpoints,
-        ))["epoch"]
-            .as_str()
-            .and_then(|e| e.parse::<u64>().ok())
-            .unwrap()
-    };
+    let acquire = |lock: &str| acquired_epoch(lock, endpoints);
     let mut issued = Vec::new();
     let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
     leader(endpoints);
@@ -696,22 +698,13 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     let volume = |id: u64| dir.path().join(format!("volume{id}"));
     let snapshot = |id: u64| dir.path().join(format!("snapshot{id}"));
     let data = |id: u64| volume(id).join("data");
-    let acquire = |lock: &str, endpoints: &str| {
-        json(&cli(
-            &["lock", "acquire", lock, "--json", "--ttl", "60s"],
-            endpoints,
-        ))["epoch"]
-            .as_str()
-            .and_then(|e| e.parse::<u64>().ok())
-            .unwrap()
-    };
     let mut issued = Vec::new();
     for id in 1..=3 {
         std::fs::create_dir_all(volume(id)).unwrap();
     }
     let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
     leader(endpoints);
-    issued.push(acquire("volumes/a", endpoints));
+    issued.push(acquired_epoch("volumes/a", endpoints));
     std::thread::sleep(std::time::Duration::from_millis(500));
     for node in &mut nodes {
         assert!(node.terminate().success());
@@ -723,7 +716,7 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
     leader(endpoints);
     for n in 0..3 {
-        issued.push(acquire(&format!("volumes/b{n}"), endpoints));
+        issued.push(acquired_epoch(&format!("volumes/b{n}"), endpoints));
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
     for node in &mut nodes {
@@ -737,7 +730,7 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
     leader(endpoints);
     let highest = *issued.iter().max().unwrap();
-    let next = acquire("volumes/c", endpoints);
+    let next = acquired_epoch("volumes/c", endpoints);
     assert!(
         next > highest,
         "epoch {next} issued again or below {highest}"
@@ -751,7 +744,7 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     let two = format!("{},{}", layout.endpoint(1), layout.endpoint(2));
     leader(&two);
     for n in 0..3 {
-        issued.push(acquire(&format!("volumes/d{n}"), &two));
+        issued.push(acquired_epoch(&format!("volumes/d{n}"), &two));
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(nodes[0].terminate().success());
@@ -763,7 +756,7 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     let others = format!("{},{}", layout.endpoint(2), layout.endpoint(3));
     leader(&others);
     let highest = *issued.iter().max().unwrap();
-    let next = acquire("volumes/e", &others);
+    let next = acquired_epoch("volumes/e", &others);
     assert!(
         next > highest,
         "epoch {next} issued again or below {highest}"
