@@ -893,6 +893,65 @@ mod tests {
         });
     }
 
+    #[test]
+    fn p8_a_member_put_back_does_not_vote_a_lagging_member_in_before_it_catches_up() {
+        // Member 2's whole volume is snapshotted; 3 is down while 1 + 2 grant; then 2's
+        // snapshot is put back and 2 and 3 start while 1 is cut off for 2 s. 2 + 3 are a
+        // majority that lacks the grants 1 + 2 committed: had 2 voted from its older disk, 3
+        // would lead without them and 1 would have to refuse its entries. 2 is on probation
+        // (restarted with a log, not caught up): it neither votes nor campaigns, so nobody
+        // leads until 1 is back, and then 1 leads and every member converges on its history.
+        paused_runtime().block_on(async {
+            let (mut cluster, _) = three_members(11).await;
+            async fn acquire(cluster: &world::Cluster, lock: &str) -> palisade_core::Epoch {
+                let leader = eventually(10_000, || cluster.serving_leader())
+                    .await
+                    .expect("a serving leader");
+                cluster
+                    .gateway(leader)
+                    .unwrap()
+                    .acquire(request(lock))
+                    .await
+                    .expect("granted")
+                    .epoch
+            }
+            acquire(&cluster, "probation/a").await;
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            cluster.crash(2).await;
+            let snapshot = cluster.snapshot_volume(2);
+            cluster.start(2).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            cluster.crash(3).await;
+            let mut issued = Vec::new();
+            for n in 0..5 {
+                issued.push(acquire(&cluster, &format!("probation/b{n}")).await);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            cluster.crash(2).await;
+            cluster.put_back_volume(2, snapshot);
+            cluster.isolate_member(1);
+            cluster.start(3).await.unwrap();
+            cluster.start(2).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            assert_eq!(
+                cluster.serving_leader(),
+                None,
+                "2 + 3 formed a majority without the entries 1 + 2 committed"
+            );
+            cluster.heal_all();
+            let next = acquire(&cluster, "probation/c").await;
+            assert!(next > *issued.iter().max().unwrap());
+            cluster.settle().await.expect("every member converges");
+            assert_eq!(
+                cluster.messages().diverged,
+                0,
+                "no member refused a history"
+            );
+            assert!(cluster.last_epoch() >= next.0, "P8: every grant is kept");
+            cluster.shutdown().await;
+        });
+    }
+
     /// The Raft store of cluster mode under the `LeaseStore` conformance suite: a 3-member
     /// simulated cluster; a restart is a power cut of every member (unsynced writes lost) and
     /// a store over the new leader once it serves (its `LeaderStart` applied).

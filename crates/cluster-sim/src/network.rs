@@ -19,7 +19,7 @@ use openraft::raft::{
 };
 use palisade_server::cluster::identity::Identity;
 use palisade_server::cluster::membership::{Introducer, Introducing, Introduction};
-use palisade_server::cluster::network::{check_append_entries, check_history};
+use palisade_server::cluster::network::{check_append_entries, check_history, AppendReach};
 use palisade_server::cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
 
@@ -168,7 +168,7 @@ impl Router {
     ) -> Result<T, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>
     where
         E: std::error::Error,
-        F: FnOnce(RaftNode) -> Fut,
+        F: FnOnce(RaftNode, Identity) -> Fut,
         Fut: std::future::Future<Output = Result<Result<T, RaftError<NodeId, E>>, NetworkError>>,
     {
         let unreachable = || {
@@ -189,7 +189,9 @@ impl Router {
             self.stats.lock().expect("not poisoned").refused += 1;
             return Err(RPCError::Unreachable(Unreachable::new(&replaced)));
         }
-        let answer = deliver(target).await.map_err(RPCError::Network)?;
+        let answer = deliver(target, target_identity.clone())
+            .await
+            .map_err(RPCError::Network)?;
         // The answer travels back over the reverse link, and counts only from the store the
         // sender knows the receiver by (as `PeerClient` checks).
         self.carry(to, from).await.ok_or_else(unreachable)?;
@@ -236,20 +238,27 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
         let stats = self.router.stats.clone();
         self.router
-            .call(self.from, self.to, |raft: RaftNode| async move {
-                // The receiver's check, as `RaftService` makes it: a malformed message never
-                // reaches Raft, and its sender sees a network error.
-                if let Err(malformed) = check_append_entries(&rpc) {
-                    stats.lock().expect("not poisoned").malformed += 1;
-                    return Err(NetworkError::new(&malformed));
-                }
-                let applied = raft.metrics().borrow().last_applied;
-                if let Err(diverged) = check_history(&rpc, applied) {
-                    stats.lock().expect("not poisoned").diverged += 1;
-                    return Err(NetworkError::new(&diverged));
-                }
-                Ok(raft.append_entries(rpc).await)
-            })
+            .call(
+                self.from,
+                self.to,
+                |raft: RaftNode, identity: Identity| async move {
+                    // The receiver's check, as `RaftService` makes it: a malformed message never
+                    // reaches Raft, and its sender sees a network error.
+                    if let Err(malformed) = check_append_entries(&rpc) {
+                        stats.lock().expect("not poisoned").malformed += 1;
+                        return Err(NetworkError::new(&malformed));
+                    }
+                    let applied = raft.metrics().borrow().last_applied;
+                    if let Err(diverged) = check_history(&rpc, applied) {
+                        stats.lock().expect("not poisoned").diverged += 1;
+                        return Err(NetworkError::new(&diverged));
+                    }
+                    let reach = AppendReach::of(&rpc);
+                    let answer = raft.append_entries(rpc).await;
+                    reach.tell(&identity, &answer);
+                    Ok(answer)
+                },
+            )
             .await
     }
 
@@ -260,7 +269,7 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         let answer = self
             .router
-            .call(self.from, self.to, |raft: RaftNode| async move {
+            .call(self.from, self.to, |raft: RaftNode, _| async move {
                 Ok(raft.install_snapshot(rpc).await)
             })
             .await;
@@ -280,9 +289,17 @@ impl RaftNetwork<TypeConfig> for Peer {
         _option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         self.router
-            .call(self.from, self.to, |raft: RaftNode| async move {
-                Ok(raft.vote(rpc).await)
-            })
+            .call(
+                self.from,
+                self.to,
+                |raft: RaftNode, identity: Identity| async move {
+                    // As `RaftService` refuses: a member on probation answers no candidate.
+                    if let Err(probation) = identity.may_vote() {
+                        return Err(NetworkError::new(&probation));
+                    }
+                    Ok(raft.vote(rpc).await)
+                },
+            )
             .await
     }
 }

@@ -20,6 +20,20 @@
 //!    taking that peer's entries. Who may send Raft traffic at all is the transport's
 //!    question (peer authentication).
 //!
+//! 4. **A member that restarts with a log votes and stands for election only once it is caught
+//!    up** ([`Identity::may_vote`]): once an AppendEntries from a leader has left it holding
+//!    every entry that leader says is committed ([`Identity::heard_leader`]), or after
+//!    [`PROBATION_MAX`] without one, or when it is the only voter. Its disk may be an older
+//!    copy that nothing can tell from the real one (a whole-volume snapshot put back, witness
+//!    included): voting from it, it could elect a lagging member that lacks entries the
+//!    member itself had acknowledged, and those entries would be lost (P8). Until then its
+//!    vote requests are refused before Raft sees them and its elections are off. The timeout
+//!    keeps a cluster available when the only other way to a majority is this member (a
+//!    whole-cluster restart, a peer down for good); past it the member votes as before, so a
+//!    put-back member *and* a second fault at once (the only other holder of an entry down)
+//!    can still lose it: two faults in three members, beyond what a majority protocol
+//!    survives.
+//!
 //! The way back for a wiped member is the one for any new member: `palisade cluster remove
 //! ID`, start it with `--join`, `palisade cluster add`, which asks the node for its store id
 //! and commits it into the membership.
@@ -31,7 +45,9 @@
 //! against the replicated membership, and a member that applies "remove 3" and "add 3" in one
 //! batch simply has 3's new store id.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use openraft::{Membership, RaftMetrics};
 use redb::{Database, ReadableTable, TableDefinition};
@@ -83,6 +99,24 @@ pub enum Refused {
     /// This member's Raft has not started yet.
     #[error("this member is starting")]
     Starting,
+    /// This member restarted with a log and has not caught up with a leader yet.
+    #[error(
+        "this member restarted with a log and has not caught up with a leader yet: it votes \
+         once it holds every entry a leader says is committed (or after {}s without one)",
+        PROBATION_MAX.as_secs()
+    )]
+    Probation,
+}
+
+/// How long a member that restarted with a log waits to catch up with a leader before it
+/// votes and stands for election anyway (rule 4 above).
+pub const PROBATION_MAX: Duration = Duration::from_secs(5);
+
+/// A restarted member's wait before it votes (rule 4).
+#[derive(Debug)]
+struct Probation {
+    since: tokio::time::Instant,
+    caught_up: AtomicBool,
 }
 
 /// Whether `membership` counts an answer by `peer` presenting `store`. A member that knows no
@@ -121,6 +155,7 @@ pub fn own_store_named(
 pub struct Identity {
     store: String,
     metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<NodeId, MemberNode>>>>,
+    probation: Arc<Probation>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -156,6 +191,10 @@ impl Identity {
         Ok(Self {
             store,
             metrics: Arc::new(OnceLock::new()),
+            probation: Arc::new(Probation {
+                since: tokio::time::Instant::now(),
+                caught_up: AtomicBool::new(false),
+            }),
         })
     }
 
@@ -164,9 +203,48 @@ impl Identity {
         &self.store
     }
 
-    /// Checks peers against the membership of this Raft member from now on.
+    /// Checks peers against the membership of this Raft member from now on. A member whose
+    /// Raft starts with an empty log has nothing it could have lost: it is not on probation.
     pub fn attach(&self, metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>) {
+        if metrics.borrow().last_log_index.is_none() {
+            self.probation.caught_up.store(true, Ordering::Relaxed);
+        }
         let _ = self.metrics.set(metrics);
+    }
+
+    /// An AppendEntries from a leader succeeded, leaving this member's log matching the
+    /// leader's up to `matched`, while the leader had committed up to `leader_commit`: once
+    /// that covers every committed entry, this member votes again (rule 4).
+    pub fn heard_leader(&self, matched: Option<u64>, leader_commit: Option<u64>) {
+        if leader_commit.is_none_or(|commit| matched.is_some_and(|m| m >= commit))
+            && !self.probation.caught_up.swap(true, Ordering::Relaxed)
+        {
+            tracing::info!("caught up with the leader: this member votes again");
+        }
+    }
+
+    /// Whether this member may vote and stand for election (rule 4): it started with an empty
+    /// log, or has caught up with a leader, or is the only voter, or waited [`PROBATION_MAX`].
+    pub fn may_vote(&self) -> Result<(), Refused> {
+        if self.probation.caught_up.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let metrics = self.metrics.get().ok_or(Refused::Starting)?;
+        let alone = {
+            let metrics = metrics.borrow();
+            let mut voters = metrics.membership_config.membership().voter_ids();
+            voters.next() == Some(metrics.id) && voters.next().is_none()
+        };
+        if alone || self.probation.since.elapsed() >= PROBATION_MAX {
+            if !self.probation.caught_up.swap(true, Ordering::Relaxed) && !alone {
+                tracing::warn!(
+                    "no leader caught this member up within {}s of its start: it votes again",
+                    PROBATION_MAX.as_secs()
+                );
+            }
+            return Ok(());
+        }
+        Err(Refused::Probation)
     }
 
     /// Admits an answer by `peer` presenting `store`: the membership this member holds (its

@@ -644,7 +644,7 @@ impl MemberStart<'_> {
         let supervisor = supervisor::Supervisor {
             raft: raft.clone(),
             node_id: config.node_id,
-            store: identity.store().to_owned(),
+            identity: identity.clone(),
             state: state.clone(),
             key: (
                 self.signer.key_id().to_string(),

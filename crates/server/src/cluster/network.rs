@@ -225,6 +225,42 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// How far an AppendEntries reaches: where the receiver's log matches the leader's once Raft
+/// accepts it, and how far the leader had committed. A member on probation
+/// ([`Identity::may_vote`]) votes again once an accepted one covers every committed entry.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendReach {
+    matched: Option<u64>,
+    leader_commit: Option<u64>,
+}
+
+impl AppendReach {
+    /// The reach of `request`, read before it is handed to Raft.
+    pub fn of(request: &AppendEntriesRequest<TypeConfig>) -> Self {
+        Self {
+            matched: request
+                .entries
+                .last()
+                .map(|entry| entry.log_id.index)
+                .or(request.prev_log_id.map(|id| id.index)),
+            leader_commit: request.leader_commit.map(|id| id.index),
+        }
+    }
+
+    /// Tells `identity` what Raft answered: only an accepted append is a leader's word.
+    pub fn tell<E>(self, identity: &Identity, answer: &Result<AppendEntriesResponse<NodeId>, E>) {
+        match answer {
+            Ok(AppendEntriesResponse::Success) => {
+                identity.heard_leader(self.matched, self.leader_commit);
+            }
+            Ok(AppendEntriesResponse::PartialSuccess(matched)) => {
+                identity.heard_leader(matched.map(|id| id.index), self.leader_commit);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// An AppendEntries whose entries do not continue its `prev_log_id` exactly.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed append-entries: {0}")]
@@ -426,7 +462,10 @@ impl RaftRpc for RaftService {
             log_diverged(&diverged);
             return Err(Status::failed_precondition(diverged.to_string()));
         }
-        self.encode(&self.raft.append_entries(request).await)
+        let reach = AppendReach::of(&request);
+        let answer = self.raft.append_entries(request).await;
+        reach.tell(&self.identity, &answer);
+        self.encode(&answer)
     }
 
     async fn vote(
@@ -434,6 +473,11 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: VoteRequest<NodeId> = self.admit(request)?;
+        // A member on probation (restarted, not caught up) answers no candidate: its disk may
+        // be an older copy (`identity`, rule 4). The candidate counts no vote.
+        if let Err(probation) = self.identity.may_vote() {
+            return Err(Status::unavailable(probation.to_string()));
+        }
         self.encode(&self.raft.vote(request).await)
     }
 

@@ -35,8 +35,8 @@ pub struct Supervisor {
     pub raft: RaftNode,
     /// This node.
     pub node_id: NodeId,
-    /// Its store id.
-    pub store: String,
+    /// Its store's identity (its store id, and whether it may vote yet).
+    pub identity: super::identity::Identity,
     /// The applied state.
     pub state: Arc<Mutex<SmState>>,
     /// This node's token key: id and base64url public key.
@@ -221,13 +221,15 @@ impl Supervisor {
             if closed {
                 break;
             }
-            let may_elect = may_elect(&m, &self.store);
+            let named = may_elect(&m, self.identity.store());
+            let voting = self.identity.may_vote();
+            let may_elect = named && voting.is_ok();
             if may_elect != electing {
                 electing = may_elect;
                 self.raft.runtime_config().elect(may_elect);
                 if may_elect {
                     tracing::info!("the membership names this member's store: elections on");
-                } else {
+                } else if !named {
                     tracing::warn!(
                         "elections off: {}",
                         super::identity::Refused::Replaced { node: self.node_id }
