@@ -45,6 +45,7 @@ fn finding(severity: Severity, code: &str, subject: &str, message: String) -> Fi
         code: code.to_owned(),
         subject: subject.to_owned(),
         message,
+        proof: None,
     }
 }
 
@@ -170,6 +171,17 @@ pub fn assess(
                      fence (GuardedTable::install_guard)"
                 ),
             ));
+        }
+        for problem in &report.problems {
+            findings.push(Finding {
+                proof: Some(problem.proof.clone()),
+                ..finding(
+                    problem.severity,
+                    &problem.code,
+                    subject,
+                    format!("{subject}: {}", problem.message),
+                )
+            });
         }
         match &report.probe {
             Some(Probe::Accepted { detail }) => findings.push(finding(

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod assess;
+pub mod guard;
 pub mod observe;
 pub mod policy;
 
@@ -49,6 +50,23 @@ pub struct Finding {
     pub subject: String,
     /// What was found and what to do, for people.
     pub message: String,
+    /// The query or request that proved it, for an operator to run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
+}
+
+/// A problem a boundary's own state shows (PostgreSQL's catalogs: who may write, which
+/// triggers fire); the audit turns each into a [`Finding`] about that boundary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// How much it matters.
+    pub severity: Severity,
+    /// A stable code (`unfenced_writer`, `guard_trigger_disabled`, …).
+    pub code: String,
+    /// What was found and what to do.
+    pub message: String,
+    /// The query that shows it.
+    pub proof: String,
 }
 
 /// A lock as the coordinator reports it (`GET /v1/locks`).
@@ -106,9 +124,13 @@ pub struct BoundaryReport {
     /// The latest rejections (newest first, at most [`observe::MAX_REJECTIONS_SHOWN`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_rejections: Vec<serde_json::Value>,
-    /// Postgres: whether Palisade's guard triggers are installed and fire always.
+    /// Postgres: whether the table is registered as guarded (`palisade_guarded_tables`);
+    /// whether its triggers are Palisade's and fire always is in `problems`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guard_installed: Option<bool>,
+    /// What the boundary's own state shows is wrong with it (see [`guard`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<Problem>,
     /// Effects: operations by state.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub operations: BTreeMap<String, u64>,

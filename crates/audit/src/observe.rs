@@ -6,6 +6,7 @@ use std::time::Duration;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::Value;
 
+use crate::guard::{self, Binding};
 use crate::policy::Boundary;
 use crate::{BoundaryReport, Probe};
 
@@ -56,9 +57,11 @@ pub async fn observe(
     let asking = async {
         match boundary {
             Boundary::Resource { url } => observe_resource(http, url, locks, &mut report).await,
-            Boundary::Postgres { table, url } => {
-                observe_postgres(url, table, locks, &mut report).await
-            }
+            Boundary::Postgres {
+                table,
+                url,
+                writers,
+            } => observe_postgres(url, table, writers, locks, &mut report).await,
             Boundary::Effects { url, .. } => observe_effects(http, url, &mut report).await,
         }
     };
@@ -203,12 +206,6 @@ fn quote(identifier: &str) -> Result<String, String> {
     palisade_fence_postgres::quote_identifier(identifier).map_err(|e| e.to_string())
 }
 
-/// How a guarded table is bound to its lock(s), as `palisade_guarded_tables` records it.
-struct Binding {
-    table_lock: Option<String>,
-    lock_column: Option<String>,
-}
-
 async fn binding(client: &tokio_postgres::Client, table: &str) -> Result<Option<Binding>, String> {
     let exists = client
         .query_opt("SELECT to_regclass($1)::text", &[&table])
@@ -219,21 +216,22 @@ async fn binding(client: &tokio_postgres::Client, table: &str) -> Result<Option<
         return Err(format!("table {table} does not exist"));
     }
     let registry = client
-        .query_opt("SELECT to_regclass('palisade_guarded_tables')::text", &[])
+        .query_opt(
+            "SELECT relnamespace::oid FROM pg_class \
+             WHERE oid = to_regclass('palisade_guarded_tables')",
+            &[],
+        )
         .await
         .map_err(|e| pg_text(&e))?
-        .and_then(|row| row.get::<_, Option<String>>(0));
-    if registry.is_none() {
+        .map(|row| row.get::<_, u32>(0));
+    let Some(schema) = registry else {
         return Ok(None);
-    }
-    // The guard fires ALWAYS: a trigger disabled, or enabled only for origin sessions, does
-    // not count.
+    };
+    // Whether the triggers are Palisade's and fire always is checked by `guard::check`.
     let row = client
         .query_opt(
-            "SELECT g.table_lock, g.lock_column FROM palisade_guarded_tables g \
-             WHERE g.tbl = $1::text::regclass::oid AND EXISTS ( \
-               SELECT 1 FROM pg_trigger t WHERE t.tgrelid = g.tbl \
-               AND t.tgname = 'palisade_guard_update' AND t.tgenabled = 'A')",
+            "SELECT g.table_lock, g.lock_column, g.key_column, g.guard_rows \
+             FROM palisade_guarded_tables g WHERE g.tbl = $1::text::regclass::oid",
             &[&table],
         )
         .await
@@ -241,12 +239,16 @@ async fn binding(client: &tokio_postgres::Client, table: &str) -> Result<Option<
     Ok(row.map(|row| Binding {
         table_lock: row.get(0),
         lock_column: row.get(1),
+        key_column: row.get(2),
+        guard_rows: row.get(3),
+        schema,
     }))
 }
 
 async fn observe_postgres(
     url: &str,
     table: &str,
+    writers: &[String],
     locks: &[String],
     report: &mut BoundaryReport,
 ) -> Result<(), String> {
@@ -256,6 +258,7 @@ async fn observe_postgres(
         return Ok(());
     };
     report.guard_installed = Some(true);
+    report.problems = guard::check(&client, table, &binding, writers).await?;
     let t = quote(table)?;
     for lock in locks {
         // A deleted row's fence stays in palisade_row_fences (its tombstone).

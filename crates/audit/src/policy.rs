@@ -89,6 +89,11 @@ pub enum Boundary {
         table: String,
         /// How to reach the database.
         url: String,
+        /// Roles trusted to write the table besides its owner and the role `url` connects
+        /// as: the fence role given to `PostgresFence::connect` (docs/enforcement.md). Any
+        /// other role that can write it is a critical finding.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        writers: Vec<String>,
     },
     /// An effects ledger (the reference store's `/v1/effects`) and its receiver.
     Effects {
@@ -116,7 +121,7 @@ impl Boundary {
     pub fn describe(&self) -> String {
         match self {
             Boundary::Resource { url } => format!("resource {url}"),
-            Boundary::Postgres { table, url } => {
+            Boundary::Postgres { table, url, .. } => {
                 format!("postgres table {table} at {}", redact_url(url))
             }
             Boundary::Effects {
@@ -136,30 +141,68 @@ impl Boundary {
     /// console.
     pub fn redacted(&self) -> Boundary {
         match self {
-            Boundary::Postgres { table, url } => Boundary::Postgres {
+            Boundary::Postgres {
+                table,
+                url,
+                writers,
+            } => Boundary::Postgres {
                 table: table.clone(),
                 url: redact_url(url),
+                writers: writers.clone(),
             },
             other => other.clone(),
         }
     }
 }
 
-/// `scheme://user:secret@host/…` → `scheme://user:***@host/…`; anything else unchanged.
+/// Connection parameters whose value is a secret or names where one is kept: libpq's
+/// `password`, `sslpassword` and `passfile` (a path is redacted too: it says where the
+/// credentials are).
+const SECRET_PARAMETERS: &[&str] = &["password", "sslpassword", "passfile"];
+
+/// A URL as it may be shown to anyone with `read`: the password of `scheme://user:secret@…`
+/// and the value of every credential parameter libpq accepts in the query (`?password=…`,
+/// `sslpassword=…`, `passfile=…`, names compared after percent-decoding, as libpq does)
+/// replaced by `***`. Anything else is unchanged.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let (authority, path) = match rest.find('/') {
-        Some(at) => rest.split_at(at),
-        None => (rest, ""),
+    let (before_query, query) = match rest.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (rest, None),
     };
-    match authority.rsplit_once('@') {
+    let (authority, path) = match before_query.find('/') {
+        Some(at) => before_query.split_at(at),
+        None => (before_query, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
         Some((user_info, host)) => match user_info.split_once(':') {
-            Some((user, _secret)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
+            Some((user, _secret)) => format!("{user}:***@{host}"),
+            None => authority.to_owned(),
         },
-        None => url.to_owned(),
+        None => authority.to_owned(),
+    };
+    let mut shown = format!("{scheme}://{authority}{path}");
+    if let Some(query) = query {
+        shown.push('?');
+        let parameters: Vec<String> = query.split('&').map(redact_parameter).collect();
+        shown.push_str(&parameters.join("&"));
+    }
+    shown
+}
+
+/// `name=value` with the value replaced when `name` (percent-decoded) is a credential.
+fn redact_parameter(parameter: &str) -> String {
+    let (name, _value) = parameter.split_once('=').unwrap_or((parameter, ""));
+    let decoded = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+    let secret = SECRET_PARAMETERS
+        .iter()
+        .any(|secret| decoded.trim().eq_ignore_ascii_case(secret));
+    if secret {
+        format!("{name}=***")
+    } else {
+        parameter.to_owned()
     }
 }
 
@@ -436,6 +479,9 @@ impl Policy {
     }
 }
 
+/// Most roles a PostgreSQL boundary may trust to write besides its owner.
+const MAX_WRITERS: usize = 16;
+
 fn check_url(url: &str, what: &str, schemes: &[&str]) -> Result<(), String> {
     if schemes.iter().any(|scheme| {
         url.strip_prefix(scheme)
@@ -455,9 +501,22 @@ fn check_rule(rule: &Rule) -> Result<(), String> {
     match &rule.boundary {
         Some(Boundary::Resource { url }) => check_url(url, "resource", &["http://"])?,
         Some(Boundary::Effects { url, .. }) => check_url(url, "effects ledger", &["http://"])?,
-        Some(Boundary::Postgres { table, url }) => {
+        Some(Boundary::Postgres {
+            table,
+            url,
+            writers,
+        }) => {
             check_url(url, "postgres", &["postgres://", "postgresql://"])?;
             palisade_fence_postgres::quote_identifier(table).map_err(|e| e.to_string())?;
+            if writers.len() > MAX_WRITERS {
+                return Err(format!("more than {MAX_WRITERS} writers"));
+            }
+            if let Some(bad) = writers
+                .iter()
+                .find(|w| w.is_empty() || w.len() > 63 || w.chars().any(char::is_control))
+            {
+                return Err(format!("writer {bad:?} is not a PostgreSQL role name"));
+            }
         }
         None => {}
     }
@@ -616,6 +675,59 @@ class = "critical"
             .contains("hunter2"));
         assert_eq!(redact_url("http://h:1/x"), "http://h:1/x");
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    /// Every form in which libpq takes a credential in a URL is redacted (issue 26, item 7).
+    #[test]
+    fn every_credential_form_libpq_accepts_is_redacted() {
+        let cases = [
+            (
+                "postgres://app:hunter2@h:5432/db",
+                "postgres://app:***@h:5432/db",
+            ),
+            (
+                "postgres://h/db?user=app&password=hunter2",
+                "postgres://h/db?user=app&password=***",
+            ),
+            (
+                "postgresql://h/db?sslmode=require&sslpassword=hunter2",
+                "postgresql://h/db?sslmode=require&sslpassword=***",
+            ),
+            (
+                "postgres://h/db?passfile=/secret/hunter2.pgpass",
+                "postgres://h/db?passfile=***",
+            ),
+            // libpq percent-decodes parameter names: `pass%77ord` is `password`.
+            (
+                "postgres://h/db?pass%77ord=hunter2",
+                "postgres://h/db?pass%77ord=***",
+            ),
+            (
+                "postgres://h/db?PASSWORD=hunter2",
+                "postgres://h/db?PASSWORD=***",
+            ),
+            // No path, a query straight after the host; and both forms at once.
+            (
+                "postgres://app:hunter2@h?password=hunter2",
+                "postgres://app:***@h?password=***",
+            ),
+            // A `/` or `@` inside the query does not move the authority.
+            ("postgres://h?password=a/b@c", "postgres://h?password=***"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_url(url), shown, "{url}");
+            assert!(!redact_url(url).contains("hunter2"), "{url}");
+        }
+        let policy = Policy::parse(
+            "[[lock]]\npattern = \"r/*\"\nclass = \"critical\"\n\
+             boundary = { kind = \"postgres\", table = \"t\", \
+             url = \"postgres://127.0.0.1/app?user=app&password=hunter2\" }\n",
+        )
+        .unwrap();
+        let shown = serde_json::to_string(&policy.redacted()).unwrap();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let described = policy.rules[0].boundary.as_ref().unwrap().describe();
+        assert!(!described.contains("hunter2"), "{described}");
     }
 
     #[test]

@@ -50,6 +50,7 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
     let boundary = Boundary::Postgres {
         table: guarded.clone(),
         url: url.clone(),
+        writers: Vec::new(),
     };
     let report = observe(
         &http,
@@ -73,6 +74,7 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         &Boundary::Postgres {
             table: bare.clone(),
             url: url.clone(),
+            writers: Vec::new(),
         },
         vec![],
         &[lock.to_string()],
@@ -103,6 +105,7 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         &Boundary::Postgres {
             table: "no_such_table".into(),
             url: url.clone(),
+            writers: Vec::new(),
         },
         vec![],
         &[],
@@ -119,7 +122,10 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         &http,
         &Boundary::Postgres {
             table: guarded.clone(),
-            url: format!("postgres://nobody:secret@127.0.0.1:{port}/none"),
+            url: format!(
+                "postgres://nobody:secret@127.0.0.1:{port}/none?password=secret&sslpassword=secret"
+            ),
+            writers: Vec::new(),
         },
         vec![],
         &[],

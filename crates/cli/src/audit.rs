@@ -198,5 +198,8 @@ fn print(report: &Report) {
             Severity::Info => "info",
         };
         println!("{severity:<8}  {:<20}  {}", finding.code, finding.message);
+        if let Some(proof) = &finding.proof {
+            println!("{:<8}  {:<20}  shown by: {proof}", "", "");
+        }
     }
 }

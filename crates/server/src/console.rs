@@ -196,7 +196,9 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
                         },
                         None => unreachable!("tokens are made when a resource is named"),
                     },
-                    Boundary::Postgres { table, url } => observe::probe_postgres(url, table).await,
+                    Boundary::Postgres { table, url, .. } => {
+                        observe::probe_postgres(url, table).await
+                    }
                     Boundary::Effects { .. } => Probe::NotSupported {
                         detail: "an effects ledger has no probe: it would record an operation; \
                                  its fence is checked by its conformance suite and `palisade \

@@ -1,0 +1,613 @@
+//! What PostgreSQL's own catalogs say about a guarded table (issue 26): who may write it
+//! without the fence, whether every one of the guard's triggers is the one Palisade installs
+//! and fires always, what else could rewrite its rows, and whether the database keeps a
+//! commit.
+//!
+//! Every check is a query the audit sends itself over `pg_catalog`, never a function in the
+//! audited database (whoever owns that could replace it with one that answers "none"), and
+//! every problem carries that query so an operator can run it again.
+//!
+//! Trusted, by design (docs/enforcement.md): superusers, the owners of the table and of
+//! Palisade's functions and tables, the role the audit connects as, and the roles the policy
+//! names in `writers` (the fence role). Everyone else who can write is a finding.
+
+use std::fmt::Write as _;
+
+use palisade_fence_postgres::migrations::MIGRATIONS;
+use tokio_postgres::Client;
+
+use crate::{Problem, Severity};
+
+/// How a guarded table is bound, as `palisade_guarded_tables` records it.
+pub struct Binding {
+    /// The one lock guarding the whole table.
+    pub table_lock: Option<String>,
+    /// The text column naming each row's lock.
+    pub lock_column: Option<String>,
+    /// The key column (tombstones are keyed by it).
+    pub key_column: String,
+    /// Whether INSERT and DELETE are allowed only on the fenced path.
+    pub guard_rows: bool,
+    /// The schema Palisade's functions and tables live in.
+    pub schema: u32,
+}
+
+/// Most problems one check reports (the rest are counted, not listed).
+const MAX_LISTED: usize = 20;
+
+/// One trigger the guard installs: its name, function, `tgtype` bits and arguments.
+struct Expected {
+    name: &'static str,
+    function: &'static str,
+    tgtype: i32,
+    args: Vec<String>,
+}
+
+// pg_trigger.tgtype bits (PostgreSQL's trigger.h).
+const ROW: i32 = 1;
+const BEFORE: i32 = 2;
+const INSERT: i32 = 4;
+const DELETE: i32 = 8;
+const UPDATE: i32 = 16;
+const TRUNCATE: i32 = 32;
+
+fn expected_triggers(binding: &Binding) -> Vec<Expected> {
+    let key = vec![binding.key_column.clone()];
+    let mut expected = vec![
+        Expected {
+            name: "palisade_guard_update",
+            function: "palisade_guard_fence",
+            tgtype: ROW | BEFORE | UPDATE,
+            args: binding.lock_column.iter().cloned().collect(),
+        },
+        Expected {
+            name: "palisade_guard_tombstone",
+            function: "palisade_guard_tombstone",
+            tgtype: ROW | BEFORE | DELETE,
+            args: key.clone(),
+        },
+        Expected {
+            name: "palisade_guard_insert",
+            function: "palisade_guard_insert",
+            tgtype: ROW | BEFORE | INSERT,
+            args: key,
+        },
+        Expected {
+            name: "palisade_guard_truncate",
+            function: "palisade_guard_truncate",
+            tgtype: BEFORE | TRUNCATE,
+            args: Vec::new(),
+        },
+    ];
+    if binding.guard_rows {
+        expected.push(Expected {
+            name: "palisade_guard_rows",
+            function: "palisade_guard_rows",
+            tgtype: ROW | BEFORE | INSERT | DELETE,
+            args: Vec::new(),
+        });
+    }
+    expected
+}
+
+/// The body Palisade's migrations give `function` (its last definition), as PostgreSQL
+/// stores it in `pg_proc.prosrc`: the text between the `$$` quotes.
+pub fn expected_body(function: &str) -> Option<String> {
+    let header = format!("CREATE OR REPLACE FUNCTION {function}()");
+    let mut body = None;
+    for (_, _, sql) in MIGRATIONS {
+        let mut rest = *sql;
+        while let Some(at) = rest.find(&header) {
+            rest = &rest[at + header.len()..];
+            let start = rest.find("$$")? + 2;
+            let end = start + rest[start..].find("$$")?;
+            body = Some(rest[start..end].replace("\r\n", "\n"));
+            rest = &rest[end + 2..];
+        }
+    }
+    body
+}
+
+fn problem(severity: Severity, code: &str, message: String, proof: &str) -> Problem {
+    Problem {
+        severity,
+        code: code.to_owned(),
+        message,
+        proof: proof.split_whitespace().collect::<Vec<_>>().join(" "),
+    }
+}
+
+/// Postgres's error as text.
+fn pg(error: tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
+}
+
+/// Every problem found with `table` (already known to be registered as guarded).
+pub async fn check(
+    client: &Client,
+    table: &str,
+    binding: &Binding,
+    writers: &[String],
+) -> Result<Vec<Problem>, String> {
+    let mut problems = Vec::new();
+    check_triggers(client, table, binding, &mut problems).await?;
+    check_functions(client, binding, &mut problems).await?;
+    check_rewrites(client, table, &mut problems).await?;
+    check_writers(client, table, binding, writers, &mut problems).await?;
+    check_durability(client, &mut problems).await?;
+    check_unguarded(client, &mut problems).await?;
+    Ok(problems)
+}
+
+const TRIGGERS: &str = "SELECT t.tgname::text, t.tgenabled::text, p.proname::text, \
+    p.pronamespace::oid = $2::oid, t.tgtype::int, t.tgqual IS NOT NULL, t.tgattr::text, \
+    encode(t.tgargs, 'escape') FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
+    WHERE t.tgrelid = $1::text::regclass AND NOT t.tgisinternal ORDER BY t.tgname";
+
+/// Each trigger the guard installs is there, fires always, and is exactly Palisade's: its
+/// function, events, timing, arguments, no `WHEN` and no column list. Any other `BEFORE` row
+/// trigger on INSERT or UPDATE could rewrite a row after the guard checked it.
+async fn check_triggers(
+    client: &Client,
+    table: &str,
+    binding: &Binding,
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let proof = TRIGGERS
+        .replace("$1", &format!("'{}'", table.replace('\'', "''")))
+        .replace("$2", &binding.schema.to_string());
+    let rows = client
+        .query(TRIGGERS, &[&table, &binding.schema])
+        .await
+        .map_err(pg)?;
+    let expected = expected_triggers(binding);
+    for want in &expected {
+        let Some(row) = rows.iter().find(|r| r.get::<_, String>(0) == want.name) else {
+            problems.push(problem(
+                Severity::Critical,
+                "guard_trigger_missing",
+                format!(
+                    "trigger {} on {table} is missing: re-run install_guard",
+                    want.name
+                ),
+                &proof,
+            ));
+            continue;
+        };
+        let enabled: String = row.get(1);
+        if enabled != "A" {
+            let how = match enabled.as_str() {
+                "D" => "disabled",
+                "R" => "enabled for replica sessions only",
+                _ => "enabled for origin sessions only (SET session_replication_role = replica skips it)",
+            };
+            problems.push(problem(
+                Severity::Critical,
+                "guard_trigger_disabled",
+                format!(
+                    "trigger {} on {table} is {how}: ALTER TABLE {table} ENABLE ALWAYS TRIGGER {}",
+                    want.name, want.name
+                ),
+                &proof,
+            ));
+        }
+        let (function, in_schema): (String, bool) = (row.get(2), row.get(3));
+        let (tgtype, has_when, columns): (i32, bool, String) = (row.get(4), row.get(5), row.get(6));
+        let args: Vec<String> = row
+            .get::<_, String>(7)
+            .split("\\000")
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let mut differs = Vec::new();
+        if function != want.function || !in_schema {
+            differs.push(format!("runs {function}, not Palisade's {}", want.function));
+        }
+        if tgtype != want.tgtype {
+            differs.push(format!("fires on tgtype {tgtype}, not {}", want.tgtype));
+        }
+        if has_when {
+            differs.push("has a WHEN condition (it can exempt a role or a row)".to_owned());
+        }
+        if !columns.trim().is_empty() {
+            differs.push(format!("fires only on UPDATE OF columns {columns}"));
+        }
+        if args != want.args {
+            differs.push(format!("has arguments {args:?}, not {:?}", want.args));
+        }
+        if !differs.is_empty() {
+            problems.push(problem(
+                Severity::Critical,
+                "guard_trigger_altered",
+                format!(
+                    "trigger {} on {table} is not the one Palisade installs: it {}; re-run \
+                     install_guard",
+                    want.name,
+                    differs.join("; ")
+                ),
+                &proof,
+            ));
+        }
+    }
+    for row in &rows {
+        let name: String = row.get(0);
+        let (enabled, tgtype): (String, i32) = (row.get(1), row.get(4));
+        let rewrites = tgtype & ROW != 0 && tgtype & BEFORE != 0 && tgtype & (INSERT | UPDATE) != 0;
+        if rewrites && enabled != "D" && !expected.iter().any(|e| e.name == name) {
+            problems.push(problem(
+                Severity::Critical,
+                "foreign_trigger",
+                format!(
+                    "trigger {name} on {table} runs BEFORE each INSERT or UPDATE and can rewrite \
+                     a row (last_fence included) after Palisade's guard checked it: drop it, or \
+                     make it an AFTER trigger"
+                ),
+                &proof,
+            ));
+        }
+    }
+    Ok(())
+}
+
+const FUNCTION: &str =
+    "SELECT p.prosrc, p.prosecdef, coalesce(array_to_string(p.proconfig, ','), '') \
+    FROM pg_proc p WHERE p.proname = $1 AND p.pronamespace = $2::oid AND p.pronargs = 0";
+
+/// Each guard function's body is the one Palisade's migrations define (a body re-created with
+/// an exemption passes every trigger check), and the tombstone functions still run as their
+/// owner with a pinned `search_path`.
+async fn check_functions(
+    client: &Client,
+    binding: &Binding,
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let mut functions = vec![
+        ("palisade_guard_fence", false),
+        ("palisade_guard_tombstone", true),
+        ("palisade_guard_insert", true),
+        ("palisade_guard_truncate", false),
+    ];
+    if binding.guard_rows {
+        functions.push(("palisade_guard_rows", false));
+    }
+    for (function, definer) in functions {
+        let proof = FUNCTION
+            .replace("$1", &format!("'{function}'"))
+            .replace("$2", &binding.schema.to_string());
+        let row = client
+            .query_opt(FUNCTION, &[&function, &binding.schema])
+            .await
+            .map_err(pg)?;
+        let Some(row) = row else {
+            problems.push(problem(
+                Severity::Critical,
+                "guard_function_missing",
+                format!("function {function}() is missing: re-apply Palisade's migrations"),
+                &proof,
+            ));
+            continue;
+        };
+        let (body, secdef, config): (String, bool, String) = (row.get(0), row.get(1), row.get(2));
+        let expected = expected_body(function);
+        let mut differs = Vec::new();
+        if expected.as_deref() != Some(body.replace("\r\n", "\n").as_str()) {
+            differs.push("its body differs from Palisade's");
+        }
+        if definer && !secdef {
+            differs.push("it no longer runs as its owner (SECURITY DEFINER)");
+        }
+        if definer && !config.starts_with("search_path=pg_catalog") {
+            differs.push("its search_path is not pinned");
+        }
+        if !differs.is_empty() {
+            problems.push(problem(
+                Severity::Critical,
+                "guard_function_altered",
+                format!(
+                    "function {function}() is not the one Palisade installs: {}; re-create it \
+                     from crates/fence-postgres/sql/",
+                    differs.join(", ")
+                ),
+                &proof,
+            ));
+        }
+    }
+    Ok(())
+}
+
+const RULES: &str = "SELECT rulename::text FROM pg_rewrite \
+    WHERE ev_class = $1::text::regclass AND rulename <> '_RETURN' ORDER BY rulename";
+const CHILDREN: &str = "SELECT inhrelid::regclass::text FROM pg_inherits \
+    WHERE inhparent = $1::text::regclass ORDER BY 1";
+const VIEWS: &str = "SELECT DISTINCT v.oid::regclass::text FROM pg_depend d \
+    JOIN pg_rewrite w ON w.oid = d.objid JOIN pg_class v ON v.oid = w.ev_class \
+    WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = $1::text::regclass \
+    AND v.oid <> $1::text::regclass AND v.relkind = 'v' ORDER BY 1";
+
+/// Rules on the table (a `DO INSTEAD` can turn a write into anything) and child tables (a
+/// write to a child never fires the parent's triggers, yet its rows read as the parent's).
+async fn check_rewrites(
+    client: &Client,
+    table: &str,
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let quoted = format!("'{}'", table.replace('\'', "''"));
+    for row in client.query(RULES, &[&table]).await.map_err(pg)? {
+        let rule: String = row.get(0);
+        problems.push(problem(
+            Severity::Critical,
+            "rule_on_table",
+            format!("rule {rule} on {table} can rewrite writes before the guard sees them"),
+            &RULES.replace("$1", &quoted),
+        ));
+    }
+    for row in client.query(CHILDREN, &[&table]).await.map_err(pg)? {
+        let child: String = row.get(0);
+        problems.push(problem(
+            Severity::Critical,
+            "unguarded_child_table",
+            format!(
+                "{child} inherits from {table}: its rows read as {table}'s, but writes to it \
+                 never fire {table}'s guard"
+            ),
+            &CHILDREN.replace("$1", &quoted),
+        ));
+    }
+    Ok(())
+}
+
+const OWNERS: &str = "SELECT rolname::text FROM pg_roles WHERE oid IN ( \
+    SELECT relowner FROM pg_class WHERE oid = $1::text::regclass \
+    UNION SELECT relowner FROM pg_class WHERE relnamespace = $2::oid \
+      AND relname IN ('palisade_guarded_tables', 'palisade_row_fences') \
+    UNION SELECT proowner FROM pg_proc WHERE pronamespace = $2::oid \
+      AND proname LIKE 'palisade\\_guard\\_%') ORDER BY 1";
+
+/// Which of `relation`'s write privileges each role outside `trusted` holds: column grants
+/// count (`has_any_column_privilege`), memberships are resolved as PostgreSQL resolves them,
+/// and `public` stands for every role, present and future.
+const WRITERS: &str = "SELECT r.name, array_remove(ARRAY[ \
+    CASE WHEN has_any_column_privilege(r.name, $1::text::regclass, 'INSERT') THEN 'INSERT' END, \
+    CASE WHEN has_any_column_privilege(r.name, $1::text::regclass, 'UPDATE') THEN 'UPDATE' END, \
+    CASE WHEN has_table_privilege(r.name, $1::text::regclass, 'DELETE') THEN 'DELETE' END, \
+    CASE WHEN has_table_privilege(r.name, $1::text::regclass, 'TRUNCATE') THEN 'TRUNCATE' END, \
+    CASE WHEN has_table_privilege(r.name, $1::text::regclass, 'TRIGGER') THEN 'TRIGGER' END], NULL) \
+    FROM (SELECT rolname::text AS name FROM pg_roles WHERE NOT rolsuper \
+          AND rolname NOT LIKE 'pg\\_%' UNION ALL SELECT 'public') r \
+    WHERE r.name <> ALL($2::text[]) ORDER BY r.name";
+
+/// Roles outside the trusted ones that are members of one (they can `SET ROLE` to it).
+const MEMBERS: &str = "SELECT r.rolname::text, t.name FROM pg_roles r \
+    CROSS JOIN unnest($1::text[]) AS t(name) \
+    WHERE NOT r.rolsuper AND r.rolname NOT LIKE 'pg\\_%' AND r.rolname <> ALL($1::text[]) \
+    AND pg_has_role(r.oid, (SELECT oid FROM pg_roles WHERE rolname = t.name), 'MEMBER') \
+    ORDER BY 1, 2";
+
+/// Who may write the table, its views and Palisade's tables without the fence.
+async fn check_writers(
+    client: &Client,
+    table: &str,
+    binding: &Binding,
+    writers: &[String],
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let quoted = format!("'{}'", table.replace('\'', "''"));
+    let owners: Vec<String> = client
+        .query(OWNERS, &[&table, &binding.schema])
+        .await
+        .map_err(pg)?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let me: String = client
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    let mut trusted: Vec<String> = owners.clone();
+    trusted.push(me);
+    trusted.extend(writers.iter().cloned());
+    trusted.sort();
+    trusted.dedup();
+    let trusted_list = format!(
+        "ARRAY[{}]",
+        trusted
+            .iter()
+            .map(|r| format!("'{}'", r.replace('\'', "''")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    let views: Vec<String> = client
+        .query(VIEWS, &[&table])
+        .await
+        .map_err(pg)?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut relations = vec![(table.to_owned(), trusted.clone(), "directly")];
+    for view in &views {
+        relations.push((view.clone(), trusted.clone(), "through a view"));
+    }
+    // Palisade's own tables: nobody but their owner writes them, the fence role included.
+    for helper in ["palisade_row_fences", "palisade_guarded_tables"] {
+        relations.push((helper.to_owned(), owners.clone(), "(Palisade's table)"));
+    }
+    let mut listed = 0;
+    for (relation, allowed, how) in relations {
+        let rows = client
+            .query(WRITERS, &[&relation, &allowed])
+            .await
+            .map_err(pg)?;
+        for row in rows {
+            let (role, privileges): (String, Vec<String>) = (row.get(0), row.get(1));
+            if privileges.is_empty() {
+                continue;
+            }
+            listed += 1;
+            if listed > MAX_LISTED {
+                continue;
+            }
+            let mut message = format!(
+                "role {role} may {} {relation} {how} without the fence",
+                privileges.join(", ")
+            );
+            if relation == table {
+                let _ = write!(
+                    message,
+                    " (e.g. UPDATE {table} SET last_fence = last_fence + 1, …): revoke it, or \
+                     name the role in the boundary's writers if it is the fence role"
+                );
+            }
+            let proof = WRITERS
+                .replace("$1", &format!("'{}'", relation.replace('\'', "''")))
+                .replace(
+                    "$2::text[]",
+                    &format!(
+                        "ARRAY[{}]",
+                        allowed
+                            .iter()
+                            .map(|r| format!("'{}'", r.replace('\'', "''")))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            problems.push(problem(
+                Severity::Critical,
+                "unfenced_writer",
+                message,
+                &proof,
+            ));
+        }
+    }
+    if listed > MAX_LISTED {
+        problems.push(problem(
+            Severity::Critical,
+            "unfenced_writer",
+            format!(
+                "{} more role/relation pairs may write without the fence",
+                listed - MAX_LISTED
+            ),
+            &WRITERS.replace("$1", &quoted),
+        ));
+    }
+    for row in client.query(MEMBERS, &[&trusted]).await.map_err(pg)? {
+        let (role, of): (String, String) = (row.get(0), row.get(1));
+        problems.push(problem(
+            Severity::Critical,
+            "member_of_trusted_role",
+            format!(
+                "role {role} is a member of {of} and can SET ROLE {of}: it writes {table} (or \
+                 drops its guard) as {of} does"
+            ),
+            &MEMBERS.replace("$1::text[]", &trusted_list),
+        ));
+    }
+    Ok(())
+}
+
+const SETTINGS: &str = "SELECT name::text, setting FROM pg_settings \
+    WHERE name IN ('fsync', 'synchronous_commit', 'full_page_writes') ORDER BY name";
+const ROLE_SETTINGS: &str = "SELECT coalesce(setrole::regrole::text, 'every role'), \
+    coalesce((SELECT datname::text FROM pg_database WHERE oid = setdatabase), 'every database') \
+    FROM pg_db_role_setting \
+    WHERE array_to_string(setconfig, ',') ~* 'synchronous_commit=(off|false|no|0)(,|$)'";
+
+/// Whether the database keeps what it acknowledged: `fsync` off loses commits on a crash;
+/// `synchronous_commit` off (for the audit's role, or set for a role or database) loses the
+/// last ones. Palisade's adapters turn it on for their own connections; other writers of the
+/// same database are not protected.
+async fn check_durability(client: &Client, problems: &mut Vec<Problem>) -> Result<(), String> {
+    for row in client.query(SETTINGS, &[]).await.map_err(pg)? {
+        let (name, setting): (String, String) = (row.get(0), row.get(1));
+        let (severity, why) = match (name.as_str(), setting.as_str()) {
+            ("fsync", "off") => (
+                Severity::Critical,
+                "a crash loses committed fences: an obsolete owner's write can be accepted again",
+            ),
+            ("full_page_writes", "off") => (
+                Severity::Warning,
+                "a crash mid-write can leave torn pages that recovery cannot repair",
+            ),
+            ("synchronous_commit", "off") => (
+                Severity::Warning,
+                "a crash loses the last acknowledged commits of writers other than Palisade's \
+                 adapters (which turn it on for their own connections)",
+            ),
+            _ => continue,
+        };
+        problems.push(problem(
+            severity,
+            "durability_off",
+            format!("{name} = {setting}: {why}"),
+            SETTINGS,
+        ));
+    }
+    for row in client.query(ROLE_SETTINGS, &[]).await.map_err(pg)? {
+        let (role, database): (String, String) = (row.get(0), row.get(1));
+        problems.push(problem(
+            Severity::Warning,
+            "durability_off",
+            format!(
+                "synchronous_commit is off for {role} in {database} (ALTER ROLE/DATABASE … SET): \
+                 Palisade's adapters turn it on for their own connections; other writers lose \
+                 their last commits in a crash"
+            ),
+            ROLE_SETTINGS,
+        ));
+    }
+    Ok(())
+}
+
+const UNGUARDED: &str = "SELECT c.oid::regclass::text FROM pg_attribute a \
+    JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+    WHERE a.attname = 'last_fence' AND NOT a.attisdropped AND c.relkind IN ('r', 'p') \
+    AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+    AND c.oid NOT IN (SELECT tbl FROM palisade_guarded_tables) ORDER BY 1 LIMIT 21";
+
+/// Tables with a `last_fence` column that no guard protects (a copy of a guarded table's rows
+/// is one). The audit cannot know which tables an application reads: this is a warning, and
+/// a shadow copy without that column is not seen at all (docs/policy.md).
+async fn check_unguarded(client: &Client, problems: &mut Vec<Problem>) -> Result<(), String> {
+    let rows = client.query(UNGUARDED, &[]).await.map_err(pg)?;
+    for row in rows.iter().take(MAX_LISTED) {
+        let table: String = row.get(0);
+        problems.push(problem(
+            Severity::Warning,
+            "unguarded_fenced_table",
+            format!(
+                "{table} has a last_fence column but no Palisade guard: if it holds fenced \
+                 rows (a copy of a guarded table's), plain SQL writes it without the fence"
+            ),
+            UNGUARDED,
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_guard_function_has_a_body_in_the_migrations() {
+        for function in [
+            "palisade_guard_fence",
+            "palisade_guard_tombstone",
+            "palisade_guard_insert",
+            "palisade_guard_truncate",
+            "palisade_guard_rows",
+        ] {
+            let body = expected_body(function).unwrap_or_else(|| panic!("{function}"));
+            assert!(body.contains("BEGIN") && body.contains("END"), "{body}");
+        }
+        // The last definition wins: migration 6 gave the fence function its lock check.
+        assert!(expected_body("palisade_guard_fence")
+            .unwrap()
+            .contains("P5005"));
+        assert!(expected_body("no_such_function").is_none());
+    }
+}

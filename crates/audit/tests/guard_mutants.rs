@@ -1,0 +1,404 @@
+//! Audit mutants (issue 26, P5): each weakness that lets a role write a guarded table without
+//! the fence is planted in a real PostgreSQL, and the audit must report it as critical (so
+//! `palisade audit` exits non-zero), naming it. A clean setup — the three roles
+//! docs/enforcement.md describes — must have no critical finding, or the audit would cry wolf.
+//!
+//! The test runs in its own database, so replacing a guard function cannot touch the tables
+//! other tests guard at the same time.
+
+use std::sync::Arc;
+
+use palisade_audit::observe::observe;
+use palisade_audit::policy::Boundary;
+use palisade_audit::{BoundaryReport, Severity};
+use palisade_core::{LockName, TokenVerifier};
+use palisade_fence::{FenceMode, Verifier};
+use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
+
+fn postgres_url() -> String {
+    std::env::var("PALISADE_TEST_POSTGRES_URL").expect(
+        "PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test, which starts a throwaway \
+         PostgreSQL on loopback and sets it",
+    )
+}
+
+/// The test's database, roles and an adapter connected to it (migrations applied).
+struct Setup {
+    admin: tokio_postgres::Client,
+    db: tokio_postgres::Client,
+    fence: PostgresFence,
+    url: String,
+    name: String,
+    app: String,
+    writer: String,
+    owner: String,
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+async fn setup() -> Setup {
+    let base = postgres_url();
+    let name = format!("audit_mutants_{}", std::process::id());
+    let (app, writer, owner) = (
+        format!("{name}_app"),
+        format!("{name}_fence"),
+        format!("{name}_owner"),
+    );
+    let admin = connect(&base).await;
+    // One statement per call: DROP and CREATE DATABASE refuse a transaction block.
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        format!("CREATE DATABASE {name}"),
+        format!("DROP ROLE IF EXISTS {app}"),
+        format!("DROP ROLE IF EXISTS {writer}"),
+        format!("DROP ROLE IF EXISTS {owner}"),
+        format!("CREATE ROLE {app} LOGIN"),
+        format!("CREATE ROLE {writer} LOGIN"),
+        format!("CREATE ROLE {owner}"),
+    ] {
+        admin.batch_execute(&statement).await.unwrap();
+    }
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    let url = format!("{prefix}/{name}");
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([])));
+    let fence = PostgresFence::connect(&url, 1, FenceMode::Strict, verifier)
+        .await
+        .unwrap();
+    let db = connect(&url).await;
+    Setup {
+        admin,
+        db,
+        fence,
+        url,
+        name,
+        app,
+        writer,
+        owner,
+    }
+}
+
+impl Setup {
+    /// A guarded table set up as docs/enforcement.md says: owned by the owner role, the fence
+    /// role may write it, the application role may only read it.
+    async fn table(&self, table: &str) {
+        self.db
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL,
+                                       last_fence bigint NOT NULL DEFAULT 0);
+                 INSERT INTO {table} VALUES (1, 'a', 7);"
+            ))
+            .await
+            .unwrap();
+        let lock = LockName::new(format!("report/{table}")).unwrap();
+        GuardedTable::new(table, "id", "payload", RowLock::Table(lock))
+            .unwrap()
+            .install_guard(&self.fence, false)
+            .await
+            .unwrap();
+        self.db
+            .batch_execute(&format!(
+                "ALTER TABLE {table} OWNER TO {owner};
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {writer};
+                 GRANT SELECT ON {table} TO {app};",
+                owner = self.owner,
+                writer = self.writer,
+                app = self.app,
+            ))
+            .await
+            .unwrap();
+    }
+
+    async fn audit(&self, table: &str) -> BoundaryReport {
+        let boundary = Boundary::Postgres {
+            table: table.to_owned(),
+            url: self.url.clone(),
+            writers: vec![self.writer.clone()],
+        };
+        let http = palisade_audit::observe::http_client();
+        let report = observe(&http, &boundary, vec!["report/*".into()], &[]).await;
+        assert!(report.reachable, "{report:?}");
+        report
+    }
+
+    async fn drop(self) {
+        let Setup {
+            admin,
+            db,
+            fence,
+            name,
+            app,
+            writer,
+            owner,
+            ..
+        } = self;
+        drop(db);
+        drop(fence);
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {app}"),
+            format!("DROP ROLE IF EXISTS {writer}"),
+            format!("DROP ROLE IF EXISTS {owner}"),
+        ] {
+            admin.batch_execute(&statement).await.unwrap();
+        }
+    }
+}
+
+fn critical(report: &BoundaryReport) -> Vec<(&str, &str)> {
+    report
+        .problems
+        .iter()
+        .filter(|p| p.severity == Severity::Critical)
+        .map(|p| (p.code.as_str(), p.message.as_str()))
+        .collect()
+}
+
+/// The weaknesses: (name, SQL that plants it in table `{t}`, the finding's code). `{app}`,
+/// `{fence}` and `{owner}` are the roles.
+const MUTANTS: &[(&str, &str, &str)] = &[
+    (
+        "table grant",
+        "GRANT INSERT, UPDATE, DELETE ON {t} TO {app}",
+        "unfenced_writer",
+    ),
+    (
+        "column grant",
+        "GRANT UPDATE (payload, last_fence) ON {t} TO {app}",
+        "unfenced_writer",
+    ),
+    ("grant to public", "GRANT UPDATE ON {t} TO PUBLIC", "unfenced_writer"),
+    ("trigger privilege", "GRANT TRIGGER ON {t} TO {app}", "unfenced_writer"),
+    (
+        "tombstone trigger disabled",
+        "ALTER TABLE {t} DISABLE TRIGGER palisade_guard_tombstone",
+        "guard_trigger_disabled",
+    ),
+    (
+        "insert trigger disabled",
+        "ALTER TABLE {t} DISABLE TRIGGER palisade_guard_insert",
+        "guard_trigger_disabled",
+    ),
+    (
+        "truncate trigger disabled",
+        "ALTER TABLE {t} DISABLE TRIGGER palisade_guard_truncate",
+        "guard_trigger_disabled",
+    ),
+    (
+        "every trigger disabled",
+        "ALTER TABLE {t} DISABLE TRIGGER ALL",
+        "guard_trigger_disabled",
+    ),
+    (
+        "update trigger for replicas only",
+        "ALTER TABLE {t} ENABLE REPLICA TRIGGER palisade_guard_update",
+        "guard_trigger_disabled",
+    ),
+    (
+        "update trigger for origin sessions only",
+        "ALTER TABLE {t} ENABLE TRIGGER palisade_guard_update",
+        "guard_trigger_disabled",
+    ),
+    (
+        "truncate trigger dropped",
+        "DROP TRIGGER palisade_guard_truncate ON {t}",
+        "guard_trigger_missing",
+    ),
+    (
+        "update trigger exempts a role",
+        "DROP TRIGGER palisade_guard_update ON {t};
+         CREATE TRIGGER palisade_guard_update BEFORE UPDATE ON {t} FOR EACH ROW
+           WHEN (current_user <> '{app}') EXECUTE FUNCTION palisade_guard_fence();
+         ALTER TABLE {t} ENABLE ALWAYS TRIGGER palisade_guard_update",
+        "guard_trigger_altered",
+    ),
+    (
+        "update trigger on one column only",
+        "DROP TRIGGER palisade_guard_update ON {t};
+         CREATE TRIGGER palisade_guard_update BEFORE UPDATE OF last_fence ON {t} FOR EACH ROW
+           EXECUTE FUNCTION palisade_guard_fence();
+         ALTER TABLE {t} ENABLE ALWAYS TRIGGER palisade_guard_update",
+        "guard_trigger_altered",
+    ),
+    (
+        "update trigger runs another function",
+        "CREATE FUNCTION {t}_allow() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
+         DROP TRIGGER palisade_guard_update ON {t};
+         CREATE TRIGGER palisade_guard_update BEFORE UPDATE ON {t} FOR EACH ROW
+           EXECUTE FUNCTION {t}_allow();
+         ALTER TABLE {t} ENABLE ALWAYS TRIGGER palisade_guard_update",
+        "guard_trigger_altered",
+    ),
+    (
+        "a BEFORE trigger that rewrites last_fence after the guard",
+        "CREATE FUNCTION {t}_rewrite() RETURNS trigger LANGUAGE plpgsql AS
+           $$BEGIN NEW.last_fence := OLD.last_fence; RETURN NEW; END$$;
+         CREATE TRIGGER zz_rewrite BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_rewrite()",
+        "foreign_trigger",
+    ),
+    (
+        "a rule on the table",
+        "CREATE RULE {t}_instead AS ON INSERT TO {t} DO INSTEAD NOTHING",
+        "rule_on_table",
+    ),
+    (
+        "a writable view granted to the application",
+        "CREATE VIEW {t}_view AS SELECT * FROM {t}; ALTER VIEW {t}_view OWNER TO {owner};
+         GRANT UPDATE ON {t}_view TO {app}",
+        "unfenced_writer",
+    ),
+    (
+        "the application is a member of the owner role",
+        "GRANT {owner} TO {app}",
+        "member_of_trusted_role",
+    ),
+    (
+        "the application is a member of the fence role",
+        "GRANT {fence} TO {app}",
+        "member_of_trusted_role",
+    ),
+    (
+        "the fence role may write the tombstones",
+        "GRANT INSERT, UPDATE, DELETE ON palisade_row_fences TO {fence}",
+        "unfenced_writer",
+    ),
+    (
+        "the application may rebind the table",
+        "GRANT UPDATE ON palisade_guarded_tables TO {app}",
+        "unfenced_writer",
+    ),
+    (
+        "a child table inherits the rows",
+        "CREATE TABLE {t}_child () INHERITS ({t})",
+        "unguarded_child_table",
+    ),
+];
+
+fn plant(sql: &str, table: &str, setup: &Setup) -> String {
+    sql.replace("{app}", &setup.app)
+        .replace("{fence}", &setup.writer)
+        .replace("{owner}", &setup.owner)
+        .replace("{t}", table)
+}
+
+#[tokio::test]
+async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
+    let setup = setup().await;
+
+    // The setup the docs describe passes: no critical finding at all.
+    setup.table("clean").await;
+    let clean = setup.audit("clean").await;
+    assert!(critical(&clean).is_empty(), "{:#?}", clean.problems);
+
+    let mut found = 0;
+    for (i, (name, sql, code)) in MUTANTS.iter().enumerate() {
+        let table = format!("m{i}");
+        setup.table(&table).await;
+        setup
+            .db
+            .batch_execute(&plant(sql, &table, &setup))
+            .await
+            .unwrap_or_else(|e| panic!("planting {name}: {e:?}"));
+        let report = setup.audit(&table).await;
+        let critical = critical(&report);
+        assert!(
+            critical.iter().any(|(c, _)| c == code),
+            "{name}: expected a critical {code}, got {critical:#?}"
+        );
+        for problem in &report.problems {
+            assert!(!problem.proof.is_empty(), "{name}: {problem:?}");
+        }
+        found += 1;
+        // Undo what reaches beyond the table, so the next mutant starts clean.
+        setup
+            .db
+            .batch_execute(&format!(
+                "REVOKE ALL ON palisade_row_fences FROM {writer};
+                 REVOKE ALL ON palisade_guarded_tables FROM {app};
+                 REVOKE {owner} FROM {app}; REVOKE {writer} FROM {app};
+                 REVOKE ALL ON {table} FROM PUBLIC;",
+                writer = setup.writer,
+                app = setup.app,
+                owner = setup.owner,
+            ))
+            .await
+            .unwrap();
+    }
+    assert_eq!(found, MUTANTS.len());
+
+    // A guard function re-created with an exemption passes every trigger check; its body
+    // does not match Palisade's.
+    let original = palisade_audit::guard::expected_body("palisade_guard_fence").unwrap();
+    let exempting = original.replacen(
+        "BEGIN",
+        &format!(
+            "BEGIN\n    IF current_user = '{}' THEN RETURN NEW; END IF;",
+            setup.app
+        ),
+        1,
+    );
+    let recreate = |body: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION palisade_guard_fence() RETURNS trigger \
+             LANGUAGE plpgsql AS $palisade${body}$palisade$"
+        )
+    };
+    setup.db.batch_execute(&recreate(&exempting)).await.unwrap();
+    let report = setup.audit("clean").await;
+    assert!(
+        critical(&report)
+            .iter()
+            .any(|(c, m)| *c == "guard_function_altered" && m.contains("palisade_guard_fence")),
+        "{:#?}",
+        report.problems
+    );
+    setup.db.batch_execute(&recreate(&original)).await.unwrap();
+    // The tombstone function no longer running as its owner.
+    setup
+        .db
+        .batch_execute("ALTER FUNCTION palisade_guard_tombstone() SECURITY INVOKER")
+        .await
+        .unwrap();
+    let report = setup.audit("clean").await;
+    assert!(
+        critical(&report)
+            .iter()
+            .any(|(c, m)| *c == "guard_function_altered" && m.contains("SECURITY DEFINER")),
+        "{:#?}",
+        report.problems
+    );
+    setup
+        .db
+        .batch_execute("ALTER FUNCTION palisade_guard_tombstone() SECURITY DEFINER")
+        .await
+        .unwrap();
+    assert!(critical(&setup.audit("clean").await).is_empty());
+
+    // Durability: synchronous_commit off for the fence role is reported (a warning: the
+    // adapter turns it on for its own connections), and so is a shadow table.
+    setup
+        .db
+        .batch_execute(&format!(
+            "ALTER ROLE {} IN DATABASE {} SET synchronous_commit = off;
+             CREATE TABLE shadow (LIKE clean);",
+            setup.writer, setup.name
+        ))
+        .await
+        .unwrap();
+    let report = setup.audit("clean").await;
+    let warnings: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.severity == Severity::Warning)
+        .map(|p| p.code.as_str())
+        .collect();
+    assert!(warnings.contains(&"durability_off"), "{report:#?}");
+    assert!(warnings.contains(&"unguarded_fenced_table"), "{report:#?}");
+    println!("audit mutants: {found} planted in tables, 2 in functions, all found as critical");
+    setup.drop().await;
+}
