@@ -1,13 +1,11 @@
 //! [`PostgresStore`]: the ledger's storage in PostgreSQL (`sql/001_effects.sql`, applied on
 //! connect under an advisory lock). A transaction takes the lock's fence row `FOR UPDATE`
 //! (every transaction on the lock waits for it: P3), reads the operation's row, and writes
-//! both back before `COMMIT` returns — with `synchronous_commit` on, the WAL is flushed first
-//! (P8).
+//! both back before `COMMIT` returns, the WAL flushed first (P8): every connection starts with
+//! `synchronous_commit` raised to `on` if the server, database or role turned it off
+//! ([`palisade_fence_postgres::durable_pool`]).
 
-use std::str::FromStr as _;
-
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
 use crate::ledger::{LedgerError, ListFilter, Stats, Store};
 use crate::model::{OpId, Record, ALL_STATES};
@@ -42,18 +40,7 @@ fn decode(text: &str) -> Result<Record, LedgerError> {
 impl PostgresStore {
     /// Connects to `url` and applies the ledger's schema.
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
-        let config = tokio_postgres::Config::from_str(url).map_err(storage)?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .build()
-            .map_err(storage)?;
+        let pool = palisade_fence_postgres::durable_pool(url, POOL_SIZE).map_err(storage)?;
         let mut client = pool.get().await.map_err(storage)?;
         // DDL only when the schema is missing: a trigger's re-creation takes an exclusive lock
         // on the fences table, which would stall (or deadlock with) running ledgers.

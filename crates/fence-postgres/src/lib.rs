@@ -8,8 +8,10 @@
 //!   implements [`FencedResource`] in all three modes, and passes the shared conformance suite.
 //!
 //! Schema changes are versioned migrations ([`migrations`]) applied on [`PostgresFence::connect`].
-//! Every accepted write is committed (PostgreSQL's own durability: with `synchronous_commit`
-//! on, the WAL is flushed before the commit returns) before `Accepted` is returned.
+//! Every accepted write is committed (PostgreSQL's own durability: the WAL is flushed before
+//! the commit returns) before `Accepted` is returned. Every connection of the adapter's pool
+//! starts with `synchronous_commit` raised to `on` when the server, the database or the role
+//! turned it `off` ([`durable_pool`]); the audit reports a database where it is off.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -50,6 +52,41 @@ pub struct PostgresFence {
 
 /// Wraps a driver or pool error. PostgreSQL's own message and SQLSTATE are kept in the text
 /// (the driver's `Display` says only "db error").
+/// Run on every new connection of Palisade's pools: `synchronous_commit = off` (set in
+/// `postgresql.conf`, `ALTER DATABASE` or `ALTER ROLE`) would acknowledge a commit whose WAL a
+/// crash can lose — a fence that goes back, an obsolete owner accepted again (P5, P8). It is
+/// raised to `on` for the session; every other value (`local`, `remote_write`, `on`,
+/// `remote_apply`) flushes the local WAL before COMMIT returns and is kept as the operator
+/// chose it. A statement of yours on [`PostgresFence::pool`] must not turn it off again.
+pub const DURABLE_SESSION: &str = "SELECT set_config('synchronous_commit', 'on', false) \
+    WHERE current_setting('synchronous_commit') = 'off'";
+
+/// A connection pool of `size` to `url` whose every connection runs [`DURABLE_SESSION`]
+/// before its first use (the fence adapter's and the effects ledger's).
+pub fn durable_pool(url: &str, size: usize) -> Result<Pool, String> {
+    let config = tokio_postgres::Config::from_str(url).map_err(|e| e.to_string())?;
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .post_create(deadpool_postgres::Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                client
+                    .simple_query(DURABLE_SESSION)
+                    .await
+                    .map(drop)
+                    .map_err(deadpool_postgres::HookError::Backend)
+            })
+        }))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 fn storage(error: impl std::error::Error + Send + Sync + 'static) -> FenceError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
     while let Some(current) = source {
@@ -102,18 +139,7 @@ impl PostgresFence {
         mode: FenceMode,
         verifier: Arc<Verifier>,
     ) -> Result<Self, FenceError> {
-        let config = tokio_postgres::Config::from_str(url).map_err(storage)?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            .build()
-            .map_err(storage)?;
+        let pool = durable_pool(url, pool_size).map_err(|e| FenceError::Storage(e.into()))?;
         let mut client = pool.get().await.map_err(storage)?;
         let applied = migrations::apply(&mut client).await.map_err(storage)?;
         if !applied.is_empty() {
