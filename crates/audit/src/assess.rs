@@ -190,11 +190,16 @@ pub fn assess(
                 subject,
                 format!("{subject} ACCEPTED an obsolete write: {detail}"),
             )),
+            // A boundary that makes the probe fail has not shown that it fences: as bad as one
+            // that accepts, for the audit's verdict (a liar would otherwise choose to fail).
             Some(Probe::Failed { detail }) => findings.push(finding(
-                Severity::Warning,
+                Severity::Critical,
                 "probe_failed",
                 subject,
-                format!("the probe of {subject} could not run: {detail}"),
+                format!(
+                    "the probe of {subject} did not show that it refuses obsolete owners: \
+                     {detail}"
+                ),
             )),
             _ => {}
         }

@@ -16,8 +16,6 @@ pub const TIMEOUT: Duration = Duration::from_secs(3);
 pub const MAX_REJECTIONS_SHOWN: usize = 20;
 /// Most locks a boundary is asked about in one audit (the rest are left out, and said so).
 pub const MAX_LOCKS_ASKED: usize = 1_000;
-/// The key the resource probe writes: the probe's own lock, never a user's.
-pub const PROBE_KEY: &str = "palisade-audit-probe";
 /// Longest a boundary may take to answer everything one audit asks it (a boundary that
 /// answers each request just inside [`TIMEOUT`] cannot hold the audit for long).
 pub const OBSERVE_BUDGET: Duration = Duration::from_secs(15);
@@ -354,10 +352,36 @@ pub async fn probe_postgres(url: &str, table: &str) -> Probe {
     }
 }
 
-/// Proves a reference store refuses an obsolete epoch: `newer` (a token of the probe's own
-/// lock) writes the probe key, then `older` (an earlier epoch of the same lock) must be
-/// refused as stale. Activated stores are activated with `newer` first; sequenced ones get
-/// sequence 1.
+/// A name no boundary can predict: 16 random hex digits.
+pub fn unpredictable() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The lock the probe of a boundary uses: the boundary's `pattern` with each `*` replaced by
+/// `random`, so the probe looks like the locks the boundary really fences (a store that
+/// refuses only `palisade-probe/…` locks is caught), or `palisade-probe/RANDOM` when that
+/// is no valid lock name or `accept` says another rule would decide it.
+pub fn probe_lock(pattern: Option<&str>, random: &str, accept: impl Fn(&str) -> bool) -> String {
+    pattern
+        .filter(|pattern| pattern.contains('*'))
+        .map(|pattern| pattern.replace('*', random))
+        .filter(|lock| palisade_core::LockName::new(lock.as_str()).is_ok() && accept(lock))
+        .unwrap_or_else(|| format!("{}{random}", crate::policy::PROBE_LOCK_PREFIX))
+}
+
+/// What the store said to one write.
+struct Answer {
+    status: reqwest::StatusCode,
+    body: Value,
+}
+
+/// Proves a reference store refuses an obsolete epoch with the reason `stale_epoch`: `newer`
+/// (a token of `lock`) writes a random key, then `older` (an earlier epoch of the same lock)
+/// must be refused on that key — and, in strict mode, on a random key nobody has written
+/// (the lock-wide rule). Activated stores are activated with `newer` first; sequenced ones
+/// get sequence 1. A refusal for another reason proves nothing and fails the probe.
 pub async fn probe_resource(
     http: &reqwest::Client,
     url: &str,
@@ -370,15 +394,23 @@ pub async fn probe_resource(
         Ok(info) => info["mode"].as_str().unwrap_or("strict").to_owned(),
         Err(detail) => return Probe::Failed { detail },
     };
-    let put = |token: &str| {
+    let put = |key: String, token: String| {
         let mut request = http
-            .put(format!("{base}/v1/kv/{}/{PROBE_KEY}", encode(lock)))
+            .put(format!("{base}/v1/kv/{}/{}", encode(lock), encode(&key)))
             .header("palisade-token", token)
             .body("probe");
         if mode == "sequenced" {
             request = request.header("palisade-seq", "1");
         }
-        request.send()
+        async move {
+            let response = request.send().await.map_err(|e| without_url(&e))?;
+            let status = response.status();
+            let body = read_limited(response).await.unwrap_or_default();
+            let body = serde_json::from_slice(&body).unwrap_or_else(|_| {
+                Value::String(String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned())
+            });
+            Ok::<_, String>(Answer { status, body })
+        }
     };
     if mode == "activated" {
         let activated = http
@@ -395,57 +427,62 @@ pub async fn probe_resource(
             return Probe::Failed { detail: e };
         }
     }
-    match put(newer.1).await {
-        Ok(response) if response.status().is_success() => {}
-        Ok(response) => {
-            let status = response.status();
-            let body = read_limited(response).await.unwrap_or_default();
-            let body = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+    let (written, fresh) = (unpredictable(), unpredictable());
+    match put(written.clone(), newer.1.to_owned()).await {
+        Ok(answer) if answer.status.is_success() => {}
+        Ok(answer) => {
             return Probe::Failed {
                 detail: format!(
-                    "the current epoch's write was refused ({status} {body}): does this store \
-                     trust this coordinator's keys?"
+                    "the current epoch's write was refused ({} {}): does this store trust this \
+                     coordinator's keys?",
+                    answer.status, answer.body
                 ),
-            };
+            }
         }
-        Err(e) => {
-            return Probe::Failed {
-                detail: without_url(&e),
+        Err(detail) => return Probe::Failed { detail },
+    }
+    let mut attempts = vec![(written, "the key the newer epoch wrote")];
+    if mode == "strict" {
+        attempts.push((fresh, "a key nobody wrote (strict mode's lock-wide rule)"));
+    }
+    let mut refusals = Vec::new();
+    for (key, which) in attempts {
+        let what = format!(
+            "PUT {base}/v1/kv/{lock}/{key} with epoch {} after epoch {} wrote ({which})",
+            older.0, newer.0
+        );
+        match put(key, older.1.to_owned()).await {
+            Ok(answer)
+                if answer.status == reqwest::StatusCode::CONFLICT
+                    && answer.body["error"] == "stale_epoch" =>
+            {
+                refusals.push(format!(
+                    "{what}: 409 stale_epoch (fence {})",
+                    palisade_core::json::read(&answer.body["fence"])
+                        .map_or_else(|| "?".to_owned(), |fence| fence.to_string())
+                ));
+            }
+            Ok(answer) if answer.status.is_success() => {
+                return Probe::Accepted {
+                    detail: format!("{what}: ACCEPTED ({})", answer.status),
+                }
+            }
+            Ok(answer) => {
+                return Probe::Failed {
+                    detail: format!(
+                        "{what}: {} {} — not a refusal as stale_epoch, so it proves nothing",
+                        answer.status, answer.body
+                    ),
+                }
+            }
+            Err(detail) => {
+                return Probe::Failed {
+                    detail: format!("{what}: {detail}"),
+                }
             }
         }
     }
-    match put(older.1).await {
-        Ok(response) if response.status() == reqwest::StatusCode::CONFLICT => {
-            let body: Value = read_limited(response)
-                .await
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or(Value::Null);
-            Probe::Refused {
-                detail: format!(
-                    "epoch {} of {lock} refused after epoch {} wrote: 409 {} (fence {})",
-                    older.0,
-                    newer.0,
-                    body["error"].as_str().unwrap_or("?"),
-                    palisade_core::json::read(&body["fence"])
-                        .map_or_else(|| "?".to_owned(), |fence| fence.to_string())
-                ),
-            }
-        }
-        Ok(response) if response.status().is_success() => Probe::Accepted {
-            detail: format!(
-                "epoch {} of {lock} was accepted after epoch {} wrote",
-                older.0, newer.0
-            ),
-        },
-        Ok(response) => Probe::Failed {
-            detail: format!(
-                "the obsolete write got {} instead of 409",
-                response.status()
-            ),
-        },
-        Err(e) => Probe::Failed {
-            detail: without_url(&e),
-        },
+    Probe::Refused {
+        detail: refusals.join("; "),
     }
 }

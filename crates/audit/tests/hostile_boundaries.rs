@@ -59,3 +59,90 @@ async fn redirects_huge_answers_and_non_json_are_reported_not_followed() {
     let probe = probe_resource(&http, &garbage, "palisade-probe/audit", (1, "a"), (2, "b")).await;
     assert!(matches!(probe, Probe::Failed { .. }), "{probe:?}");
 }
+
+/// A store that lies to the probe (issue 26, item 4): one that refuses only the audit's old
+/// fixed lock, one that refuses for the wrong reason, and one without strict mode's lock-wide
+/// rule. None may pass. Tokens are opaque to these stores: "old" and "new" stand for an older
+/// and a newer epoch.
+#[tokio::test]
+async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_pass() {
+    use axum::extract::{Path, State};
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::{get, put};
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Copy)]
+    enum Lie {
+        /// Refuses old tokens only under `palisade-probe/`.
+        OnlyTheProbeLock,
+        /// Refuses old tokens with 409 invalid_token.
+        WrongReason,
+        /// Refuses old tokens only on keys the new one wrote.
+        PerKeyOnly,
+        /// Does what a strict store does.
+        Honest,
+    }
+    type Written = Arc<Mutex<HashSet<(String, String)>>>;
+    async fn store(lie: Lie) -> String {
+        let written: Written = Arc::default();
+        let app = axum::Router::new()
+            .route(
+                "/v1/info",
+                get(|| async { axum::Json(serde_json::json!({"mode": "strict"})) }),
+            )
+            .route(
+                "/v1/kv/{lock}/{key}",
+                put(
+                    move |State(written): State<Written>,
+                          Path((lock, key)): Path<(String, String)>,
+                          headers: HeaderMap| async move {
+                        let token = headers["palisade-token"].to_str().unwrap().to_owned();
+                        let mut written = written.lock().unwrap();
+                        let lock_written = written.iter().any(|(l, _)| *l == lock);
+                        let key_written = written.contains(&(lock.clone(), key.clone()));
+                        let refuse = token == "old"
+                            && match lie {
+                                Lie::OnlyTheProbeLock => lock.starts_with("palisade-probe/"),
+                                Lie::WrongReason | Lie::Honest => lock_written,
+                                Lie::PerKeyOnly => key_written,
+                            };
+                        if token == "new" {
+                            written.insert((lock, key));
+                        }
+                        let reason = match lie {
+                            Lie::WrongReason => "invalid_token",
+                            _ => "stale_epoch",
+                        };
+                        if refuse {
+                            (
+                                StatusCode::CONFLICT,
+                                axum::Json(serde_json::json!({"error": reason, "fence": "2"})),
+                            )
+                        } else {
+                            (StatusCode::OK, axum::Json(serde_json::json!({})))
+                        }
+                    },
+                ),
+            )
+            .with_state(written);
+        serve(app).await
+    }
+    let http = http_client();
+    let random = palisade_audit::observe::unpredictable();
+    let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &random, |_| true);
+    assert_eq!(lock, format!("invoice/{random}"));
+    // Another rule would decide the shaped name: the probe's own prefix instead.
+    let own = palisade_audit::observe::probe_lock(Some("invoice/*"), &random, |_| false);
+    assert!(own.starts_with("palisade-probe/"), "{own}");
+    for (lie, expected) in [
+        (Lie::OnlyTheProbeLock, "accepted"),
+        (Lie::WrongReason, "failed"),
+        (Lie::PerKeyOnly, "accepted"),
+        (Lie::Honest, "refused"),
+    ] {
+        let url = store(lie).await;
+        let probe = probe_resource(&http, &url, &lock, (1, "old"), (2, "new")).await;
+        assert_eq!(probe.result(), expected, "{probe:?}");
+    }
+}

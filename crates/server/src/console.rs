@@ -28,9 +28,6 @@ const INDEX_HTML: &str = include_str!("../ui/index.html");
 const APP_JS: &str = include_str!("../ui/app.js");
 const STYLE_CSS: &str = include_str!("../ui/style.css");
 
-/// The lock the audit's probe acquires (twice: an older and a newer epoch).
-pub const PROBE_LOCK: &str = "palisade-probe/audit";
-
 /// How long an audit without probes is served again instead of asking the boundaries anew:
 /// several consoles polling one coordinator share it.
 pub const AUDIT_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -168,34 +165,34 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
         .collect();
     let http = http_client();
     let known = boundaries(&policy);
-    let tokens = if probe
-        && known
-            .iter()
-            .any(|(b, _)| matches!(b, Boundary::Resource { .. }))
-    {
-        Some(probe_tokens(api).await)
-    } else {
-        None
-    };
     let observing = known.iter().map(|(boundary, patterns)| {
         let asked = locks_to_ask(&policy, boundary, &locks);
         let http = &http;
-        let tokens = &tokens;
+        let policy = &policy;
         async move {
             let mut report = observe::observe(http, boundary, patterns.clone(), &asked).await;
             if probe {
                 report.probe = Some(match boundary {
-                    Boundary::Resource { url } => match tokens {
-                        Some(Ok((older, newer))) => {
-                            let older = (older.0, older.1.as_str());
-                            let newer = (newer.0, newer.1.as_str());
-                            observe::probe_resource(http, url, PROBE_LOCK, older, newer).await
+                    Boundary::Resource { url } => {
+                        // A lock shaped like the ones this store fences, that no store can
+                        // predict; the tokens name a random holder too.
+                        let lock = observe::probe_lock(
+                            patterns.first().map(String::as_str),
+                            &observe::unpredictable(),
+                            |lock| {
+                                policy.rule_for(lock).and_then(|r| r.boundary.as_ref())
+                                    == Some(boundary)
+                            },
+                        );
+                        match probe_tokens(api, &lock).await {
+                            Ok((older, newer)) => {
+                                let older = (older.0, older.1.as_str());
+                                let newer = (newer.0, newer.1.as_str());
+                                observe::probe_resource(http, url, &lock, older, newer).await
+                            }
+                            Err(detail) => Probe::Failed { detail },
                         }
-                        Some(Err(detail)) => Probe::Failed {
-                            detail: detail.clone(),
-                        },
-                        None => unreachable!("tokens are made when a resource is named"),
-                    },
+                    }
                     Boundary::Postgres { table, url, .. } => {
                         observe::probe_postgres(url, table).await
                     }
@@ -223,24 +220,25 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
 
 type ProbeToken = (u64, String);
 
-/// Two tokens of the probe's own lock, an older and a newer epoch, each released at once.
-async fn probe_tokens(api: &Api) -> Result<(ProbeToken, ProbeToken), String> {
+/// Two tokens of `lock` (the probe's), an older and a newer epoch, each released at once.
+async fn probe_tokens(api: &Api, lock: &str) -> Result<(ProbeToken, ProbeToken), String> {
     let mut tokens = Vec::with_capacity(2);
+    let holder = format!("h-{}", observe::unpredictable());
     for _ in 0..2 {
         let request = AcquireRequest {
-            lock: LockName::new(PROBE_LOCK).map_err(|e| e.0)?,
-            holder: HolderId::new("palisade-audit").map_err(|e| e.0)?,
+            lock: LockName::new(lock).map_err(|e| e.0)?,
+            holder: HolderId::new(holder.as_str()).map_err(|e| e.0)?,
             principal: Principal::new("palisade-audit").map_err(|e| e.0)?,
             ttl_ms: 10_000,
             wait_ms: 5_000,
-            class: LockClass::Efficiency,
+            class: LockClass::Critical,
             request_id: None,
         };
         let lease = api
             .coordinator
             .acquire(request)
             .await
-            .map_err(|e| format!("cannot acquire {PROBE_LOCK}: {e}"))?;
+            .map_err(|e| format!("cannot acquire {lock}: {e}"))?;
         let token = api.sign(&lease);
         if let Err(error) = api.coordinator.release(lease.id, None).await {
             tracing::warn!(%error, "the audit probe's lease was not released; it expires");

@@ -224,7 +224,7 @@ boundary = {{ kind = "resource", url = "{restored}" }}
         ("critical", "no_fallback", "pay/*".to_owned()),
         ("critical", "restore_required", target(&restored.url)),
         ("warning", "efficiency_fenced", "cache/1".to_owned()),
-        ("warning", "probe_failed", target(&closed)),
+        ("critical", "probe_failed", target(&closed)),
     ] {
         assert!(
             found
