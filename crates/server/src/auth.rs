@@ -11,8 +11,11 @@
 //! #            principal let an old and a new secret overlap during rotation)
 //! orders   sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 //!
-//! # ACL file: PRINCIPAL RIGHT PREFIX   (PREFIX: a lock-name prefix, or * for every lock)
+//! # ACL file: PRINCIPAL RIGHT SCOPE   (SCOPE: NAME/ for every lock under NAME/, =NAME for
+//! #           that one lock, * for every lock; whole path segments: orders/ never grants
+//! #           orders-archive/1; any other form is refused at load, naming the line)
 //! orders   acquire orders/
+//! reports  acquire =report-daily
 //! grafana  read    *
 //! ops      admin   *
 //! ```
@@ -107,12 +110,57 @@ pub enum AuthConfigError {
     },
 }
 
+/// The locks one ACL line covers, matched on whole path segments: `jobs/` never grants
+/// `jobs-secret` or `jobsadmin/x`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scope {
+    /// `*`: every lock.
+    Every,
+    /// `NAME/` (or `NAME/*`): every lock under `NAME/`; holds the `NAME/`.
+    Under(String),
+    /// `=NAME`: that one lock.
+    Exactly(String),
+}
+
+impl Scope {
+    /// Parses the third field of an ACL line; an ambiguous one is refused with the fix.
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "*" {
+            return Ok(Scope::Every);
+        }
+        if let Some(name) = text.strip_prefix('=') {
+            LockName::new(name).map_err(|e| e.0)?;
+            return Ok(Scope::Exactly(name.to_owned()));
+        }
+        let under = text.strip_suffix('*').unwrap_or(text);
+        if under.ends_with('/') && !under.contains('*') {
+            // A prefix of a valid lock name is itself a valid lock name.
+            LockName::new(under).map_err(|e| e.0)?;
+            return Ok(Scope::Under(under.to_owned()));
+        }
+        Err(format!(
+            "{text:?} is ambiguous: rules match whole path segments, so write {:?} for every \
+             lock under it, {:?} for that one lock, or * for every lock (a rule without a \
+             trailing / used to grant every name starting with it, such as {text}-secret)",
+            format!("{}/", text.trim_end_matches(['*', '/'])),
+            format!("={}", text.trim_end_matches('*'))
+        ))
+    }
+
+    fn covers(&self, lock: &LockName) -> bool {
+        match self {
+            Scope::Every => true,
+            Scope::Under(prefix) => lock.as_str().starts_with(prefix.as_str()),
+            Scope::Exactly(name) => lock.as_str() == name,
+        }
+    }
+}
+
 /// One ACL line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Rule {
     right: Right,
-    /// Empty for `*` (every lock).
-    prefix: String,
+    scope: Scope,
 }
 
 /// The parsed files.
@@ -167,8 +215,8 @@ impl Caller {
         rules.iter().any(|rule| {
             rule.right >= right
                 && match lock {
-                    Some(lock) => lock.as_str().starts_with(&rule.prefix),
-                    None => rule.prefix.is_empty(),
+                    Some(lock) => rule.scope.covers(lock),
+                    None => rule.scope == Scope::Every,
                 }
         })
     }
@@ -395,11 +443,13 @@ fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigE
     }
     let mut count = 0;
     for (line, fields) in lines(&read_limited(acl_file)?) {
-        let [name, right, prefix] = fields[..] else {
+        let [name, right, scope] = fields[..] else {
             return Err(syntax(
                 acl_file,
                 line,
-                "expected: PRINCIPAL read|acquire|admin PREFIX (or * for every lock)".into(),
+                "expected: PRINCIPAL read|acquire|admin NAME/ (or =NAME for one lock, or * for \
+                 every lock)"
+                    .into(),
             ));
         };
         let principal = Principal::new(name).map_err(|e| syntax(acl_file, line, e.0))?;
@@ -410,14 +460,8 @@ fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigE
                 format!("right {right:?} is unknown; use read, acquire or admin"),
             )
         })?;
-        let prefix = if prefix == "*" {
-            String::new()
-        } else {
-            // A prefix of a valid lock name is itself a valid lock name.
-            LockName::new(prefix).map_err(|e| syntax(acl_file, line, e.0))?;
-            prefix.to_owned()
-        };
-        if right == Right::Admin && !prefix.is_empty() {
+        let scope = Scope::parse(scope).map_err(|e| syntax(acl_file, line, e))?;
+        if right == Right::Admin && scope != Scope::Every {
             return Err(syntax(
                 acl_file,
                 line,
@@ -435,7 +479,7 @@ fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigE
         rules
             .entry(principal)
             .or_default()
-            .push(Rule { right, prefix });
+            .push(Rule { right, scope });
     }
     policy.rules = rules
         .into_iter()
@@ -502,6 +546,53 @@ mod tests {
         ));
         let caller = auth.authenticate(Some(b"Bearer s-orders"), None).unwrap();
         assert_eq!(caller.principal().as_str(), "orders");
+    }
+
+    /// Issue 26, item 9: `jobs/` grants the locks under jobs/ and nothing that merely starts
+    /// with the same letters; `=NAME` grants one lock; a rule without a trailing `/` is refused
+    /// at load, naming the line and the fix.
+    #[test]
+    fn p2_acl_rules_match_whole_path_segments() {
+        let auth = format!("jobs {}\n", hash_secret("s-jobs"));
+        let acl = "jobs acquire jobs/\njobs read report/*\njobs acquire =daily\n";
+        let (_dir, auth_path, acl_path) = files(&auth, acl);
+        let auth = Auth::from_files(&auth_path, &acl_path).unwrap();
+        let jobs = auth.authenticate(Some(b"Bearer s-jobs"), None).unwrap();
+        for (name, right, granted) in [
+            ("jobs/7", Right::Acquire, true),
+            ("jobs/a/b", Right::Acquire, true),
+            ("jobs-secret", Right::Read, false),
+            ("jobsadmin/x", Right::Read, false),
+            ("jobs", Right::Read, false),
+            ("report/1", Right::Read, true),
+            ("report/1", Right::Acquire, false),
+            ("reports/1", Right::Read, false),
+            ("daily", Right::Acquire, true),
+            ("daily/x", Right::Read, false),
+            ("dailyx", Right::Read, false),
+        ] {
+            assert_eq!(
+                jobs.can(right, Some(&lock(name))),
+                granted,
+                "{name} {right:?}"
+            );
+        }
+        assert!(!jobs.can(Right::Read, None), "no rule covers every lock");
+        for (rule, needle) in [
+            ("jobs acquire jobs\n", "\"jobs/\""),
+            ("jobs acquire jobs*\n", "\"=jobs\""),
+            ("jobs acquire jo*bs/\n", "ambiguous"),
+            ("jobs acquire report/7\n", "\"=report/7\""),
+        ] {
+            let (_dir, auth_path, acl_path) = files("", rule);
+            let error = Auth::from_files(&auth_path, &acl_path)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("acl:1") && error.contains(needle),
+                "{rule}: {error}"
+            );
+        }
     }
 
     #[test]
