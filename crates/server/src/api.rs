@@ -5,10 +5,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use palisade_audit::PolicyRefusal;
 use palisade_core::token::encode_public_key;
-use palisade_core::{
-    AcquireRequest, Lease, LeaseError, LeaseId, LockClass, Principal, TokenSigner,
-};
+use palisade_core::{AcquireRequest, Lease, LeaseError, LeaseId, LockClass, TokenSigner};
 
+use crate::auth::{Caller, Right};
 use crate::cluster::{NodeId, RaftNode};
 use crate::engine::CoordinatorError;
 use crate::gateway::Gateway;
@@ -104,13 +103,20 @@ impl Api {
         Ok(Grant { lease, token })
     }
 
-    /// Renews a lease on behalf of `by` (`None`: an admin).
-    pub async fn renew(
-        &self,
-        id: LeaseId,
-        by: Option<Principal>,
-    ) -> Result<Lease, CoordinatorError> {
-        self.coordinator.renew(id, by).await
+    /// Renews a lease on behalf of `caller`: its own leases (any, for an admin), and only
+    /// while it still has the acquire right on the lease's lock — rights are checked on every
+    /// renew, not only at the acquire (issue 26, item 8).
+    pub async fn renew(&self, id: LeaseId, caller: &Caller) -> Result<Lease, CoordinatorError> {
+        let allowed: Option<crate::engine::RightCheck> = match caller.lease_actor() {
+            None => None,
+            Some(_) => {
+                let caller = caller.clone();
+                Some(Box::new(move |lock| caller.can(Right::Acquire, Some(lock))))
+            }
+        };
+        self.coordinator
+            .renew_checked(id, caller.lease_actor(), allowed)
+            .await
     }
 
     /// The token of a lease.
@@ -164,6 +170,7 @@ fn refusal_reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => "too_many_waiters",
         CoordinatorError::Lease(_) => "invalid",
         CoordinatorError::NotLeader { .. } => "not_leader",
+        CoordinatorError::LostRight { .. } => "lost_right",
         CoordinatorError::Unavailable(_) => "unavailable",
         CoordinatorError::Refused(PolicyRefusal::Downgrade { .. }) => "policy_downgrade",
         CoordinatorError::Refused(PolicyRefusal::NoBoundary { .. }) => "policy_no_boundary",

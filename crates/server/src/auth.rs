@@ -354,6 +354,22 @@ impl Auth {
 }
 
 impl Auth {
+    /// `caller` with the rules in force now (SIGHUP may have changed them), or `None` when its
+    /// principal was removed: what a long-lived stream checks before each step.
+    pub fn refreshed(&self, caller: &Caller) -> Option<Caller> {
+        if self.files.is_none() {
+            return Some(caller.clone());
+        }
+        if !self.is_current(caller) {
+            return None;
+        }
+        let policy = self.policy.read().expect("not poisoned");
+        Some(Caller {
+            rules: Some(policy.rules_of(&caller.principal)),
+            ..caller.clone()
+        })
+    }
+
     /// True while `caller` is still a principal of the policy in force (a stream authenticated
     /// when it opened stops when its principal is removed by a reload: from the auth file for
     /// a bearer, from the ACL for a certificate). Always true when open.

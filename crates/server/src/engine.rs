@@ -66,6 +66,16 @@ pub enum CoordinatorError {
     /// boundary under `--require-policy`).
     #[error(transparent)]
     Refused(#[from] palisade_audit::PolicyRefusal),
+    /// The caller may no longer acquire the lease's lock (the ACL changed): the lease is not
+    /// renewed and ends at its deadline.
+    #[error(
+        "the caller no longer has the acquire right on lock {lock} (the ACL changed): the lease \
+         is not renewed and ends at its deadline"
+    )]
+    LostRight {
+        /// The lease's lock.
+        lock: LockName,
+    },
     /// This node is a cluster member that does not lead: it never decides. The request was not
     /// applied; send it to the leader (when one is known).
     #[error("{}", not_leader_message(.leader))]
@@ -134,13 +144,17 @@ type Reply<T> = oneshot::Sender<Result<T, CoordinatorError>>;
 
 enum Request {
     Acquire(AcquireRequest, Reply<Lease>),
-    Renew(LeaseId, Option<Principal>, Reply<Lease>),
+    Renew(LeaseId, Option<Principal>, Option<RightCheck>, Reply<Lease>),
     Release(LeaseId, Option<Principal>, Reply<Lease>),
     Describe(LockName, Reply<LockSummary>),
     List(usize, Reply<Vec<LockSummary>>),
     Counter(Reply<palisade_core::Epoch>),
     Floor(LockName, Reply<palisade_core::Epoch>),
 }
+
+/// Whether the caller of a renew may still acquire the lease's lock (run on the engine's
+/// thread: it must be quick and never block).
+pub type RightCheck = Box<dyn Fn(&LockName) -> bool + Send>;
 
 /// A cheap, cloneable handle to the engine.
 #[derive(Clone)]
@@ -163,7 +177,20 @@ impl CoordinatorHandle {
         id: LeaseId,
         by: Option<Principal>,
     ) -> Result<Lease, CoordinatorError> {
-        self.call(|reply| Request::Renew(id, by, reply)).await
+        self.renew_checked(id, by, None).await
+    }
+
+    /// [`renew`](Self::renew), refused with [`CoordinatorError::LostRight`] when `allowed`
+    /// says the caller may no longer acquire the lease's lock (its ACL changed since the
+    /// acquire): a lease never outlives its principal's right by more than one TTL.
+    pub async fn renew_checked(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+        allowed: Option<RightCheck>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Renew(id, by, allowed, reply))
+            .await
     }
 
     /// Releases a lease (durably) and returns it. `by` as for [`renew`](Self::renew).
@@ -633,13 +660,20 @@ impl<S: LeaseStore> Engine<S> {
                 }
                 Err(error) => Some(Box::new(Answer(reply, Err(error.into())))),
             },
-            Request::Renew(id, by, reply) => {
-                let result = self.table.renew(id, by.as_ref(), now);
+            Request::Renew(id, by, allowed, reply) => {
+                let lost = allowed.and_then(|allowed| {
+                    let lock = &self.table.lease(id)?.lock;
+                    (!allowed(lock)).then(|| lock.clone())
+                });
+                let result = match lost {
+                    Some(lock) => Err(CoordinatorError::LostRight { lock }),
+                    None => self.table.renew(id, by.as_ref(), now).map_err(Into::into),
+                };
                 match &result {
                     Ok(_) => self.metrics.leases_renewed.inc(),
                     Err(_) => self.metrics.renewal_failures.inc(),
                 };
-                Some(Box::new(Answer(reply, result.map_err(Into::into))))
+                Some(Box::new(Answer(reply, result)))
             }
             Request::Release(id, by, reply) => {
                 let result = self.table.release(id, by.as_ref(), now).map(|o| o.released);

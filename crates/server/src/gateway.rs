@@ -78,6 +78,16 @@ impl Gateway {
         self.engine()?.renew(id, by).await
     }
 
+    /// See [`CoordinatorHandle::renew_checked`].
+    pub async fn renew_checked(
+        &self,
+        id: LeaseId,
+        by: Option<Principal>,
+        allowed: Option<crate::engine::RightCheck>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.engine()?.renew_checked(id, by, allowed).await
+    }
+
     /// See [`CoordinatorHandle::release`].
     pub async fn release(
         &self,

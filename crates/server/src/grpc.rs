@@ -39,6 +39,9 @@ pub struct GrpcApi {
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// How often a watch stream checks that its caller still has the right to it.
+const RIGHTS_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn status(error: CoordinatorError) -> Status {
     let message = error.to_string();
     match error {
@@ -49,7 +52,9 @@ fn status(error: CoordinatorError) -> Status {
             Status::resource_exhausted(message)
         }
         CoordinatorError::Lease(LeaseError::UnknownLease(_)) => Status::not_found(message),
-        CoordinatorError::Lease(LeaseError::NotHolder(_)) => Status::permission_denied(message),
+        CoordinatorError::Lease(LeaseError::NotHolder(_)) | CoordinatorError::LostRight { .. } => {
+            Status::permission_denied(message)
+        }
         CoordinatorError::Lease(_) => Status::invalid_argument(message),
         CoordinatorError::Unavailable(_) => Status::unavailable(message),
         CoordinatorError::Refused(_) => Status::failed_precondition(message),
@@ -193,11 +198,7 @@ impl Coordinator for GrpcApi {
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let caller = self.caller(&request)?;
         let id = lease_id(&request.into_inner().lease_id)?;
-        let lease = self
-            .api
-            .renew(id, caller.lease_actor())
-            .await
-            .map_err(status)?;
+        let lease = self.api.renew(id, &caller).await.map_err(status)?;
         Ok(Response::new(renew_response(&lease)))
     }
 
@@ -225,22 +226,21 @@ impl Coordinator for GrpcApi {
         request: Request<Streaming<pb::RenewRequest>>,
     ) -> Result<Response<Self::KeepaliveStream>, Status> {
         let caller = self.caller(&request)?;
-        let actor = caller.lease_actor();
         let mut inbound = request.into_inner();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let api = self.api.clone();
         tokio::spawn(async move {
             while let Some(message) = inbound.next().await {
                 // The stream authenticated when it opened; a principal removed since (SIGHUP)
-                // renews nothing more.
-                if !api.auth.is_current(&caller) {
+                // renews nothing more, and each renew is checked against the ACL in force.
+                let Some(current) = api.auth.refreshed(&caller) else {
                     let revoked = Status::unauthenticated("the stream's principal was removed");
                     let _ = sender.send(Err(revoked)).await;
                     break;
-                }
+                };
                 let reply = match message {
                     Ok(renew) => match lease_id(&renew.lease_id) {
-                        Ok(id) => api.renew(id, actor.clone()).await.map_err(status),
+                        Ok(id) => api.renew(id, &current).await.map_err(status),
                         Err(bad) => Err(bad),
                     },
                     Err(_) => break, // the client went away
@@ -308,10 +308,35 @@ impl Coordinator for GrpcApi {
             if sender.send(Ok(first)).await.is_err() {
                 return;
             }
+            let mut caller = caller;
+            let mut recheck = tokio::time::interval(RIGHTS_RECHECK);
             loop {
                 let transition = tokio::select! {
-                    received = transitions.recv() => received,
+                    received = transitions.recv() => Some(received),
                     () = sender.closed() => return,
+                    _ = recheck.tick() => None,
+                };
+                // Rights hold for as long as the stream lives: a principal removed, or one
+                // that lost `read` on the lock (SIGHUP), is told so and the stream ends.
+                let lost = match auth.refreshed(&caller) {
+                    None => Some(Status::unauthenticated("the watch's principal was removed")),
+                    Some(current) if !current.can(Right::Read, Some(&lock)) => {
+                        Some(Status::permission_denied(format!(
+                            "{} no longer has the read right on lock {lock}",
+                            current.principal()
+                        )))
+                    }
+                    Some(current) => {
+                        caller = current;
+                        None
+                    }
+                };
+                if let Some(lost) = lost {
+                    let _ = sender.send(Err(lost)).await;
+                    return;
+                }
+                let Some(transition) = transition else {
+                    continue;
                 };
                 let event = match transition {
                     Ok(t) if t.lease.lock != lock => continue,
@@ -340,11 +365,6 @@ impl Coordinator for GrpcApi {
                         format!("watch fell {missed} transitions behind; watch again"),
                     )),
                     Err(broadcast::error::RecvError::Closed) => return,
-                };
-                let event = if auth.is_current(&caller) {
-                    event
-                } else {
-                    Err(Status::unauthenticated("the watch's principal was removed"))
                 };
                 let stop = event.is_err();
                 if sender.send(event).await.is_err() || stop {

@@ -149,9 +149,8 @@ impl From<CoordinatorError> for ApiError {
             CoordinatorError::Lease(LeaseError::UnknownLease(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_lease")
             }
-            CoordinatorError::Lease(LeaseError::NotHolder(_)) => {
-                (StatusCode::FORBIDDEN, "permission_denied")
-            }
+            CoordinatorError::Lease(LeaseError::NotHolder(_))
+            | CoordinatorError::LostRight { .. } => (StatusCode::FORBIDDEN, "permission_denied"),
             CoordinatorError::Lease(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             CoordinatorError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             CoordinatorError::Refused(_) => (StatusCode::CONFLICT, "refused_by_policy"),
@@ -295,9 +294,7 @@ async fn renew(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let lease = api
-        .renew(parse_lease_id(&id)?, caller.lease_actor())
-        .await?;
+    let lease = api.renew(parse_lease_id(&id)?, &caller).await?;
     Ok(Json(json!({
         "lease_id": lease.id,
         "lock": lease.lock,

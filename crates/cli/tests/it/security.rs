@@ -390,3 +390,98 @@ fn p4_an_operator_revoked_key_is_refused_even_while_the_coordinator_publishes_it
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
     assert!(stderr(&out).contains("invalid_token"), "{}", stderr(&out));
 }
+
+/// Issue 26, item 8: a lease does not outlive its principal's right. After the ACL loses
+/// `orders acquire orders/` (SIGHUP), renewing a lease acquired before is refused over HTTP
+/// (403), over gRPC (the CLI exits 6) and on the keepalive stream (the client's lease is lost),
+/// and a watch stream of a lock the principal may no longer read ends with PERMISSION_DENIED.
+#[test]
+fn p2_a_lease_and_its_streams_do_not_outlive_the_principals_right() {
+    let s = Secured::start();
+    let before = s.acquire("orders", "orders/1");
+    let lease = before["lease_id"].as_str().unwrap().to_owned();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(async {
+        let credentials = palisade_client::Credentials::bearer(&s.secret("orders")).unwrap();
+        palisade_client::Client::connect_with(&[&s.server.url], credentials)
+            .await
+            .unwrap()
+    });
+    let (mut kept, mut watch) = runtime.block_on(async {
+        let mut options = palisade_client::AcquireOptions::new("orders/2");
+        options.ttl = std::time::Duration::from_secs(3);
+        let kept = client.acquire(options).await.unwrap();
+        let watch = client.watch("orders/1").await.unwrap();
+        (kept, watch)
+    });
+    // Before the change every renew is accepted.
+    let (status, _) = s.http(
+        Some("orders"),
+        "POST",
+        &format!("/v1/leases/{lease}/renew"),
+        "",
+    );
+    assert_eq!(status, 200);
+
+    let acl = s.dir.path().join("acl");
+    std::fs::write(&acl, ACL.replace("orders      acquire orders/\n", "")).unwrap();
+    let pid = nix::unistd::Pid::from_raw(s.server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    // The reload is asynchronous: wait until an HTTP renew is refused (bounded).
+    let mut refused = None;
+    for _ in 0..100 {
+        let (status, body) = s.http(
+            Some("orders"),
+            "POST",
+            &format!("/v1/leases/{lease}/renew"),
+            "",
+        );
+        if status != 200 {
+            refused = Some((status, body));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (status, body) = refused.expect("the HTTP renew was still accepted after SIGHUP");
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("acquire right"),
+        "{body}"
+    );
+    // gRPC: the CLI's renew.
+    let out = s.cli("orders", &["lock", "renew", &lease]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    // The keepalive stream: the client's lease is lost well before it would have been renewed
+    // past its TTL; the watch ends with PERMISSION_DENIED.
+    runtime.block_on(async {
+        let reason = tokio::time::timeout(std::time::Duration::from_secs(10), kept.lost())
+            .await
+            .expect("the keepalive kept renewing after the right was removed");
+        assert!(!reason.is_empty());
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                match watch.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return None,
+                    Err(status) => return Some(status),
+                }
+            }
+        })
+        .await
+        .expect("the watch stream stayed open after the read right was removed");
+        let status = ended.expect("the watch ended without saying why");
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    });
+    // billing's rights did not change.
+    let other = s.acquire("billing", "billing/1");
+    let (status, _) = s.http(
+        Some("billing"),
+        "POST",
+        &format!("/v1/leases/{}/renew", other["lease_id"].as_str().unwrap()),
+        "",
+    );
+    assert_eq!(status, 200);
+}
