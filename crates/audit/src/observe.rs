@@ -448,8 +448,8 @@ pub async fn probe_resource(
     let mut refusals = Vec::new();
     for (key, which) in attempts {
         let what = format!(
-            "PUT {base}/v1/kv/{lock}/{key} with epoch {} after epoch {} wrote ({which})",
-            older.0, newer.0
+            "PUT {base}/v1/kv/{lock}/{key} with epoch {} ({which})",
+            older.0
         );
         match put(key, older.1.to_owned()).await {
             Ok(answer)
@@ -457,7 +457,9 @@ pub async fn probe_resource(
                     && answer.body["error"] == "stale_epoch" =>
             {
                 refusals.push(format!(
-                    "{what}: 409 stale_epoch (fence {})",
+                    "epoch {} refused after epoch {} wrote: {what}: 409 stale_epoch (fence {})",
+                    older.0,
+                    newer.0,
                     palisade_core::json::read(&answer.body["fence"])
                         .map_or_else(|| "?".to_owned(), |fence| fence.to_string())
                 ));
