@@ -432,8 +432,9 @@ struct RejectionsQuery {
     lock: Option<String>,
 }
 
-/// `GET /v1/rejections[?lock=L]`: the last rejections (newest first) and the totals by reason
-/// since the store started.
+/// `GET /v1/rejections[?lock=L]`: the last refusals of signed tokens (newest first), then the
+/// last refusals of requests that did not verify (rate-limited: `noise_dropped` counts those
+/// left out), and the totals by reason since the store started.
 async fn rejections(
     axum::extract::State(state): axum::extract::State<State>,
     axum::extract::Query(query): axum::extract::Query<RejectionsQuery>,
@@ -449,7 +450,9 @@ async fn rejections(
             .get();
         totals.insert(reason.into(), json!(count));
     }
-    Json(json!({"recent": recent, "totals": totals})).into_response()
+    let noise_dropped = state.inner.recent.noise_dropped();
+    Json(json!({"recent": recent, "totals": totals, "noise_dropped": noise_dropped}))
+        .into_response()
 }
 
 /// The store's mode and its highest fence (the floor a restored coordinator reads with

@@ -110,7 +110,7 @@ impl Metrics {
     }
 }
 
-/// Most rejections [`Recent`] keeps.
+/// Most rejections each of [`Recent`]'s two rings keeps.
 pub const RECENT_REJECTIONS: usize = 256;
 
 /// A refused write or activation, as `GET /v1/rejections` shows it.
@@ -135,29 +135,159 @@ pub struct RejectionRecord {
     pub reason: &'static str,
 }
 
-/// The last [`RECENT_REJECTIONS`] rejections, for the audit and the console.
+/// Most of one lock's refusals the ring of signed refusals keeps: a writer flooding one lock
+/// with stale writes pushes out only that lock's older entries.
+pub const RECENT_PER_LOCK: usize = 32;
+/// Most refusals of unverified requests (a token that does not verify, a malformed request)
+/// recorded per second; the rest are counted in the totals only.
+pub const NOISE_PER_SECOND: u32 = 20;
+
+/// The last rejections, for the audit and the console, kept in two rings (issue 26, item 11):
+/// refusals of validly signed tokens (stale epochs, not activated, replay mismatches) — what
+/// the audit and the console count — and refusals of requests whose token did not verify,
+/// which anyone can send without credentials. Noise can never push out a signed refusal, and
+/// it is rate-limited.
 #[derive(Default)]
 pub struct Recent {
-    records: std::sync::Mutex<std::collections::VecDeque<RejectionRecord>>,
+    inner: std::sync::Mutex<Rings>,
+}
+
+#[derive(Default)]
+struct Rings {
+    signed: std::collections::VecDeque<RejectionRecord>,
+    noise: std::collections::VecDeque<RejectionRecord>,
+    /// The second (ms / 1000) of the noise counted in `noise_this_second`.
+    noise_second: u64,
+    noise_this_second: u32,
+    /// Noise not recorded (over [`NOISE_PER_SECOND`]) since start.
+    noise_dropped: u64,
+}
+
+/// Whether a rejection's token verified (only then is its reason worth keeping apart).
+fn signed(reason: &str) -> bool {
+    matches!(reason, "stale_epoch" | "not_activated" | "replay_mismatch")
 }
 
 impl Recent {
     pub fn push(&self, record: RejectionRecord) {
-        let mut records = self.records.lock().expect("not poisoned");
-        if records.len() == RECENT_REJECTIONS {
-            records.pop_front();
+        let mut rings = self.inner.lock().expect("not poisoned");
+        if signed(record.reason) {
+            let same_lock = rings
+                .signed
+                .iter()
+                .filter(|r| r.lock == record.lock)
+                .count();
+            if same_lock >= RECENT_PER_LOCK {
+                let oldest = rings
+                    .signed
+                    .iter()
+                    .position(|r| r.lock == record.lock)
+                    .expect("counted above");
+                rings.signed.remove(oldest);
+            } else if rings.signed.len() == RECENT_REJECTIONS {
+                rings.signed.pop_front();
+            }
+            rings.signed.push_back(record);
+            return;
         }
-        records.push_back(record);
+        let second = record.at_ms / 1000;
+        if second != rings.noise_second {
+            rings.noise_second = second;
+            rings.noise_this_second = 0;
+        }
+        if rings.noise_this_second >= NOISE_PER_SECOND {
+            rings.noise_dropped += 1;
+            return;
+        }
+        rings.noise_this_second += 1;
+        if rings.noise.len() == RECENT_REJECTIONS {
+            rings.noise.pop_front();
+        }
+        rings.noise.push_back(record);
+    }
+
+    /// Unverified refusals not recorded since start (over the rate limit).
+    pub fn noise_dropped(&self) -> u64 {
+        self.inner.lock().expect("not poisoned").noise_dropped
     }
 
     /// Newest first; only `lock`'s when given.
+    /// Signed refusals come first, then noise, so a reader that takes the first N
+    /// never loses a signed refusal to noise.
     pub fn list(&self, lock: Option<&str>) -> Vec<RejectionRecord> {
-        let records = self.records.lock().expect("not poisoned");
+        let rings = self.inner.lock().expect("not poisoned");
+        let newest_first = |ring: &std::collections::VecDeque<RejectionRecord>| {
+            ring.iter()
+                .rev()
+                .filter(|r| lock.is_none_or(|lock| r.lock == lock))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let mut records = newest_first(&rings.signed);
+        records.extend(newest_first(&rings.noise));
         records
-            .iter()
-            .rev()
-            .filter(|r| lock.is_none_or(|lock| r.lock == lock))
-            .cloned()
-            .collect()
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    use super::*;
+
+    fn record(at_ms: u64, lock: &str, reason: &'static str) -> RejectionRecord {
+        RejectionRecord {
+            at_ms,
+            lock: lock.into(),
+            key: None,
+            epoch: Some(1),
+            fence: None,
+            reason,
+        }
+    }
+
+    /// Issue 26, item 11: 300 writes with a garbage token (no credentials needed) cannot push
+    /// a stale-epoch refusal out of what the audit and the console read, and are rate-limited.
+    #[test]
+    fn p5_noise_without_credentials_never_flushes_a_signed_refusal() {
+        let recent = Recent::default();
+        recent.push(record(1_000, "report/7", "stale_epoch"));
+        for i in 0..300 {
+            recent.push(record(1_000 + i % 900, "report/7", "invalid_token"));
+        }
+        let listed = recent.list(None);
+        assert_eq!(
+            listed[0].reason, "stale_epoch",
+            "signed refusals come first"
+        );
+        assert_eq!(
+            listed
+                .iter()
+                .filter(|r| r.reason == "invalid_token")
+                .count(),
+            NOISE_PER_SECOND as usize,
+            "one second's worth of noise"
+        );
+        assert_eq!(recent.noise_dropped(), 300 - u64::from(NOISE_PER_SECOND));
+        // The next second records noise again.
+        recent.push(record(2_000, "x", "invalid_token"));
+        assert_eq!(recent.noise_dropped(), 300 - u64::from(NOISE_PER_SECOND));
+    }
+
+    /// A writer flooding one lock with stale writes evicts only that lock's older entries.
+    #[test]
+    fn p5_a_flood_of_one_locks_stale_writes_keeps_the_other_locks_refusals() {
+        let recent = Recent::default();
+        recent.push(record(1, "billing/1", "stale_epoch"));
+        for i in 0..1_000 {
+            recent.push(record(2 + i, "mallory/1", "stale_epoch"));
+        }
+        let listed = recent.list(None);
+        assert_eq!(listed.len(), RECENT_PER_LOCK + 1);
+        assert_eq!(recent.list(Some("billing/1")).len(), 1);
+        assert_eq!(listed[0].at_ms, 1_001, "newest first");
+        // Many locks: the ring stays bounded.
+        for i in 0..1_000 {
+            recent.push(record(5_000 + i, &format!("l/{i}"), "stale_epoch"));
+        }
+        assert_eq!(recent.list(None).len(), RECENT_REJECTIONS);
     }
 }
