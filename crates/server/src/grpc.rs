@@ -24,9 +24,11 @@ const STREAM_BUFFER: usize = 16;
 /// Holder recorded when a gRPC acquire names none.
 const DEFAULT_HOLDER: &str = "anonymous";
 
-/// The tonic service for [`Api`].
+/// The tonic service for [`Api`]. A request message is at most
+/// [`MAX_BODY_BYTES`](crate::http::MAX_BODY_BYTES), like an HTTP body (tonic's default, 4 MiB,
+/// would let each stream of a connection buffer 4 MiB before any check).
 pub fn service(api: Api) -> CoordinatorServer<GrpcApi> {
-    CoordinatorServer::new(GrpcApi { api })
+    CoordinatorServer::new(GrpcApi { api }).max_decoding_message_size(crate::http::MAX_BODY_BYTES)
 }
 
 /// Metadata key of an `UNAVAILABLE` status from a follower: the leader's URL, when known.
