@@ -170,7 +170,8 @@ fn refusal_reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => "too_many_waiters",
         CoordinatorError::Lease(_) => "invalid",
         CoordinatorError::NotLeader { .. } => "not_leader",
-        CoordinatorError::LostRight { .. } => "lost_right",
+        // A renew's refusal; an acquire never meets it.
+        CoordinatorError::LostRight { .. } => "invalid",
         CoordinatorError::Unavailable(_) => "unavailable",
         CoordinatorError::Refused(PolicyRefusal::Downgrade { .. }) => "policy_downgrade",
         CoordinatorError::Refused(PolicyRefusal::NoBoundary { .. }) => "policy_no_boundary",

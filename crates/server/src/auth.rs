@@ -170,6 +170,102 @@ struct Policy {
     secrets: HashMap<[u8; 32], Principal>,
     /// Each principal's rules, shared with every request it makes (no copy per request).
     rules: HashMap<Principal, Arc<[Rule]>>,
+    /// Limits the ACL file sets for a principal (`PRINCIPAL limits waiters=N,watches=N`);
+    /// the others get [`Limits::default`].
+    limits: HashMap<Principal, Limits>,
+}
+
+/// What one principal may hold open at once on this coordinator (issue 26, item 10): without
+/// them one principal could fill a lock's 1,024 waiter slots, and every other principal would
+/// be refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Acquires in flight (waiting for a lock, or being granted).
+    pub waiters: usize,
+    /// Open watch streams.
+    pub watches: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            waiters: 128,
+            watches: 64,
+        }
+    }
+}
+
+/// Which of a principal's [`Limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limited {
+    /// Acquires in flight.
+    Waiters,
+    /// Watch streams.
+    Watches,
+}
+
+impl Limited {
+    /// Its name, as in the ACL file and the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limited::Waiters => "waiters",
+            Limited::Watches => "watches",
+        }
+    }
+}
+
+/// A slot counted against a principal's limit, given back when dropped.
+pub struct Slot {
+    counts: Arc<std::sync::Mutex<HashMap<(Principal, Limited), usize>>>,
+    key: (Principal, Limited),
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().expect("not poisoned");
+        if let Some(count) = counts.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A principal at its limit.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "principal {principal} already has {limit} {} open on this coordinator (its limit; the ACL \
+     file sets it with `{principal} limits {}=N`)",
+    what.as_str(), what.as_str()
+)]
+pub struct AtLimit {
+    /// Who.
+    pub principal: Principal,
+    /// Which limit.
+    pub what: Limited,
+    /// The limit.
+    pub limit: usize,
+}
+
+fn parse_limits(text: &str) -> Result<Limits, String> {
+    let mut limits = Limits::default();
+    for part in text.split(',') {
+        let (name, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected waiters=N or watches=N"))?;
+        let value: usize = value
+            .parse()
+            .ok()
+            .filter(|v| (1..=100_000).contains(v))
+            .ok_or_else(|| format!("{part:?}: the limit must be 1 to 100000"))?;
+        match name {
+            "waiters" => limits.waiters = value,
+            "watches" => limits.watches = value,
+            _ => return Err(format!("{name:?} is no limit: use waiters or watches")),
+        }
+    }
+    Ok(limits)
 }
 
 impl Policy {
@@ -256,6 +352,8 @@ pub struct Auth {
     /// The auth file (absent: certificates only) and the ACL file; `None`: open.
     files: Option<(Option<PathBuf>, PathBuf)>,
     policy: RwLock<Arc<Policy>>,
+    /// Slots each principal holds against its [`Limits`].
+    counts: Arc<std::sync::Mutex<HashMap<(Principal, Limited), usize>>>,
 }
 
 impl fmt::Debug for Auth {
@@ -271,6 +369,7 @@ impl Auth {
         Self {
             files: None,
             policy: RwLock::new(Arc::default()),
+            counts: Arc::default(),
         }
     }
 
@@ -286,7 +385,43 @@ impl Auth {
         Ok(Self {
             files: Some((auth_file.map(Path::to_owned), acl_file.to_owned())),
             policy: RwLock::new(Arc::new(policy)),
+            counts: Arc::default(),
         })
+    }
+
+    /// Counts one `what` against `caller`'s limit, or refuses when it is at it. An open
+    /// coordinator has no limits: every caller is the same `anonymous`.
+    pub fn admit(&self, caller: &Caller, what: Limited) -> Result<Option<Slot>, AtLimit> {
+        if self.files.is_none() {
+            return Ok(None);
+        }
+        let limits = self
+            .policy
+            .read()
+            .expect("not poisoned")
+            .limits
+            .get(&caller.principal)
+            .copied()
+            .unwrap_or_default();
+        let limit = match what {
+            Limited::Waiters => limits.waiters,
+            Limited::Watches => limits.watches,
+        };
+        let key = (caller.principal.clone(), what);
+        let mut counts = self.counts.lock().expect("not poisoned");
+        let count = counts.entry(key.clone()).or_insert(0);
+        if *count >= limit {
+            return Err(AtLimit {
+                principal: caller.principal.clone(),
+                what,
+                limit,
+            });
+        }
+        *count += 1;
+        Ok(Some(Slot {
+            counts: self.counts.clone(),
+            key,
+        }))
     }
 
     /// True when callers must authenticate.
@@ -469,6 +604,13 @@ fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigE
             ));
         };
         let principal = Principal::new(name).map_err(|e| syntax(acl_file, line, e.0))?;
+        if right == "limits" {
+            let limits = parse_limits(scope).map_err(|e| syntax(acl_file, line, e))?;
+            if policy.limits.insert(principal, limits).is_some() {
+                return Err(syntax(acl_file, line, "a second limits line".into()));
+            }
+            continue;
+        }
         let right = Right::parse(right).ok_or_else(|| {
             syntax(
                 acl_file,
@@ -662,6 +804,14 @@ mod tests {
             ("", "orders write orders/\n", "acl:1"),
             ("", "\n\nops admin orders/\n", "acl:3"),
             ("", "orders acquire bad%prefix\n", "acl:1"),
+            ("", "orders limits waiters=0\n", "acl:1"),
+            ("", "orders limits leases=3\n", "acl:1"),
+            ("", "orders limits waiters\n", "acl:1"),
+            (
+                "",
+                "orders limits waiters=2\norders limits watches=2\n",
+                "acl:2",
+            ),
         ] {
             let (_dir, auth_path, acl_path) = files(auth, acl);
             let error = Auth::from_files(&auth_path, &acl_path).unwrap_err();

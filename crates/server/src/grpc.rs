@@ -14,7 +14,7 @@ use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::Api;
-use crate::auth::{Caller, Denied, Right};
+use crate::auth::{Caller, Denied, Limited, Right};
 use crate::engine::{CoordinatorError, TransitionKind, MAX_LIST};
 use crate::tls::CertificatePrincipal;
 
@@ -180,6 +180,14 @@ impl Coordinator for GrpcApi {
                 )
             },
         };
+        let _slot = self
+            .api
+            .auth
+            .admit(&caller, Limited::Waiters)
+            .map_err(|at_limit| {
+                self.api.metrics.refused("principal_limit");
+                Status::resource_exhausted(at_limit.to_string())
+            })?;
         let grant = self.api.acquire(acquire, requested).await.map_err(status)?;
         let lease = grant.lease;
         Ok(Response::new(pb::AcquireResponse {
@@ -292,6 +300,11 @@ impl Coordinator for GrpcApi {
         let caller = self.caller(&request)?;
         let lock = lock_name(request.into_inner().lock)?;
         caller.require(Right::Read, Some(&lock)).map_err(denied)?;
+        let slot = self
+            .api
+            .auth
+            .admit(&caller, Limited::Watches)
+            .map_err(|at_limit| Status::resource_exhausted(at_limit.to_string()))?;
         // Subscribe before reading the current state, so no transition falls in between.
         let mut transitions = self.api.coordinator.subscribe();
         let current = self
@@ -303,6 +316,8 @@ impl Coordinator for GrpcApi {
         let auth = self.api.auth.clone();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {
+            // The watch counts against its principal's limit until the stream ends.
+            let _slot = slot;
             let first = pb::LockEvent {
                 state: Some(lock_info(&current, &caller)),
                 kind: "current".into(),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::api::Api;
-use crate::auth::{Caller, Denied, Right};
+use crate::auth::{Caller, Denied, Limited, Right};
 use crate::cluster::MembershipError;
 use crate::engine::{CoordinatorError, MAX_LIST};
 use crate::tls::CertificatePrincipal;
@@ -275,6 +275,17 @@ async fn acquire(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AcquireReply>, ApiError> {
     let (request, requested) = parse_acquire(name, &body?, &caller)?;
+    let _slot = api
+        .auth
+        .admit(&caller, Limited::Waiters)
+        .map_err(|at_limit| {
+            api.metrics.refused("principal_limit");
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "principal_limit",
+                at_limit.to_string(),
+            )
+        })?;
     let grant = api.acquire(request, requested).await?;
     let lease = grant.lease;
     Ok(Json(AcquireReply {

@@ -25,7 +25,7 @@ pub struct ReasonLabels {
 }
 
 /// The `reason` label values of `palisade_acquires_refused_total`.
-pub const REFUSAL_REASONS: [&str; 8] = [
+pub const REFUSAL_REASONS: [&str; 9] = [
     "held",
     "wait_timed_out",
     "too_many_waiters",
@@ -34,6 +34,7 @@ pub const REFUSAL_REASONS: [&str; 8] = [
     "policy_no_boundary",
     "not_leader",
     "unavailable",
+    "principal_limit",
 ];
 
 /// Labels of a policy reload.

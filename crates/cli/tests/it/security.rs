@@ -28,6 +28,7 @@ orders      acquire billing/
 billing     acquire billing/
 mallory     acquire mallory/
 mallory     read    *
+mallory     limits  waiters=3,watches=2
 ops         admin   *
 ";
 
@@ -484,4 +485,99 @@ fn p2_a_lease_and_its_streams_do_not_outlive_the_principals_right() {
         "",
     );
     assert_eq!(status, 200);
+}
+
+/// Issue 26, item 10: one principal cannot fill a lock's waiter slots or open watches without
+/// end. mallory (`limits waiters=3,watches=2`) gets 429 `principal_limit` on its fourth acquire
+/// in flight and RESOURCE_EXHAUSTED on its third watch, while orders is served as before.
+#[test]
+fn p8_a_principal_at_its_limits_is_refused_and_the_others_are_served() {
+    let s = Secured::start();
+    s.acquire("mallory", "mallory/1");
+    let secret = s.secret("mallory");
+    let address = s.server.url.trim_start_matches("http://").to_owned();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let (secret, address) = (secret.clone(), address.clone());
+            std::thread::spawn(move || {
+                common::http_request(
+                    &address,
+                    "POST",
+                    "/v1/locks/mallory%2F1/acquire",
+                    Some(&secret),
+                    r#"{"ttl_ms": 1000, "wait_ms": 4000}"#,
+                )
+            })
+        })
+        .collect();
+    // Wait (bounded) until the three are queued.
+    let mut queued = false;
+    for _ in 0..100 {
+        let (_, body) = s.http(Some("mallory"), "GET", "/v1/locks/mallory%2F1", "");
+        if body["waiters"] == 3 {
+            queued = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    assert!(queued, "the three waiters never queued");
+    let (status, body) = s.http(
+        Some("mallory"),
+        "POST",
+        "/v1/locks/mallory%2F2/acquire",
+        r#"{"ttl_ms": 1000}"#,
+    );
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"], "principal_limit", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("waiters=N"),
+        "{body}"
+    );
+    // Another principal is served, and may queue on its own lock.
+    s.acquire("orders", "orders/1");
+    let (metrics_status, metrics) = s.http(Some("ops"), "GET", "/metrics", "");
+    assert_eq!(metrics_status, 200);
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("palisade_acquires_refused_total{reason=\"principal_limit\"} 1"),
+        "{metrics}"
+    );
+    for waiter in waiters {
+        let (status, _) = waiter.join().unwrap();
+        assert_eq!(status, 409, "the waiters time out: the lock stays held");
+    }
+    // The slots came back: mallory may acquire again.
+    s.acquire("mallory", "mallory/3");
+
+    // Watches: two streams, the third refused; closing one frees its slot.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let credentials = palisade_client::Credentials::bearer(&secret).unwrap();
+        let client = palisade_client::Client::connect_with(&[&s.server.url], credentials)
+            .await
+            .unwrap();
+        let first = client.watch("mallory/1").await.unwrap();
+        let _second = client.watch("mallory/1").await.unwrap();
+        let refused = client.watch("mallory/1").await;
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("watches")),
+            "{:?}",
+            refused.map(|_| ())
+        );
+        drop(first);
+        let mut again = None;
+        for _ in 0..100 {
+            if let Ok(watch) = client.watch("mallory/1").await {
+                again = Some(watch);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        }
+        assert!(again.is_some(), "a closed watch kept its slot");
+    });
 }
