@@ -64,12 +64,18 @@ pub const KEEPALIVE_TIMEOUT_MS: u64 = 10_000;
 /// Most requests at once on one HTTP/2 connection (gRPC streams included).
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
-/// At the connection limit, a new connection evicts the one that has been silent longest,
-/// if it has been silent at least this long; otherwise the newcomer waits for a free slot.
+/// At the connection limit, a new connection evicts the one that has gone longest without a
+/// request (none in flight, none started or finished for at least this long; HTTP/2 pings and
+/// settings do not count); otherwise the newcomer waits for a free slot.
 pub const EVICT_SILENT_MS: u64 = 1_000;
 
-/// How long a new connection waits for a free slot at the limit before it is closed.
+/// How long a new connection waits for a free slot at the limit before it is closed. The
+/// wait happens beside the accept loop, never in it.
 pub const ADMISSION_WAIT_MS: u64 = 2_000;
+
+/// Most new connections waiting for a slot at once (fewer with a low descriptor limit); beyond
+/// it newcomers stay in the kernel's backlog until one of the waiting is settled.
+pub const MAX_ADMISSION_WAITERS: usize = 64;
 
 /// How long a connection asked to close may take to finish before it is dropped.
 pub const CLOSE_GRACE_MS: u64 = 1_000;
