@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod backup;
@@ -508,6 +509,9 @@ async fn start_cluster(
     Ok((api, Some(service), core))
 }
 
+/// The one client-streaming method: it may wait between messages.
+const KEEPALIVE_METHOD: &str = "/palisade.v1.Coordinator/Keepalive";
+
 /// The Raft gRPC service of a cluster member.
 type RaftService = palisade_proto::v1::raft_server::RaftServer<cluster::network::RaftService>;
 
@@ -529,12 +533,21 @@ async fn serve(
             .clone()
             .follow(api.coordinator.subscribe(), shutdown_signal.clone()),
     );
+    let auth = api.auth.clone();
     let mut routes =
         tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
     if let Some(raft_service) = raft_service {
         routes = routes.add_service(raft_service);
     }
-    let app = routes.into_axum_router();
+    // Outermost first: credentials are checked before a body is read, and a client's gRPC
+    // message must arrive within the body timeout once started (unary: once requested).
+    let app = admission::credentials_before_bodies(routes.into_axum_router(), auth);
+    let app = palisade_listener::grpc_message_deadlines(
+        app,
+        std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS),
+        admission::COORDINATOR_GRPC,
+        &[KEEPALIVE_METHOD],
+    );
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
