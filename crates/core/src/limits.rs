@@ -61,8 +61,13 @@ pub const KEEPALIVE_INTERVAL_MS: u64 = 20_000;
 /// How long an HTTP/2 ping may wait for its answer.
 pub const KEEPALIVE_TIMEOUT_MS: u64 = 10_000;
 
-/// Most requests at once on one HTTP/2 connection (gRPC streams included).
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// Most requests at once on one HTTP/2 connection (gRPC streams included). Beyond it a
+/// client queues new streams itself, silently: with long-lived watch and keepalive streams
+/// on one connection (grpcio shares one connection between its channels to an address), 256
+/// left keepalives queued until their leases expired. 1,024 holds a process's hundreds of
+/// streams; memory stays bounded by the connection's flow-control window, the 64 KiB body
+/// limit, authentication before bodies, and the per-principal limits.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1_024;
 
 /// At the connection limit, a new connection evicts the one that has gone longest without a
 /// request (none in flight, none started or finished for at least this long; HTTP/2 pings and
