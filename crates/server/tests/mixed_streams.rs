@@ -53,10 +53,7 @@ async fn keep_alive(
     }
     sender.await.unwrap();
     client
-        .release(pb::ReleaseRequest {
-            lease_id,
-            ..Default::default()
-        })
+        .release(pb::ReleaseRequest { lease_id })
         .await
         .unwrap();
     (longest, refused)
