@@ -12,7 +12,9 @@
 //!   so epochs strictly increase per lock and are never issued twice (P1);
 //! - a lock entry exists only while it is held or has waiters (memory stays bounded by the
 //!   number of live leases and waiters);
-//! - every live lease and waiter has exactly one entry in the deadline index.
+//! - every live lease and waiter has exactly one entry in the deadline index;
+//! - each principal's claim count is the number of its live leases plus its queued acquires
+//!   (what [`LeaseTable::acquire_within`] limits).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -128,6 +130,17 @@ pub enum LeaseError {
     /// release it.
     #[error("lease {0} belongs to another principal")]
     NotHolder(LeaseId),
+    /// The principal already holds or awaits its limit of leases.
+    #[error(
+        "principal {principal} already holds or awaits {limit} leases on this coordinator (its \
+         limit; the ACL file sets it with `{principal} limits leases=N`)"
+    )]
+    PrincipalLimit {
+        /// Who.
+        principal: Principal,
+        /// Its limit.
+        limit: usize,
+    },
 }
 
 /// Something that happened to a lock, for delivery after the commit that made it durable.
@@ -243,6 +256,8 @@ pub struct LeaseTable {
     lease_secret: [u8; 32],
     dirty: BTreeSet<LockName>,
     events: Vec<Event>,
+    /// Each principal's live leases plus queued acquires (no entry at 0).
+    claims: HashMap<Principal, usize>,
 }
 
 impl LeaseTable {
@@ -279,6 +294,7 @@ impl LeaseTable {
                 .deadlines
                 .insert((lease.expires_at, Deadline::Lease(lease.id)));
             table.lease_locks.insert(lease.id, lock.clone());
+            table.claim(&lease.principal);
             let state = table.locks.entry(lock.clone()).or_default();
             assert!(
                 state.lease.is_none(),
@@ -341,6 +357,11 @@ impl LeaseTable {
         self.locks.get(lock)?.lease.as_ref()
     }
 
+    /// Leases `principal` holds plus acquires it has queued.
+    pub fn claims_of(&self, principal: &Principal) -> usize {
+        self.claims.get(principal).copied().unwrap_or(0)
+    }
+
     /// Acquires `request.lock`: grants it when free, queues the request when held and the
     /// request may wait, and fails otherwise.
     pub fn acquire(
@@ -348,12 +369,39 @@ impl LeaseTable {
         request: AcquireRequest,
         now: Millis,
     ) -> Result<AcquireOutcome, LeaseError> {
+        self.acquire_within(request, now, None)
+    }
+
+    /// [`acquire`](Self::acquire), refused with [`LeaseError::PrincipalLimit`] when the
+    /// principal already holds or awaits `max_claims` leases (a retry of the acquire a live
+    /// lease answers is never refused: it takes nothing new). Counted here, in the one place
+    /// that grants, the limit is exact: a principal never holds more than `max_claims` leases
+    /// granted under it, however many of its acquires race.
+    pub fn acquire_within(
+        &mut self,
+        request: AcquireRequest,
+        now: Millis,
+        max_claims: Option<usize>,
+    ) -> Result<AcquireOutcome, LeaseError> {
         validate_ttl(request.ttl_ms)?;
         validate_wait(request.wait_ms)?;
         // Waits that ended by now must not hold a place in the queue.
         self.expire_due(now);
+        let claims = self.claims_of(&request.principal);
+        let at_limit = |principal: &Principal| match max_claims {
+            Some(limit) if claims >= limit => Err(LeaseError::PrincipalLimit {
+                principal: principal.clone(),
+                limit,
+            }),
+            _ => Ok(()),
+        };
         let state = self.locks.entry(request.lock.clone()).or_default();
         let Some(current) = &state.lease else {
+            if let Err(refused) = at_limit(&request.principal) {
+                // Nothing was granted or queued: leave no empty entry behind.
+                self.locks.remove(&request.lock);
+                return Err(refused);
+            }
             debug_assert!(state.waiters.is_empty(), "a free lock has waiters");
             let lease = self.grant(
                 &request.lock,
@@ -388,6 +436,7 @@ impl LeaseTable {
             let lease = self.renew(id, None, now)?;
             return Ok(AcquireOutcome::Granted(lease));
         }
+        at_limit(&request.principal)?;
         if request.wait_ms == 0 {
             return Err(LeaseError::Held {
                 lock: request.lock,
@@ -413,9 +462,11 @@ impl LeaseTable {
             deadline: now.saturating_add(request.wait_ms),
         };
         let id = waiter.id;
+        let principal = waiter.principal.clone();
         self.deadlines.insert((waiter.deadline, Deadline::Wait(id)));
         self.waiter_locks.insert(id, request.lock);
         state.waiters.push_back(waiter);
+        self.claim(&principal);
         self.check_invariants();
         Ok(AcquireOutcome::Waiting(id))
     }
@@ -499,6 +550,7 @@ impl LeaseTable {
             .expect("queued");
         self.deadlines
             .remove(&(waiter.deadline, Deadline::Wait(id)));
+        self.unclaim(&waiter.principal);
         self.events.push(Event::WaitEnded { waiter: id, lock });
         self.check_invariants();
     }
@@ -605,7 +657,23 @@ impl LeaseTable {
         self.deadlines
             .insert((lease.expires_at, Deadline::Lease(lease.id)));
         self.dirty.insert(lock.clone());
+        self.claim(&lease.principal);
         lease
+    }
+
+    fn claim(&mut self, principal: &Principal) {
+        *self.claims.entry(principal.clone()).or_insert(0) += 1;
+    }
+
+    fn unclaim(&mut self, principal: &Principal) {
+        let count = self
+            .claims
+            .get_mut(principal)
+            .expect("a claim of a principal with none");
+        *count -= 1;
+        if *count == 0 {
+            self.claims.remove(principal);
+        }
     }
 
     /// Removes the lock's lease (reporting how it ended), then hands the lock to the first
@@ -617,6 +685,7 @@ impl LeaseTable {
             .expect("ending a lease of a known lock");
         let lease = state.lease.take().expect("ending a held lock");
         self.lease_locks.remove(&lease.id);
+        self.unclaim(&lease.principal);
         self.deadlines
             .remove(&(lease.expires_at, Deadline::Lease(lease.id)));
         self.dirty.insert(lock.clone());
@@ -632,6 +701,8 @@ impl LeaseTable {
             self.waiter_locks.remove(&waiter.id);
             self.deadlines
                 .remove(&(waiter.deadline, Deadline::Wait(waiter.id)));
+            // The waiter's claim ends here; a grant below makes it a lease's claim.
+            self.unclaim(&waiter.principal);
             if waiter.deadline <= now {
                 self.events.push(Event::WaitEnded {
                     waiter: waiter.id,
@@ -664,7 +735,12 @@ impl LeaseTable {
         }
         let mut leases = 0;
         let mut waiters = 0;
+        let mut claims: HashMap<&Principal, usize> = HashMap::new();
         for (lock, state) in &self.locks {
+            let queued = state.waiters.iter().map(|w| &w.principal);
+            for principal in state.lease.iter().map(|l| &l.principal).chain(queued) {
+                *claims.entry(principal).or_insert(0) += 1;
+            }
             assert!(
                 state.lease.is_some() || !state.waiters.is_empty(),
                 "lock {lock} is free with no waiters but still has an entry"
@@ -692,6 +768,14 @@ impl LeaseTable {
         assert_eq!(leases, self.lease_locks.len());
         assert_eq!(waiters, self.waiter_locks.len());
         assert_eq!(leases + waiters, self.deadlines.len());
+        assert_eq!(claims.len(), self.claims.len());
+        for (principal, count) in claims {
+            assert_eq!(
+                self.claims.get(principal),
+                Some(&count),
+                "claims of {principal}"
+            );
+        }
     }
 }
 

@@ -291,6 +291,68 @@ fn lease_ids_come_from_the_secret_and_tell_nothing_about_each_other() {
     assert!(a1.id.0.abs_diff(a2.id.0) > u128::from(u64::MAX));
 }
 
+/// A principal's leases held plus acquires queued stay within the limit its acquires carry;
+/// a lease that ends, a wait that ends and a restore give the count back; other principals
+/// are not counted against it. (A limit on the coordinator's resources: it serves P8 for the
+/// other principals, whose acquires are not crowded out.)
+#[test]
+fn p8_a_principal_holds_and_awaits_no_more_than_its_limit() {
+    let mut table = LeaseTable::new();
+    let jobs = Principal::new("jobs").unwrap();
+    let limited = |table: &mut LeaseTable, name: &str, wait_ms: u64, now: Millis| {
+        let request = AcquireRequest {
+            wait_ms,
+            ..request_as(name, "w", "jobs")
+        };
+        table.acquire_within(request, now, Some(2))
+    };
+    let a = granted(limited(&mut table, "j/1", 0, 0).unwrap());
+    let _b = granted(
+        table
+            .acquire(request_as("other/1", "w", "orders"), 0)
+            .unwrap(),
+    );
+    // Waiting for a lock another principal holds counts too.
+    let w = match limited(&mut table, "other/1", 50, 0).unwrap() {
+        AcquireOutcome::Waiting(w) => w,
+        other => panic!("expected a wait, got {other:?}"),
+    };
+    assert_eq!(table.claims_of(&jobs), 2);
+    let refused = limited(&mut table, "j/2", 0, 0).unwrap_err();
+    assert_eq!(
+        refused,
+        LeaseError::PrincipalLimit {
+            principal: jobs.clone(),
+            limit: 2
+        }
+    );
+    assert!(refused.to_string().contains("jobs limits leases=N"));
+    // The refusal left nothing behind, and other principals are not limited by it.
+    assert!(table.describe(&lock("j/2"), 0).lease.is_none());
+    assert_eq!(table.list(10, 0).len(), 2);
+    granted(table.acquire(request_as("o/2", "w", "orders"), 0).unwrap());
+    // A retry of an acquire a live lease answers takes nothing new: never refused.
+    let retry = AcquireRequest {
+        request_id: Some(RequestId::new("r1").unwrap()),
+        ..request_as("j/3", "w", "jobs")
+    };
+    table.cancel_wait(w);
+    let c = granted(table.acquire_within(retry.clone(), 1, Some(2)).unwrap());
+    assert_eq!(table.claims_of(&jobs), 2);
+    assert_eq!(
+        granted(table.acquire_within(retry, 2, Some(2)).unwrap()).id,
+        c.id
+    );
+    // A release, an expiry and a restore give the count back.
+    table.release(a.id, None, 3).unwrap();
+    assert_eq!(table.claims_of(&jobs), 1);
+    table.expire_due(c.expires_at.max(200));
+    assert_eq!(table.claims_of(&jobs), 0);
+    let d = granted(limited(&mut table, "j/4", 0, 300).unwrap());
+    let restored = LeaseTable::restore(table.last_epoch(), [d], 300);
+    assert_eq!(restored.claims_of(&jobs), 1);
+}
+
 #[test]
 fn cancelled_waiters_leave_no_entry_behind() {
     let mut table = LeaseTable::new();
@@ -310,18 +372,41 @@ fn cancelled_waiters_leave_no_entry_behind() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Acquire { lock: u8, ttl_ms: u64, wait_ms: u64 },
-    Renew { pick: usize },
-    Release { pick: usize },
-    Cancel { pick: usize },
-    Advance { ms: u64 },
+    Acquire {
+        lock: u8,
+        ttl_ms: u64,
+        wait_ms: u64,
+        limit: Option<usize>,
+    },
+    Renew {
+        pick: usize,
+    },
+    Release {
+        pick: usize,
+    },
+    Cancel {
+        pick: usize,
+    },
+    Advance {
+        ms: u64,
+    },
     CrashAndRestore,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..3, 10u64..200, prop_oneof![Just(0u64), 1u64..300])
-            .prop_map(|(lock, ttl_ms, wait_ms)| Op::Acquire { lock, ttl_ms, wait_ms }),
+        4 => (
+            0u8..3,
+            10u64..200,
+            prop_oneof![Just(0u64), 1u64..300],
+            prop_oneof![Just(None), (1usize..4).prop_map(Some)],
+        )
+            .prop_map(|(lock, ttl_ms, wait_ms, limit)| Op::Acquire {
+                lock,
+                ttl_ms,
+                wait_ms,
+                limit
+            }),
         2 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
@@ -419,10 +504,25 @@ fn run_ops(ops: Vec<Op>) {
                 lock,
                 ttl_ms,
                 wait_ms,
+                limit,
             } => {
                 let name = &names[lock as usize];
                 let was_live = model.is_live(name, now);
-                let result = table.acquire(request(name.as_str(), "h", ttl_ms, wait_ms), now);
+                let anonymous = Principal::anonymous();
+                let claims = table.claims_of(&anonymous);
+                let at_limit = limit.is_some_and(|limit| claims >= limit);
+                let request = request(name.as_str(), "h", ttl_ms, wait_ms);
+                let result = table.acquire_within(request, now, limit);
+                // Leases held plus acquires queued never pass the limit they were admitted
+                // under, and only a principal at its limit is refused for it.
+                assert_eq!(
+                    matches!(result, Err(LeaseError::PrincipalLimit { .. })),
+                    at_limit,
+                    "{claims} claims, limit {limit:?}: {result:?}"
+                );
+                if let (Some(limit), Ok(_)) = (limit, &result) {
+                    assert!(table.claims_of(&anonymous) <= limit);
+                }
                 match result {
                     Ok(AcquireOutcome::Granted(_)) => assert!(!was_live, "granted a held lock"),
                     Ok(AcquireOutcome::Waiting(w)) => {
@@ -430,6 +530,7 @@ fn run_ops(ops: Vec<Op>) {
                         model.waiters.push(w);
                     }
                     Err(LeaseError::Held { .. }) => assert!(was_live && wait_ms == 0),
+                    Err(LeaseError::PrincipalLimit { .. }) => {}
                     Err(other) => panic!("unexpected {other:?}"),
                 }
             }

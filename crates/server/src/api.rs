@@ -70,10 +70,12 @@ pub struct ClusterMember {
 impl Api {
     /// Classifies the acquire by the policy (`requested`: the class the request named, if
     /// any), acquires, then signs the grant. The epoch is durable before the token exists.
+    /// `max_leases`: the principal's limit of leases held or awaited (`None`: unlimited).
     pub async fn acquire(
         &self,
         mut request: AcquireRequest,
         requested: Option<LockClass>,
+        max_leases: Option<usize>,
     ) -> Result<Grant, CoordinatorError> {
         let started = std::time::Instant::now();
         request.class = match self.policy.classify(request.lock.as_str(), requested) {
@@ -86,7 +88,7 @@ impl Api {
                 return Err(CoordinatorError::Refused(refusal));
             }
         };
-        let lease = match self.coordinator.acquire(request).await {
+        let lease = match self.coordinator.acquire_within(request, max_leases).await {
             Ok(lease) => lease,
             Err(error) => {
                 self.metrics.refused(refusal_reason(&error));
@@ -168,6 +170,7 @@ fn refusal_reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::Lease(LeaseError::Held { .. }) => "held",
         CoordinatorError::WaitTimedOut { .. } => "wait_timed_out",
         CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => "too_many_waiters",
+        CoordinatorError::Lease(LeaseError::PrincipalLimit { .. }) => "principal_limit",
         CoordinatorError::Lease(_) => "invalid",
         CoordinatorError::NotLeader { .. } => "not_leader",
         // A renew's refusal; an acquire never meets it.

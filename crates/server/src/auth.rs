@@ -170,16 +170,19 @@ struct Policy {
     secrets: HashMap<[u8; 32], Principal>,
     /// Each principal's rules, shared with every request it makes (no copy per request).
     rules: HashMap<Principal, Arc<[Rule]>>,
-    /// Limits the ACL file sets for a principal (`PRINCIPAL limits waiters=N,watches=N`);
-    /// the others get [`Limits::default`].
+    /// Limits the ACL file sets for a principal (`PRINCIPAL limits
+    /// leases=N,waiters=N,watches=N`); the others get [`Limits::default`].
     limits: HashMap<Principal, Limits>,
 }
 
 /// What one principal may hold open at once on this coordinator (issue 26, item 10): without
-/// them one principal could fill a lock's 1,024 waiter slots, and every other principal would
-/// be refused.
+/// them one principal could fill a lock's 1,024 waiter slots, or the lease table, and every
+/// other principal would be refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
+    /// Leases held plus acquires queued in the lease table (counted by the lease table, in
+    /// the step that grants: exact).
+    pub leases: usize,
     /// Acquires in flight (waiting for a lock, or being granted).
     pub waiters: usize,
     /// Open watch streams.
@@ -189,6 +192,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
+            leases: 10_000,
             waiters: 128,
             watches: 64,
         }
@@ -198,6 +202,8 @@ impl Default for Limits {
 /// Which of a principal's [`Limits`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Limited {
+    /// Leases held or awaited.
+    Leases,
     /// Acquires in flight.
     Waiters,
     /// Watch streams.
@@ -208,6 +214,7 @@ impl Limited {
     /// Its name, as in the ACL file and the metrics.
     pub fn as_str(self) -> &'static str {
         match self {
+            Limited::Leases => "leases",
             Limited::Waiters => "waiters",
             Limited::Watches => "watches",
         }
@@ -253,16 +260,21 @@ fn parse_limits(text: &str) -> Result<Limits, String> {
     for part in text.split(',') {
         let (name, value) = part
             .split_once('=')
-            .ok_or_else(|| format!("{part:?}: expected waiters=N or watches=N"))?;
+            .ok_or_else(|| format!("{part:?}: expected leases=N, waiters=N or watches=N"))?;
         let value: usize = value
             .parse()
             .ok()
             .filter(|v| (1..=100_000).contains(v))
             .ok_or_else(|| format!("{part:?}: the limit must be 1 to 100000"))?;
         match name {
+            "leases" => limits.leases = value,
             "waiters" => limits.waiters = value,
             "watches" => limits.watches = value,
-            _ => return Err(format!("{name:?} is no limit: use waiters or watches")),
+            _ => {
+                return Err(format!(
+                    "{name:?} is no limit: use leases, waiters or watches"
+                ))
+            }
         }
     }
     Ok(limits)
@@ -389,12 +401,10 @@ impl Auth {
         })
     }
 
-    /// Counts one `what` against `caller`'s limit, or refuses when it is at it. An open
-    /// coordinator has no limits: every caller is the same `anonymous`.
-    pub fn admit(&self, caller: &Caller, what: Limited) -> Result<Option<Slot>, AtLimit> {
-        if self.files.is_none() {
-            return Ok(None);
-        }
+    /// `caller`'s limit of `what` under the policy in force; `None` on an open coordinator,
+    /// which has no limits: every caller is the same `anonymous`.
+    pub fn limit(&self, caller: &Caller, what: Limited) -> Option<usize> {
+        self.files.as_ref()?;
         let limits = self
             .policy
             .read()
@@ -403,9 +413,19 @@ impl Auth {
             .get(&caller.principal)
             .copied()
             .unwrap_or_default();
-        let limit = match what {
+        Some(match what {
+            Limited::Leases => limits.leases,
             Limited::Waiters => limits.waiters,
             Limited::Watches => limits.watches,
+        })
+    }
+
+    /// Counts one `what` against `caller`'s limit, or refuses when it is at it (`None`: an
+    /// open coordinator, no limits). Leases are counted by the lease table instead: pass
+    /// [`limit`](Self::limit) to the acquire.
+    pub fn admit(&self, caller: &Caller, what: Limited) -> Result<Option<Slot>, AtLimit> {
+        let Some(limit) = self.limit(caller, what) else {
+            return Ok(None);
         };
         let key = (caller.principal.clone(), what);
         let mut counts = self.counts.lock().expect("not poisoned");
@@ -796,6 +816,39 @@ mod tests {
     }
 
     #[test]
+    fn limits_have_defaults_a_line_sets_them_and_an_open_coordinator_has_none() {
+        let (_dir, auth_path, acl_path) = files(
+            &format!(
+                "orders {}\nops {}\n",
+                hash_secret("s-orders"),
+                hash_secret("s-ops")
+            ),
+            "orders acquire orders/\norders limits leases=2,watches=1\nops admin *\n",
+        );
+        let auth = Auth::from_files(&auth_path, &acl_path).unwrap();
+        let orders = auth.authenticate(Some(b"Bearer s-orders"), None).unwrap();
+        let ops = auth.authenticate(Some(b"Bearer s-ops"), None).unwrap();
+        assert_eq!(auth.limit(&orders, Limited::Leases), Some(2));
+        // A limit the line leaves out keeps its default.
+        assert_eq!(auth.limit(&orders, Limited::Waiters), Some(128));
+        assert_eq!(auth.limit(&ops, Limited::Leases), Some(10_000));
+        let first = auth.admit(&orders, Limited::Watches).unwrap();
+        let refused = auth.admit(&orders, Limited::Watches).err().unwrap();
+        assert_eq!((refused.what, refused.limit), (Limited::Watches, 1));
+        assert!(refused.to_string().contains("orders limits watches=N"));
+        // Another principal's slots are its own.
+        assert!(auth.admit(&ops, Limited::Watches).unwrap().is_some());
+        drop(first);
+        assert!(auth.admit(&orders, Limited::Watches).unwrap().is_some());
+        let open = Auth::open();
+        assert_eq!(open.limit(&Caller::open(), Limited::Leases), None);
+        assert!(open
+            .admit(&Caller::open(), Limited::Waiters)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
     fn bad_files_name_the_line_and_a_failed_reload_keeps_the_policy() {
         for (auth, acl, needle) in [
             ("orders\n", "", "auth:1"),
@@ -805,7 +858,8 @@ mod tests {
             ("", "\n\nops admin orders/\n", "acl:3"),
             ("", "orders acquire bad%prefix\n", "acl:1"),
             ("", "orders limits waiters=0\n", "acl:1"),
-            ("", "orders limits leases=3\n", "acl:1"),
+            ("", "orders limits sockets=3\n", "acl:1"),
+            ("", "orders limits leases=100001\n", "acl:1"),
             ("", "orders limits waiters\n", "acl:1"),
             (
                 "",

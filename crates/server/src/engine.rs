@@ -143,7 +143,7 @@ pub struct Transition {
 type Reply<T> = oneshot::Sender<Result<T, CoordinatorError>>;
 
 enum Request {
-    Acquire(AcquireRequest, Reply<Lease>),
+    Acquire(AcquireRequest, Option<usize>, Reply<Lease>),
     Renew(LeaseId, Option<Principal>, Option<RightCheck>, Reply<Lease>),
     Release(LeaseId, Option<Principal>, Reply<Lease>),
     Describe(LockName, Reply<LockSummary>),
@@ -167,7 +167,19 @@ pub struct CoordinatorHandle {
 impl CoordinatorHandle {
     /// Acquires a lock; resolves when granted (durably), refused, or the wait ends.
     pub async fn acquire(&self, request: AcquireRequest) -> Result<Lease, CoordinatorError> {
-        self.call(|reply| Request::Acquire(request, reply)).await
+        self.acquire_within(request, None).await
+    }
+
+    /// [`acquire`](Self::acquire), refused with [`LeaseError::PrincipalLimit`] when the
+    /// principal already holds or awaits `max_claims` leases (counted by the lease table, in
+    /// the same step as the grant: exact however many acquires race).
+    pub async fn acquire_within(
+        &self,
+        request: AcquireRequest,
+        max_claims: Option<usize>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.call(|reply| Request::Acquire(request, max_claims, reply))
+            .await
     }
 
     /// Renews a lease by its full TTL (durably). `by`: the principal that asks, which must
@@ -652,14 +664,16 @@ impl<S: LeaseStore> Engine<S> {
 
     fn apply(&mut self, request: Request, now: u64) -> Option<Box<dyn Deferred>> {
         match request {
-            Request::Acquire(acquire, reply) => match self.table.acquire(acquire, now) {
-                Ok(AcquireOutcome::Granted(lease)) => Some(Box::new(Answer(reply, Ok(lease)))),
-                Ok(AcquireOutcome::Waiting(waiter)) => {
-                    self.waiting.insert(waiter, reply);
-                    None
+            Request::Acquire(acquire, max_claims, reply) => {
+                match self.table.acquire_within(acquire, now, max_claims) {
+                    Ok(AcquireOutcome::Granted(lease)) => Some(Box::new(Answer(reply, Ok(lease)))),
+                    Ok(AcquireOutcome::Waiting(waiter)) => {
+                        self.waiting.insert(waiter, reply);
+                        None
+                    }
+                    Err(error) => Some(Box::new(Answer(reply, Err(error.into())))),
                 }
-                Err(error) => Some(Box::new(Answer(reply, Err(error.into())))),
-            },
+            }
             Request::Renew(id, by, allowed, reply) => {
                 let lost = allowed.and_then(|allowed| {
                     let lock = &self.table.lease(id)?.lock;

@@ -69,6 +69,15 @@ impl Gateway {
         self.engine()?.acquire(request).await
     }
 
+    /// See [`CoordinatorHandle::acquire_within`].
+    pub async fn acquire_within(
+        &self,
+        request: AcquireRequest,
+        max_claims: Option<usize>,
+    ) -> Result<Lease, CoordinatorError> {
+        self.engine()?.acquire_within(request, max_claims).await
+    }
+
     /// See [`CoordinatorHandle::renew`].
     pub async fn renew(
         &self,

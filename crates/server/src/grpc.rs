@@ -50,9 +50,9 @@ fn status(error: CoordinatorError) -> Status {
         CoordinatorError::Lease(LeaseError::InvalidInput(_)) => Status::invalid_argument(message),
         CoordinatorError::Lease(LeaseError::Held { .. })
         | CoordinatorError::WaitTimedOut { .. } => Status::already_exists(message),
-        CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => {
-            Status::resource_exhausted(message)
-        }
+        CoordinatorError::Lease(
+            LeaseError::TooManyWaiters { .. } | LeaseError::PrincipalLimit { .. },
+        ) => Status::resource_exhausted(message),
         CoordinatorError::Lease(LeaseError::UnknownLease(_)) => Status::not_found(message),
         CoordinatorError::Lease(LeaseError::NotHolder(_)) | CoordinatorError::LostRight { .. } => {
             Status::permission_denied(message)
@@ -188,7 +188,12 @@ impl Coordinator for GrpcApi {
                 self.api.metrics.refused("principal_limit");
                 Status::resource_exhausted(at_limit.to_string())
             })?;
-        let grant = self.api.acquire(acquire, requested).await.map_err(status)?;
+        let leases = self.api.auth.limit(&caller, Limited::Leases);
+        let grant = self
+            .api
+            .acquire(acquire, requested, leases)
+            .await
+            .map_err(status)?;
         let lease = grant.lease;
         Ok(Response::new(pb::AcquireResponse {
             lock: lease.lock.to_string(),

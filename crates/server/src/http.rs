@@ -146,6 +146,9 @@ impl From<CoordinatorError> for ApiError {
             CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_waiters")
             }
+            CoordinatorError::Lease(LeaseError::PrincipalLimit { .. }) => {
+                (StatusCode::TOO_MANY_REQUESTS, "principal_limit")
+            }
             CoordinatorError::Lease(LeaseError::UnknownLease(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_lease")
             }
@@ -286,7 +289,8 @@ async fn acquire(
                 at_limit.to_string(),
             )
         })?;
-    let grant = api.acquire(request, requested).await?;
+    let leases = api.auth.limit(&caller, Limited::Leases);
+    let grant = api.acquire(request, requested, leases).await?;
     let lease = grant.lease;
     Ok(Json(AcquireReply {
         lock: lease.lock,

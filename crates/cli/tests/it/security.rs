@@ -15,7 +15,8 @@ use std::process::Output;
 use common::{ResourceProcess, ServerProcess, BINARY};
 use serde_json::Value;
 
-/// A coordinator with principals `orders`, `billing`, `mallory`, `ops` and their secrets.
+/// A coordinator with principals `orders`, `billing`, `mallory`, `hoarder`, `ops` and their
+/// secrets.
 struct Secured {
     dir: tempfile::TempDir,
     server: ServerProcess,
@@ -29,6 +30,8 @@ billing     acquire billing/
 mallory     acquire mallory/
 mallory     read    *
 mallory     limits  waiters=3,watches=2
+hoarder     acquire hoarder/
+hoarder     limits  leases=5
 ops         admin   *
 ";
 
@@ -36,7 +39,7 @@ impl Secured {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut lines = String::new();
-        for principal in ["orders", "billing", "mallory", "ops"] {
+        for principal in ["orders", "billing", "mallory", "hoarder", "ops"] {
             let out = run(&[
                 "auth",
                 "new",
@@ -580,4 +583,102 @@ fn p8_a_principal_at_its_limits_is_refused_and_the_others_are_served() {
         }
         assert!(again.is_some(), "a closed watch kept its slot");
     });
+}
+
+/// P8 for the other principals: a principal cannot take the lease table for itself. hoarder
+/// (`limits leases=5`) sends 16 acquires at once, over HTTP and gRPC: exactly 5 are granted
+/// (the lease table counts them in the step that grants, so racing acquires never overshoot)
+/// and 11 get 429 `principal_limit` / `RESOURCE_EXHAUSTED`; another principal is served; a
+/// release gives one back.
+#[test]
+fn p8_a_principal_never_holds_more_leases_than_its_limit() {
+    let s = Secured::start();
+    let secret = s.secret("hoarder");
+    let address = s.server.url.trim_start_matches("http://").to_owned();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(16));
+    let racers: Vec<_> = (0..16)
+        .map(|i| {
+            let (secret, address, barrier) = (secret.clone(), address.clone(), barrier.clone());
+            let url = s.server.url.clone();
+            std::thread::spawn(move || -> Result<String, String> {
+                barrier.wait();
+                if i % 2 == 0 {
+                    let (status, body) = common::http_request(
+                        &address,
+                        "POST",
+                        &format!("/v1/locks/hoarder%2F{i}/acquire"),
+                        Some(&secret),
+                        r#"{"ttl_ms": 60000}"#,
+                    );
+                    let body: Value = serde_json::from_str(&body).unwrap();
+                    match status {
+                        200 => Ok(body["lease_id"].as_str().unwrap().to_owned()),
+                        429 => {
+                            assert_eq!(body["error"], "principal_limit", "{body}");
+                            Err(body["message"].as_str().unwrap().to_owned())
+                        }
+                        other => panic!("{other}: {body}"),
+                    }
+                } else {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    runtime.block_on(async {
+                        let credentials = palisade_client::Credentials::bearer(&secret).unwrap();
+                        let client = palisade_client::Client::connect_with(&[&url], credentials)
+                            .await
+                            .unwrap();
+                        let options = palisade_client::AcquireOptions {
+                            ttl: std::time::Duration::from_secs(60),
+                            ..palisade_client::AcquireOptions::new(format!("hoarder/{i}"))
+                        };
+                        match client.acquire_once(&options).await {
+                            Ok(grant) => Ok(grant.lease_id),
+                            Err(error) => Err(error.to_string()),
+                        }
+                    })
+                }
+            })
+        })
+        .collect();
+    let results: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+    let granted: Vec<&String> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(granted.len(), 5, "{results:?}");
+    for refusal in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(refusal.contains("hoarder limits leases=N"), "{refusal}");
+    }
+    let (_, locks) = s.http(Some("ops"), "GET", "/v1/locks", "");
+    let held = locks["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["principal"] == "hoarder")
+        .count();
+    assert_eq!(held, 5, "{locks}");
+    // Another principal is served.
+    s.acquire("orders", "orders/1");
+    let (_, metrics) = s.http(Some("ops"), "GET", "/metrics", "");
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("palisade_acquires_refused_total{reason=\"principal_limit\"} 11"),
+        "{metrics}"
+    );
+    // A release gives one back, and only one.
+    let (status, body) = s.http(
+        Some("hoarder"),
+        "POST",
+        &format!("/v1/leases/{}/release", granted[0]),
+        "",
+    );
+    assert_eq!(status, 200, "{body}");
+    s.acquire("hoarder", "hoarder/again");
+    let out = s.cli(
+        "hoarder",
+        &["lock", "acquire", "hoarder/more", "--ttl", "1m"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("leases=N"), "{}", stderr(&out));
 }
