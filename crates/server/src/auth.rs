@@ -444,6 +444,34 @@ impl Auth {
         }))
     }
 
+    /// The principal an audit probe's tokens name on `lock`, so that they look like the
+    /// tokens of the lock's real owners (a boundary that refuses only the audit's principal
+    /// is caught, and one that requires the owners' principal accepts the probe's newer
+    /// token): `anonymous` on an open coordinator; else the first principal, by name, that
+    /// the ACL lets acquire `lock`, one without `admin` before an admin; `None` when nobody
+    /// may acquire it (no real token can name an owner then).
+    pub fn probe_principal(&self, lock: &LockName) -> Option<Principal> {
+        if self.files.is_none() {
+            return Some(Principal::anonymous());
+        }
+        let policy = self.policy.read().expect("not poisoned").clone();
+        let mut owners: Vec<(bool, &Principal)> = policy
+            .rules
+            .iter()
+            .filter(|(_, rules)| {
+                rules
+                    .iter()
+                    .any(|rule| rule.right >= Right::Acquire && rule.scope.covers(lock))
+            })
+            .map(|(principal, rules)| {
+                let admin = rules.iter().any(|rule| rule.right == Right::Admin);
+                (admin, principal)
+            })
+            .collect();
+        owners.sort();
+        owners.first().map(|(_, principal)| (*principal).clone())
+    }
+
     /// True when callers must authenticate.
     pub fn is_enabled(&self) -> bool {
         self.files.is_some()
@@ -846,6 +874,27 @@ mod tests {
             .admit(&Caller::open(), Limited::Waiters)
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn the_probe_names_a_principal_that_may_acquire_the_lock_an_admin_last() {
+        let (_dir, auth) = sample();
+        assert_eq!(
+            auth.probe_principal(&lock("orders/x")),
+            Some(Principal::new("orders").unwrap())
+        );
+        // Only the admin may acquire billing/…; grafana may only read.
+        assert_eq!(
+            auth.probe_principal(&lock("billing/x")),
+            Some(Principal::new("ops").unwrap())
+        );
+        let (_dir, auth_path, acl_path) = files("", "grafana read *\n");
+        let nobody = Auth::load(Some(&auth_path), &acl_path).unwrap();
+        assert_eq!(nobody.probe_principal(&lock("orders/x")), None);
+        assert_eq!(
+            Auth::open().probe_principal(&lock("orders/x")),
+            Some(Principal::anonymous())
+        );
     }
 
     #[test]

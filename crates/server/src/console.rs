@@ -184,7 +184,11 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
                                     == Some(boundary)
                             },
                         );
-                        match probe_tokens(api, &lock).await {
+                        let holder = recent_holder(api, |lock| {
+                            policy.rule_for(lock).and_then(|r| r.boundary.as_ref())
+                                == Some(boundary)
+                        });
+                        match probe_tokens(api, &lock, holder).await {
                             Ok((older, newer)) => {
                                 let older = (older.0, older.1.as_str());
                                 let newer = (newer.0, newer.1.as_str());
@@ -220,15 +224,38 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
 
 type ProbeToken = (u64, String);
 
+/// The holder of the most recent transition on a lock that `fenced_here` says the probed
+/// boundary fences: the probe's tokens then carry a holder like its real owners'.
+fn recent_holder(api: &Api, fenced_here: impl Fn(&str) -> bool) -> Option<String> {
+    let (_, entries) = api.feed.since(0, &fenced_here);
+    entries
+        .into_iter()
+        .rev()
+        .find(|entry| entry.kind != "missed")
+        .map(|entry| entry.holder)
+}
+
 /// Two tokens of `lock` (the probe's), an older and a newer epoch, each released at once.
-async fn probe_tokens(api: &Api, lock: &str) -> Result<(ProbeToken, ProbeToken), String> {
+/// They name a principal that may acquire the lock ([`crate::auth::Auth::probe_principal`])
+/// and `holder` (else a random one), so that nothing in them tells a boundary it is probed.
+async fn probe_tokens(
+    api: &Api,
+    lock: &str,
+    holder: Option<String>,
+) -> Result<(ProbeToken, ProbeToken), String> {
     let mut tokens = Vec::with_capacity(2);
-    let holder = format!("h-{}", observe::unpredictable());
+    let lock = LockName::new(lock).map_err(|e| e.0)?;
+    let holder = holder.unwrap_or_else(|| format!("h-{}", observe::unpredictable()));
+    // Nobody may acquire the lock: no real token names an owner, so any name will do.
+    let principal = match api.auth.probe_principal(&lock) {
+        Some(principal) => principal,
+        None => Principal::new("palisade-audit").map_err(|e| e.0)?,
+    };
     for _ in 0..2 {
         let request = AcquireRequest {
-            lock: LockName::new(lock).map_err(|e| e.0)?,
+            lock: lock.clone(),
             holder: HolderId::new(holder.as_str()).map_err(|e| e.0)?,
-            principal: Principal::new("palisade-audit").map_err(|e| e.0)?,
+            principal: principal.clone(),
             ttl_ms: 10_000,
             wait_ms: 5_000,
             class: LockClass::Critical,

@@ -369,3 +369,76 @@ fn require_policy_refuses_critical_locks_without_a_boundary() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("bogus"), "{}", stderr(&out));
 }
+
+/// P2 at a store that admits only the lock's owners: the probe's tokens name a principal the
+/// ACL lets acquire the probed lock (here `orders`, the only one for `invoice/`), so a store
+/// started with `--require-principal invoice/=orders` is probed for what it is, and passes.
+/// Before, the tokens named `palisade-audit`: such a store refused the probe's newer token as
+/// `invalid_token`, and a store refusing only that principal could pass the probe.
+#[test]
+fn p2_the_probe_names_the_locks_owner_so_a_store_admitting_only_owners_is_probed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut auth = String::new();
+    for principal in ["orders", "ops"] {
+        let out = std::process::Command::new(common::BINARY)
+            .args(["auth", "new", principal, "--secret-file"])
+            .arg(dir.path().join(principal))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        auth.push_str(&stdout(&out));
+    }
+    std::fs::write(dir.path().join("auth"), auth).unwrap();
+    std::fs::write(
+        dir.path().join("acl"),
+        "orders acquire invoice/\nops admin *\n",
+    )
+    .unwrap();
+    let policy = dir.path().join("policy.toml");
+    write_policy(&policy, "default_class = \"critical\"\n");
+    let server = ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--auth-file",
+            dir.path().join("auth").to_str().unwrap(),
+            "--acl-file",
+            dir.path().join("acl").to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &dir.path().join("data"),
+    );
+    let store = ResourceProcess::start_with(
+        &dir.path().join("store"),
+        "strict",
+        &server.url,
+        &["--require-principal", "invoice/=orders"],
+    );
+    write_policy(
+        &policy,
+        &format!(
+            "[[lock]]\npattern = \"invoice/*\"\nclass = \"critical\"\n\
+             boundary = {{ kind = \"resource\", url = \"{}\" }}\n",
+            store.url
+        ),
+    );
+    server.reload();
+    let ops = std::fs::read_to_string(dir.path().join("ops")).unwrap();
+    let loaded = (0..100).any(|_| {
+        let (_, body) = server.http("GET", "/v1/policy", Some(ops.trim()), "");
+        let shown: Value = serde_json::from_str(&body).unwrap_or_default();
+        let one = shown["policy"]["rules"].as_array().map(Vec::len) == Some(1);
+        if !one {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        one
+    });
+    assert!(loaded, "the reloaded policy did not show within 5 s");
+    let out = server.cli_as(&dir.path().join("ops"), &["audit", "--probe", "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report:#}\n{}", stderr(&out));
+    let probe = &report["boundaries"][0]["probe"];
+    assert_eq!(probe["result"], "refused", "{report:#}");
+}
