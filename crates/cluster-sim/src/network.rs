@@ -293,8 +293,9 @@ impl RaftNetwork<TypeConfig> for Peer {
                 self.from,
                 self.to,
                 |raft: RaftNode, identity: Identity| async move {
-                    // As `RaftService` refuses: a member on probation answers no candidate.
-                    if let Err(probation) = identity.may_vote() {
+                    // As `RaftService` refuses: a member on probation answers no candidate
+                    // before its census, and none below the floor after it.
+                    if let Err(probation) = identity.may_grant(rpc.last_log_id.as_ref()) {
                         return Err(NetworkError::new(&probation));
                     }
                     Ok(raft.vote(rpc).await)
@@ -325,6 +326,7 @@ impl Introducer for Introductions {
                 .await
                 .ok_or_else(|| format!("no route {from} -> {to}"))?;
             let holds_log = raft.metrics().borrow().last_log_index.is_some();
+            let last_log = identity.last_log();
             router
                 .carry(to, from)
                 .await
@@ -333,6 +335,7 @@ impl Introducer for Introductions {
                 node_id: to,
                 store: identity.store().to_owned(),
                 holds_log,
+                last_log,
             })
         })
     }

@@ -600,6 +600,12 @@ impl Cluster {
         self.router.isolate(&[id], &self.ids());
     }
 
+    /// Cuts the links between `a` and `b` (both ways), and only those.
+    #[cfg(test)]
+    pub(crate) fn cut_between(&self, a: NodeId, b: NodeId) {
+        self.router.isolate(&[a], &[a, b]);
+    }
+
     /// Restores every link.
     #[cfg(test)]
     pub(crate) fn heal_all(&self) {

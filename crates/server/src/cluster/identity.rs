@@ -20,19 +20,30 @@
 //!    taking that peer's entries. Who may send Raft traffic at all is the transport's
 //!    question (peer authentication).
 //!
-//! 4. **A member that restarts with a log votes and stands for election only once it is caught
-//!    up** ([`Identity::may_vote`]): once an AppendEntries from a leader has left it holding
-//!    every entry that leader says is committed ([`Identity::heard_leader`]), or after
-//!    [`PROBATION_MAX`] without one, or when it is the only voter. Its disk may be an older
-//!    copy that nothing can tell from the real one (a whole-volume snapshot put back, witness
-//!    included): voting from it, it could elect a lagging member that lacks entries the
-//!    member itself had acknowledged, and those entries would be lost (P8). Until then its
-//!    vote requests are refused before Raft sees them and its elections are off. The timeout
-//!    keeps a cluster available when the only other way to a majority is this member (a
-//!    whole-cluster restart, a peer down for good); past it the member votes as before, so a
-//!    put-back member *and* a second fault at once (the only other holder of an entry down)
-//!    can still lose it: two faults in three members, beyond what a majority protocol
-//!    survives.
+//! 4. **A member that restarts with a log votes and stands for election only once it knows
+//!    it cannot lose a committed entry** ([`Identity::may_grant`], [`Identity::may_campaign`]).
+//!    Its disk may be an older copy that nothing on it can tell from the real one (a
+//!    whole-volume snapshot put back, witness included): voting from it, it could elect a
+//!    lagging member that lacks entries it had itself acknowledged, and those entries would be
+//!    lost (P8). It is on probation until either
+//!    - an AppendEntries from a leader has left it holding every entry that leader says is
+//!      committed ([`Identity::heard_leader`]), or
+//!    - a **census** ([`Identity::record_census`]): it has heard the last log id of `n − q + 1`
+//!      other voters (`n` voters, majority `q`: both others of 3, three of the four others of
+//!      5), with the store the membership names for each. Every entry committed with this
+//!      member's acknowledgement is on `q − 1` other voters, so at least one of those it heard
+//!      holds it: the greatest log id heard (the census floor) is at or above every such
+//!      entry. Then it votes only for a candidate whose last log id is at or above the floor,
+//!      and stands for election only when its own log is.
+//!
+//!    Until then its vote requests are refused before Raft sees them and its elections are
+//!    off. After [`PROBATION_MAX`] with neither, or when it is the only voter, it votes as
+//!    before: that keeps a cluster available when the only way to a majority is this member
+//!    (one of three down for good, or wiped and being re-added). So a put-back member *and* a
+//!    second fault at once (the only other holder of an entry down for longer than
+//!    [`PROBATION_MAX`]) can still lose that entry: two faults in three members, beyond what a
+//!    majority protocol survives. Without the timeout the simulation's wiped-member seeds
+//!    deadlocked (7 of 600: the member being re-added is the one the census needs).
 //!
 //! The way back for a wiped member is the one for any new member: `palisade cluster remove
 //! ID`, start it with `--join`, `palisade cluster add`, which asks the node for its store id
@@ -46,10 +57,10 @@
 //! batch simply has 3's new store id.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use openraft::{Membership, RaftMetrics};
+use openraft::{LogId, Membership, RaftMetrics};
 use redb::{Database, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
@@ -101,15 +112,22 @@ pub enum Refused {
     Starting,
     /// This member restarted with a log and has not caught up with a leader yet.
     #[error(
-        "this member restarted with a log and has not caught up with a leader yet: it votes \
-         once it holds every entry a leader says is committed (or after {}s without one)",
+        "this member restarted with a log and has neither caught up with a leader nor heard \
+         the logs of enough other members: it votes once it has (its disk may be an older \
+         copy; voting from it could lose entries it acknowledged), or after {}s",
         PROBATION_MAX.as_secs()
     )]
     Probation,
+    /// The candidate's log ends below an entry another member holds (the census floor).
+    #[error("the candidate's log ends below the last log id of a member this one heard")]
+    BehindCensus,
 }
 
-/// How long a member that restarted with a log waits to catch up with a leader before it
-/// votes and stands for election anyway (rule 4 above).
+/// The greatest last log id a census heard (`None` inside: every member heard was empty).
+type Floor = Option<LogId<NodeId>>;
+
+/// How long a member that restarted with a log waits to catch up with a leader, or to hear
+/// enough members, before it votes and stands for election anyway (rule 4 above).
 pub const PROBATION_MAX: Duration = Duration::from_secs(5);
 
 /// A restarted member's wait before it votes (rule 4).
@@ -117,6 +135,16 @@ pub const PROBATION_MAX: Duration = Duration::from_secs(5);
 struct Probation {
     since: tokio::time::Instant,
     caught_up: AtomicBool,
+    /// Set by a census that heard enough voters.
+    floor: Mutex<Option<Floor>>,
+}
+
+/// `a` is at or above `b` in Raft's log order (false when the two are not comparable).
+fn at_or_above(a: Option<&LogId<NodeId>>, b: Option<&LogId<NodeId>>) -> bool {
+    matches!(
+        a.partial_cmp(&b),
+        Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal)
+    )
 }
 
 /// Whether `membership` counts an answer by `peer` presenting `store`. A member that knows no
@@ -156,6 +184,8 @@ pub struct Identity {
     store: String,
     metrics: Arc<OnceLock<watch::Receiver<RaftMetrics<NodeId, MemberNode>>>>,
     probation: Arc<Probation>,
+    /// Where this member's log ends (kept by its log store).
+    last_log: Arc<Mutex<Floor>>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -194,7 +224,9 @@ impl Identity {
             probation: Arc::new(Probation {
                 since: tokio::time::Instant::now(),
                 caught_up: AtomicBool::new(false),
+                floor: Mutex::new(None),
             }),
+            last_log: Arc::default(),
         })
     }
 
@@ -223,28 +255,119 @@ impl Identity {
         }
     }
 
-    /// Whether this member may vote and stand for election (rule 4): it started with an empty
-    /// log, or has caught up with a leader, or is the only voter, or waited [`PROBATION_MAX`].
-    pub fn may_vote(&self) -> Result<(), Refused> {
+    /// The log store's report of where the log ends (after each append and truncation).
+    pub(crate) fn set_last_log(&self, last: Floor) {
+        *self.last_log.lock().expect("not poisoned") = last;
+    }
+
+    /// The id of the last entry of this member's log (what a census asks).
+    pub fn last_log(&self) -> Floor {
+        *self.last_log.lock().expect("not poisoned")
+    }
+
+    /// True while this member is on probation (rule 4): it should ask the other voters where
+    /// their logs end, again and again (a member it heard may have gone since).
+    pub fn needs_census(&self) -> bool {
+        !self.probation.caught_up.load(Ordering::Relaxed) && self.alone() != Some(true)
+    }
+
+    /// True when this member is the only voter of its membership (`None`: not started).
+    fn alone(&self) -> Option<bool> {
+        let metrics = self.metrics.get()?;
+        let metrics = metrics.borrow();
+        let mut voters = metrics.membership_config.membership().voter_ids();
+        Some(voters.next() == Some(metrics.id) && voters.next().is_none())
+    }
+
+    /// The census floor while on probation: `Ok(None)` when off probation (caught up with a
+    /// leader, started empty, or the only voter), `Ok(Some(floor))` on probation after a
+    /// census, `Err` on probation before one.
+    fn floor(&self) -> Result<Option<Floor>, Refused> {
         if self.probation.caught_up.load(Ordering::Relaxed) {
-            return Ok(());
+            return Ok(None);
         }
-        let metrics = self.metrics.get().ok_or(Refused::Starting)?;
-        let alone = {
-            let metrics = metrics.borrow();
-            let mut voters = metrics.membership_config.membership().voter_ids();
-            voters.next() == Some(metrics.id) && voters.next().is_none()
-        };
-        if alone || self.probation.since.elapsed() >= PROBATION_MAX {
-            if !self.probation.caught_up.swap(true, Ordering::Relaxed) && !alone {
+        if self.alone().ok_or(Refused::Starting)? {
+            return Ok(None);
+        }
+        if let Some(floor) = *self.probation.floor.lock().expect("not poisoned") {
+            // The latest census heard enough members: one of them, alive, holds the greatest
+            // log, so the floor can be met.
+            return Ok(Some(floor));
+        }
+        if self.probation.since.elapsed() >= PROBATION_MAX {
+            if !self.probation.caught_up.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "no leader caught this member up within {}s of its start: it votes again",
+                    "neither caught up by a leader nor heard by enough members within {}s of its \
+                     start: this member votes again",
                     PROBATION_MAX.as_secs()
                 );
             }
-            return Ok(());
+            return Ok(None);
         }
         Err(Refused::Probation)
+    }
+
+    /// Whether this member may vote at all (rule 4): off probation, or on it after a census.
+    pub fn may_vote(&self) -> Result<(), Refused> {
+        self.floor().map(|_| ())
+    }
+
+    /// Whether this member may grant its vote to a candidate whose log ends at `candidate`
+    /// (rule 4; Raft's own check follows): on probation after a census, only at or above the
+    /// census floor.
+    pub fn may_grant(&self, candidate: Option<&LogId<NodeId>>) -> Result<(), Refused> {
+        match self.floor()? {
+            Some(floor) if !at_or_above(candidate, floor.as_ref()) => Err(Refused::BehindCensus),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether this member, whose log ends at `own`, may stand for election (rule 4).
+    pub fn may_campaign(&self, own: Option<&LogId<NodeId>>) -> bool {
+        match self.floor() {
+            Ok(None) => true,
+            Ok(Some(floor)) => at_or_above(own, floor.as_ref()),
+            Err(_) => false,
+        }
+    }
+
+    /// Records a census: the last log ids `answers` gave (node, store it presented, last log
+    /// id). Answers from this member, from non-voters, or from a store the membership does not
+    /// name are not counted; with `n − q + 1` other voters counted, the greatest of their log
+    /// ids becomes the floor (rule 4); with fewer, there is no floor (the member with the
+    /// greatest log may be gone: a floor nobody alive can meet would stop every election).
+    pub fn record_census(&self, answers: &[(NodeId, String, Floor)]) {
+        let Some(metrics) = self.metrics.get() else {
+            return;
+        };
+        let (me, membership) = {
+            let metrics = metrics.borrow();
+            (metrics.id, metrics.membership_config.membership().clone())
+        };
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let n = voters.len();
+        let needed = n - n / 2;
+        let mut heard = std::collections::BTreeSet::new();
+        let mut floor: Floor = None;
+        for (node, store, last) in answers {
+            if *node == me || !voters.contains(node) || check(&membership, *node, store).is_err() {
+                continue;
+            }
+            if heard.insert(*node) && !at_or_above(floor.as_ref(), last.as_ref()) {
+                floor = *last;
+            }
+        }
+        let floor = (heard.len() >= needed).then_some(floor);
+        let mut known = self.probation.floor.lock().expect("not poisoned");
+        if known.is_none() && floor.is_some() {
+            tracing::info!(
+                heard = heard.len(),
+                floor = ?floor,
+                "heard the logs of enough members: this member votes for candidates at or \
+                 above the greatest of them"
+            );
+        }
+        *known = floor;
     }
 
     /// Admits an answer by `peer` presenting `store`: the membership this member holds (its
@@ -378,5 +501,65 @@ mod tests {
             Err(Refused::Starting),
             "nothing is admitted before Raft runs"
         );
+    }
+
+    /// P8 (rule 4): a member that restarted with a log, possibly an older copy, votes only
+    /// after hearing `n − q + 1` other voters (their stores as the membership names them),
+    /// then only for candidates at or above the greatest log it heard; a census that hears
+    /// too few leaves no floor; a leader catching it up ends the probation.
+    #[test]
+    fn p8_a_restarted_member_votes_only_above_the_logs_a_census_heard() {
+        use openraft::testing::log_id;
+        let dir = tempfile::tempdir().unwrap();
+        let identity =
+            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
+        let members = [(1, "s1"), (2, "s2"), (3, "s3"), (4, "s4"), (5, "s5")];
+        let mut metrics = RaftMetrics::new_initial(1);
+        metrics.last_log_index = Some(30);
+        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
+            Some(log_id(1, 1, 0)),
+            membership(&members),
+        ));
+        let (_tx, rx) = watch::channel(metrics);
+        identity.attach(rx);
+        assert_eq!(identity.may_vote(), Err(Refused::Probation));
+        assert!(!identity.may_campaign(Some(&log_id(9, 1, 99))));
+        assert!(identity.needs_census());
+        let answer =
+            |node: NodeId, store: &str, last: Option<LogId<NodeId>>| (node, store.to_owned(), last);
+        // Five voters: three of the four others must answer. Itself, a non-member and a
+        // store the membership does not name (a wiped member) do not count.
+        identity.record_census(&[
+            answer(1, "s1", Some(log_id(9, 1, 99))),
+            answer(2, "s2", Some(log_id(3, 2, 10))),
+            answer(4, "wiped", Some(log_id(8, 4, 80))),
+            answer(9, "s9", Some(log_id(8, 9, 80))),
+            answer(5, "s5", None),
+        ]);
+        assert_eq!(identity.may_vote(), Err(Refused::Probation));
+        identity.record_census(&[
+            answer(2, "s2", Some(log_id(3, 2, 10))),
+            answer(3, "s3", Some(log_id(4, 3, 7))),
+            answer(5, "s5", None),
+        ]);
+        assert_eq!(identity.may_vote(), Ok(()));
+        assert_eq!(
+            identity.may_grant(Some(&log_id(3, 2, 20))),
+            Err(Refused::BehindCensus),
+            "a longer log of an older term is below the floor"
+        );
+        assert_eq!(identity.may_grant(None), Err(Refused::BehindCensus));
+        assert_eq!(identity.may_grant(Some(&log_id(4, 3, 7))), Ok(()));
+        assert_eq!(identity.may_grant(Some(&log_id(5, 2, 1))), Ok(()));
+        assert!(!identity.may_campaign(Some(&log_id(3, 1, 30))));
+        assert!(identity.may_campaign(Some(&log_id(4, 3, 8))));
+        // A later census that hears too few (the member with the greatest log gone) leaves
+        // no floor that nobody alive could meet.
+        identity.record_census(&[answer(2, "s2", Some(log_id(3, 2, 10)))]);
+        assert_eq!(identity.may_vote(), Err(Refused::Probation));
+        // A leader's AppendEntries that covers its commit ends the probation.
+        identity.heard_leader(Some(40), Some(40));
+        assert_eq!(identity.may_grant(None), Ok(()));
+        assert!(!identity.needs_census());
     }
 }

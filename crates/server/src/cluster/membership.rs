@@ -47,6 +47,9 @@ pub struct Introduction {
     pub store: String,
     /// True when it holds log entries (of a cluster founded before).
     pub holds_log: bool,
+    /// The id of its last log entry, for a restarted member's census (`identity` rule 4).
+    #[serde(default)]
+    pub last_log: Option<openraft::LogId<NodeId>>,
 }
 
 /// A boxed future of an introduction.
@@ -284,6 +287,27 @@ impl Changes {
             .membership_config
             .membership()
             .clone()
+    }
+
+    /// Asks every other voter of this member's membership who it is and where its log ends,
+    /// at once; the answers that came within [`INTRODUCE_TIMEOUT`] (a restarted member's census,
+    /// `identity` rule 4).
+    pub async fn census(&self) -> Vec<(NodeId, String, Option<openraft::LogId<NodeId>>)> {
+        let me = self.raft.metrics().borrow().id;
+        let membership = self.membership();
+        let asking = membership
+            .voter_ids()
+            .filter(|id| *id != me)
+            .filter_map(|id| membership.get_node(&id).map(|node| (id, node.addr.clone())))
+            .map(|(id, addr)| async move {
+                let answer = self.introduce(id, &addr).await.ok()?;
+                (answer.node_id == id).then_some((id, answer.store, answer.last_log))
+            });
+        futures::future::join_all(asking)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     async fn introduce(&self, node: NodeId, addr: &str) -> Result<Introduction, MembershipError> {

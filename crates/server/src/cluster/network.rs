@@ -473,9 +473,10 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: VoteRequest<NodeId> = self.admit(request)?;
-        // A member on probation (restarted, not caught up) answers no candidate: its disk may
-        // be an older copy (`identity`, rule 4). The candidate counts no vote.
-        if let Err(probation) = self.identity.may_vote() {
+        // A member on probation (restarted, not caught up) answers no candidate before its
+        // census, and none below the census floor after it: its disk may be an older copy
+        // (`identity`, rule 4). The candidate counts no vote.
+        if let Err(probation) = self.identity.may_grant(request.last_log_id.as_ref()) {
             return Err(Status::unavailable(probation.to_string()));
         }
         self.encode(&self.raft.vote(request).await)
@@ -505,6 +506,7 @@ impl RaftRpc for RaftService {
             node_id: self.node,
             store: self.identity.store().to_owned(),
             holds_log,
+            last_log: self.identity.last_log(),
         })
     }
 }

@@ -187,6 +187,7 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
             db: db.clone(),
             applied,
             durable: durable.clone(),
+            identity: identity.clone(),
         },
         StateMachine {
             db,
@@ -244,6 +245,8 @@ pub struct LogStore {
     applied: watch::Receiver<Option<LogId<NodeId>>>,
     /// The `last_applied` known to be on disk (see [`mark_durable`]).
     durable: Arc<watch::Sender<Option<LogId<NodeId>>>>,
+    /// Told where the log ends, for the census of a restarted peer (`identity` rule 4).
+    identity: Identity,
 }
 
 impl LogStore {
@@ -290,8 +293,24 @@ impl LogStore {
 
     /// Appends `entries` durably (one immediate commit), refusing any that would not continue
     /// the log exactly.
-    fn write_entries(&self, entries: impl IntoIterator<Item = Entry<TypeConfig>>) -> Result<()> {
+    /// The id of the last entry in the log, or `last_purged` when it is empty.
+    fn last_log_id(&self, last_purged: Option<LogId<NodeId>>) -> Result<Option<LogId<NodeId>>> {
+        let txn = self.db.begin_read().map_err(read_err)?;
+        let log = txn.open_table(LOG).map_err(read_err)?;
+        let last = match log.last().map_err(read_err)? {
+            Some((_, value)) => Some(from_json::<Entry<TypeConfig>>(value.value())?.log_id),
+            None => last_purged,
+        };
+        Ok(last)
+    }
+
+    /// Appends `entries` durably; returns the last one's id (`None`: there were none).
+    fn write_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<Option<LogId<NodeId>>> {
         let mut txn = self.db.begin_write().map_err(write_err)?;
+        let mut last = None;
         txn.set_durability(Durability::Immediate)
             .map_err(write_err)?;
         {
@@ -310,9 +329,11 @@ impl LogStore {
                 }
                 log.insert(entry.log_id.index, to_json(&entry).as_slice())
                     .map_err(write_err)?;
+                last = Some(entry.log_id);
             }
         }
-        self.commit_durably(txn)
+        self.commit_durably(txn)?;
+        Ok(last)
     }
 
     /// The index the next appended entry must have: after the last entry, or after the last
@@ -391,12 +412,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
         let last_purged: Option<LogId<NodeId>> = self.meta("last_purged")?;
-        let txn = self.db.begin_read().map_err(read_err)?;
-        let log = txn.open_table(LOG).map_err(read_err)?;
-        let last = match log.last().map_err(read_err)? {
-            Some((_, value)) => Some(from_json::<Entry<TypeConfig>>(value.value())?.log_id),
-            None => last_purged,
-        };
+        let last = self.last_log_id(last_purged)?;
+        self.identity.set_last_log(last);
         Ok(LogState {
             last_purged_log_id: last_purged,
             last_log_id: last,
@@ -432,7 +449,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let result = self.write_entries(entries);
+        let result = self.write_entries(entries).map(|last| {
+            if last.is_some() {
+                self.identity.set_last_log(last);
+            }
+        });
         // The callback says the entries are durable: only after the immediate commit.
         callback.log_io_completed(
             result
@@ -476,7 +497,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                  --cluster), or compare before deciding"
             )));
         }
-        self.remove((Bound::Included(log_id.index), Bound::Unbounded), None)
+        self.remove((Bound::Included(log_id.index), Bound::Unbounded), None)?;
+        let last_purged: Option<LogId<NodeId>> = self.meta("last_purged")?;
+        self.identity.set_last_log(self.last_log_id(last_purged)?);
+        Ok(())
     }
 
     /// Purges the log up to `log_id`, once the state machine has durably applied it.

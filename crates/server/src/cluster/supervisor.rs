@@ -25,6 +25,8 @@ use crate::store::StoreError;
 
 /// How often the supervisor re-checks the quorum without a metrics change.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// Between two census attempts of a member on probation (`identity` rule 4).
+const CENSUS_RETRY: Duration = Duration::from_millis(250);
 
 /// How long a leader waits between attempts to finish a joint membership.
 const FINISH_JOINT_INTERVAL: Duration = Duration::from_millis(500);
@@ -201,6 +203,8 @@ impl Supervisor {
         let mut finishing: Option<JoinHandle<()>> = None;
         let mut finish_after = tokio::time::Instant::now();
         let mut last_leader = None;
+        let mut census: Option<JoinHandle<()>> = None;
+        let mut census_after = tokio::time::Instant::now();
         loop {
             let mut closed = false;
             tokio::select! {
@@ -221,9 +225,23 @@ impl Supervisor {
             if closed {
                 break;
             }
+            // On probation (restarted with a log, `identity` rule 4): ask the other voters
+            // where their logs end, every CENSUS_RETRY until enough have answered.
+            if census.as_ref().is_none_or(JoinHandle::is_finished)
+                && tokio::time::Instant::now() >= census_after
+                && self.identity.needs_census()
+            {
+                census_after = tokio::time::Instant::now() + CENSUS_RETRY;
+                let (changes, identity) = (self.changes.clone(), self.identity.clone());
+                census = Some(tokio::spawn(async move {
+                    identity.record_census(&changes.census().await);
+                }));
+            }
             let named = may_elect(&m, self.identity.store());
-            let voting = self.identity.may_vote();
-            let may_elect = named && voting.is_ok();
+            let may_elect = named
+                && self
+                    .identity
+                    .may_campaign(self.identity.last_log().as_ref());
             if may_elect != electing {
                 electing = may_elect;
                 self.raft.runtime_config().elect(may_elect);
@@ -275,6 +293,9 @@ impl Supervisor {
                     }
                 }));
             }
+        }
+        if let Some(task) = census {
+            task.abort();
         }
         if let Some(task) = finishing {
             task.abort();
