@@ -600,6 +600,7 @@ mod tests {
                     store: "44444444444444444444444444444444".into(),
                     holds_log: false,
                     last_log: None,
+                    vote: None,
                 })
             })
         }

@@ -295,7 +295,8 @@ impl RaftNetwork<TypeConfig> for Peer {
                 |raft: RaftNode, identity: Identity| async move {
                     // As `RaftService` refuses: a member on probation answers no candidate
                     // before its census, and none below the floor after it.
-                    if let Err(probation) = identity.may_grant(rpc.last_log_id.as_ref()) {
+                    if let Err(probation) = identity.may_grant(rpc.last_log_id.as_ref(), &rpc.vote)
+                    {
                         return Err(NetworkError::new(&probation));
                     }
                     Ok(raft.vote(rpc).await)
@@ -327,6 +328,7 @@ impl Introducer for Introductions {
                 .ok_or_else(|| format!("no route {from} -> {to}"))?;
             let holds_log = raft.metrics().borrow().last_log_index.is_some();
             let last_log = identity.last_log();
+            let vote = Some(raft.metrics().borrow().vote);
             router
                 .carry(to, from)
                 .await
@@ -336,6 +338,7 @@ impl Introducer for Introductions {
                 store: identity.store().to_owned(),
                 holds_log,
                 last_log,
+                vote,
             })
         })
     }

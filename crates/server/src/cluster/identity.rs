@@ -34,7 +34,9 @@
 //!      member's acknowledgement is on `q − 1` other voters, so at least one of those it heard
 //!      holds it: the greatest log id heard (the census floor) is at or above every such
 //!      entry. Then it votes only for a candidate whose last log id is at or above the floor,
-//!      and stands for election only when its own log is.
+//!      only in a term no member heard voted past and, in that term, only for the candidate
+//!      they voted for (its own vote may have gone back with its disk: never twice in a term),
+//!      and stands for election only when its own log is at or above the floor.
 //!
 //!    Until then its vote requests are refused before Raft sees them and its elections are
 //!    off. After [`PROBATION_MAX`] with neither, or when it is the only voter, it votes as
@@ -121,6 +123,10 @@ pub enum Refused {
     /// The candidate's log ends below an entry another member holds (the census floor).
     #[error("the candidate's log ends below the last log id of a member this one heard")]
     BehindCensus,
+    /// A member this one heard has voted in a later term, or for another candidate in the
+    /// candidate's term: this member's own vote there may have been lost with its disk.
+    #[error("a member this one heard voted in a later term or for another candidate")]
+    VotedElsewhere,
 }
 
 /// The greatest last log id a census heard (`None` inside: every member heard was empty).
@@ -136,7 +142,19 @@ struct Probation {
     since: tokio::time::Instant,
     caught_up: AtomicBool,
     /// Set by a census that heard enough voters.
-    floor: Mutex<Option<Floor>>,
+    floor: Mutex<Option<Census>>,
+}
+
+/// What a census that heard enough voters learned.
+#[derive(Debug, Clone)]
+struct Census {
+    /// The greatest last log id heard.
+    floor: Floor,
+    /// The votes heard. A vote this member cast before its disk went back counted in an
+    /// election only with the votes of a majority, and at least one member of it was heard:
+    /// granting only in a term no member heard voted past, and in that term only to the
+    /// candidate every member heard there voted for, never votes twice in a term.
+    votes: Vec<openraft::Vote<NodeId>>,
 }
 
 /// `a` is at or above `b` in Raft's log order (false when the two are not comparable).
@@ -282,17 +300,17 @@ impl Identity {
     /// The census floor while on probation: `Ok(None)` when off probation (caught up with a
     /// leader, started empty, or the only voter), `Ok(Some(floor))` on probation after a
     /// census, `Err` on probation before one.
-    fn floor(&self) -> Result<Option<Floor>, Refused> {
+    fn floor(&self) -> Result<Option<Census>, Refused> {
         if self.probation.caught_up.load(Ordering::Relaxed) {
             return Ok(None);
         }
         if self.alone().ok_or(Refused::Starting)? {
             return Ok(None);
         }
-        if let Some(floor) = *self.probation.floor.lock().expect("not poisoned") {
+        if let Some(census) = self.probation.floor.lock().expect("not poisoned").clone() {
             // The latest census heard enough members: one of them, alive, holds the greatest
             // log, so the floor can be met.
-            return Ok(Some(floor));
+            return Ok(Some(census));
         }
         if self.probation.since.elapsed() >= PROBATION_MAX {
             if !self.probation.caught_up.swap(true, Ordering::Relaxed) {
@@ -315,18 +333,33 @@ impl Identity {
     /// Whether this member may grant its vote to a candidate whose log ends at `candidate`
     /// (rule 4; Raft's own check follows): on probation after a census, only at or above the
     /// census floor.
-    pub fn may_grant(&self, candidate: Option<&LogId<NodeId>>) -> Result<(), Refused> {
-        match self.floor()? {
-            Some(floor) if !at_or_above(candidate, floor.as_ref()) => Err(Refused::BehindCensus),
-            _ => Ok(()),
+    pub fn may_grant(
+        &self,
+        candidate: Option<&LogId<NodeId>>,
+        vote: &openraft::Vote<NodeId>,
+    ) -> Result<(), Refused> {
+        let Some(census) = self.floor()? else {
+            return Ok(());
+        };
+        if !at_or_above(candidate, census.floor.as_ref()) {
+            return Err(Refused::BehindCensus);
         }
+        let elsewhere = census.votes.iter().any(|heard| {
+            heard.leader_id.term > vote.leader_id.term
+                || (heard.leader_id.term == vote.leader_id.term
+                    && heard.leader_id.node_id != vote.leader_id.node_id)
+        });
+        if elsewhere {
+            return Err(Refused::VotedElsewhere);
+        }
+        Ok(())
     }
 
     /// Whether this member, whose log ends at `own`, may stand for election (rule 4).
     pub fn may_campaign(&self, own: Option<&LogId<NodeId>>) -> bool {
         match self.floor() {
             Ok(None) => true,
-            Ok(Some(floor)) => at_or_above(own, floor.as_ref()),
+            Ok(Some(census)) => at_or_above(own, census.floor.as_ref()),
             Err(_) => false,
         }
     }
@@ -336,7 +369,7 @@ impl Identity {
     /// name are not counted; with `n − q + 1` other voters counted, the greatest of their log
     /// ids becomes the floor (rule 4); with fewer, there is no floor (the member with the
     /// greatest log may be gone: a floor nobody alive can meet would stop every election).
-    pub fn record_census(&self, answers: &[(NodeId, String, Floor)]) {
+    pub fn record_census(&self, answers: &[super::membership::Introduction]) {
         let Some(metrics) = self.metrics.get() else {
             return;
         };
@@ -349,20 +382,26 @@ impl Identity {
         let needed = n - n / 2;
         let mut heard = std::collections::BTreeSet::new();
         let mut floor: Floor = None;
-        for (node, store, last) in answers {
-            if *node == me || !voters.contains(node) || check(&membership, *node, store).is_err() {
+        let mut votes = Vec::new();
+        for answer in answers {
+            let node = answer.node_id;
+            let counted = node != me
+                && voters.contains(&node)
+                && check(&membership, node, &answer.store).is_ok();
+            if !counted || !heard.insert(node) {
                 continue;
             }
-            if heard.insert(*node) && !at_or_above(floor.as_ref(), last.as_ref()) {
-                floor = *last;
+            if !at_or_above(floor.as_ref(), answer.last_log.as_ref()) {
+                floor = answer.last_log;
             }
+            votes.extend(answer.vote);
         }
-        let floor = (heard.len() >= needed).then_some(floor);
+        let floor = (heard.len() >= needed).then_some(Census { floor, votes });
         let mut known = self.probation.floor.lock().expect("not poisoned");
         if known.is_none() && floor.is_some() {
             tracing::info!(
                 heard = heard.len(),
-                floor = ?floor,
+                floor = ?floor.as_ref().map(|census| census.floor),
                 "heard the logs of enough members: this member votes for candidates at or \
                  above the greatest of them"
             );
@@ -525,8 +564,16 @@ mod tests {
         assert_eq!(identity.may_vote(), Err(Refused::Probation));
         assert!(!identity.may_campaign(Some(&log_id(9, 1, 99))));
         assert!(identity.needs_census());
-        let answer =
-            |node: NodeId, store: &str, last: Option<LogId<NodeId>>| (node, store.to_owned(), last);
+        let answer = |node: NodeId, store: &str, last: Option<LogId<NodeId>>| {
+            super::super::membership::Introduction {
+                node_id: node,
+                store: store.to_owned(),
+                holds_log: last.is_some(),
+                last_log: last,
+                vote: Some(openraft::Vote::new(4, 3)),
+            }
+        };
+        let vote = |term: u64, node: NodeId| openraft::Vote::new(term, node);
         // Five voters: three of the four others must answer. Itself, a non-member and a
         // store the membership does not name (a wiped member) do not count.
         identity.record_census(&[
@@ -544,13 +591,36 @@ mod tests {
         ]);
         assert_eq!(identity.may_vote(), Ok(()));
         assert_eq!(
-            identity.may_grant(Some(&log_id(3, 2, 20))),
+            identity.may_grant(Some(&log_id(3, 2, 20)), &vote(6, 2)),
             Err(Refused::BehindCensus),
             "a longer log of an older term is below the floor"
         );
-        assert_eq!(identity.may_grant(None), Err(Refused::BehindCensus));
-        assert_eq!(identity.may_grant(Some(&log_id(4, 3, 7))), Ok(()));
-        assert_eq!(identity.may_grant(Some(&log_id(5, 2, 1))), Ok(()));
+        assert_eq!(
+            identity.may_grant(None, &vote(6, 2)),
+            Err(Refused::BehindCensus)
+        );
+        assert_eq!(
+            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(6, 3)),
+            Ok(())
+        );
+        assert_eq!(
+            identity.may_grant(Some(&log_id(5, 2, 1)), &vote(5, 2)),
+            Ok(())
+        );
+        // The members heard voted for 3 in term 4: this member may have too, before its disk
+        // went back. In term 4 it votes for 3 only; below it, for nobody.
+        assert_eq!(
+            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(4, 3)),
+            Ok(())
+        );
+        assert_eq!(
+            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(4, 2)),
+            Err(Refused::VotedElsewhere)
+        );
+        assert_eq!(
+            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(3, 3)),
+            Err(Refused::VotedElsewhere)
+        );
         assert!(!identity.may_campaign(Some(&log_id(3, 1, 30))));
         assert!(identity.may_campaign(Some(&log_id(4, 3, 8))));
         // A later census that hears too few (the member with the greatest log gone) leaves
@@ -559,7 +629,7 @@ mod tests {
         assert_eq!(identity.may_vote(), Err(Refused::Probation));
         // A leader's AppendEntries that covers its commit ends the probation.
         identity.heard_leader(Some(40), Some(40));
-        assert_eq!(identity.may_grant(None), Ok(()));
+        assert_eq!(identity.may_grant(None, &vote(1, 2)), Ok(()));
         assert!(!identity.needs_census());
     }
 }

@@ -50,6 +50,9 @@ pub struct Introduction {
     /// The id of its last log entry, for a restarted member's census (`identity` rule 4).
     #[serde(default)]
     pub last_log: Option<openraft::LogId<NodeId>>,
+    /// Its vote (term and candidate), for the same census.
+    #[serde(default)]
+    pub vote: Option<openraft::Vote<NodeId>>,
 }
 
 /// A boxed future of an introduction.
@@ -292,7 +295,7 @@ impl Changes {
     /// Asks every other voter of this member's membership who it is and where its log ends,
     /// at once; the answers that came within [`INTRODUCE_TIMEOUT`] (a restarted member's census,
     /// `identity` rule 4).
-    pub async fn census(&self) -> Vec<(NodeId, String, Option<openraft::LogId<NodeId>>)> {
+    pub async fn census(&self) -> Vec<Introduction> {
         let me = self.raft.metrics().borrow().id;
         let membership = self.membership();
         let asking = membership
@@ -301,7 +304,7 @@ impl Changes {
             .filter_map(|id| membership.get_node(&id).map(|node| (id, node.addr.clone())))
             .map(|(id, addr)| async move {
                 let answer = self.introduce(id, &addr).await.ok()?;
-                (answer.node_id == id).then_some((id, answer.store, answer.last_log))
+                (answer.node_id == id).then_some(answer)
             });
         futures::future::join_all(asking)
             .await

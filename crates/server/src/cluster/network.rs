@@ -476,7 +476,10 @@ impl RaftRpc for RaftService {
         // A member on probation (restarted, not caught up) answers no candidate before its
         // census, and none below the census floor after it: its disk may be an older copy
         // (`identity`, rule 4). The candidate counts no vote.
-        if let Err(probation) = self.identity.may_grant(request.last_log_id.as_ref()) {
+        if let Err(probation) = self
+            .identity
+            .may_grant(request.last_log_id.as_ref(), &request.vote)
+        {
             return Err(Status::unavailable(probation.to_string()));
         }
         self.encode(&self.raft.vote(request).await)
@@ -507,6 +510,7 @@ impl RaftRpc for RaftService {
             store: self.identity.store().to_owned(),
             holds_log,
             last_log: self.identity.last_log(),
+            vote: Some(self.raft.metrics().borrow().vote),
         })
     }
 }
