@@ -617,6 +617,112 @@ fn p8_a_member_put_back_votes_no_lagging_member_in_while_it_hears_the_holder() {
     });
 }
 
+#[test]
+fn p8_a_leader_put_back_to_a_snapshot_of_its_own_term_does_not_lead_that_term_again() {
+    // The leader's whole volume is snapshotted while it leads (a crash-consistent VM
+    // snapshot), it grants five more in the same term, then it is restarted at once from
+    // the snapshot. Its vote on disk still names it the committed leader of that term, and
+    // openraft restores such a member as the leader straight away: it appended its next
+    // entries under the log ids of the five grants its followers already held, with other
+    // content, and the members applied different states under one log id. Now the vote is
+    // read as not committed and a peer's answer naming this member the committed leader is
+    // taken as not committed (`identity` rule 5): a new term is elected, nothing diverges.
+    for seed in [21, 22, 23] {
+        paused_runtime().block_on(async {
+            let (mut cluster, leader) = three_members(seed).await;
+            let mut issued = vec![acquire(&cluster, "relead/a").await];
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let snapshot = cluster.snapshot_volume(leader);
+            for n in 0..5 {
+                issued.push(acquire(&cluster, &format!("relead/{n}")).await);
+            }
+            cluster.crash(leader).await;
+            cluster.put_back_volume(leader, snapshot);
+            cluster.start(leader).await.unwrap();
+            let next = acquire(&cluster, "relead/b").await;
+            assert!(
+                next > *issued.iter().max().unwrap(),
+                "P1: {next} issued again"
+            );
+            cluster.settle().await.expect("every member converges");
+            assert_eq!(
+                cluster.messages().diverged,
+                0,
+                "no member refused a history"
+            );
+            for id in 1..=3 {
+                assert!(cluster.raft_runs(id), "{id}: {:?}", cluster.raft_error(id));
+            }
+            assert!(cluster.last_epoch() >= next.0, "P8: every grant is kept");
+            cluster.shutdown().await;
+        });
+    }
+}
+
+#[test]
+fn p8_a_member_put_back_never_acknowledges_a_deposed_leader() {
+    // A member's volume is snapshotted while it follows leader L of term t; L is then cut
+    // off, takes a client's acquire it cannot commit, and the two others elect a leader N of
+    // a later term that commits grants under the same log ids. The follower F of N is put
+    // back to its snapshot: its vote says term t again. L reaches F (not N: cut off from
+    // L), and N's messages to F are lost. Raft has a member refuse a leader older than the
+    // term it voted in; F's vote went back, so it would take L's entries, and with F's
+    // acknowledgement L would commit its acquire under a log id N committed otherwise: the
+    // members would apply different histories. On probation, F takes entries only from a
+    // leader at or above the leaderships its census heard (`Identity::may_follow`).
+    for seed in 13..43 {
+        paused_runtime().block_on(async {
+            let (mut cluster, deposed) = three_members(seed).await;
+            acquire(&cluster, "deposed/a").await;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let others: Vec<palisade_server::cluster::NodeId> =
+                (1..=3).filter(|id| *id != deposed).collect();
+            let mut snapshots: Vec<_> = others
+                .iter()
+                .map(|id| cluster.snapshot_volume(*id))
+                .collect();
+            cluster.isolate_member(deposed);
+            let gateway = cluster.gateway(deposed).unwrap();
+            let stale =
+                tokio::spawn(async move { gateway.acquire(request("deposed/stale")).await });
+            let next = eventually(10_000, || {
+                cluster.serving_leader().filter(|leader| *leader != deposed)
+            })
+            .await
+            .expect("the other two elect a leader");
+            let mut issued = Vec::new();
+            for n in 0..3 {
+                issued.push(acquire(&cluster, &format!("deposed/{n}")).await);
+            }
+            let follower = others.iter().position(|id| *id != next).unwrap();
+            let (follower, snapshot) = (others[follower], snapshots.swap_remove(follower));
+            cluster.crash(follower).await;
+            cluster.put_back_volume(follower, snapshot);
+            cluster.heal_all();
+            cluster.cut_between(deposed, next);
+            cluster.hold_entries(next, follower);
+            cluster.start(follower).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            cluster.heal_all();
+            stale.abort();
+            let after = acquire(&cluster, "deposed/b").await;
+            assert!(after > *issued.iter().max().unwrap());
+            let settled = cluster.settle().await;
+            settled.unwrap_or_else(|e| panic!("seed {seed}: the members diverged: {e}"));
+            assert_eq!(
+                cluster.messages().diverged,
+                0,
+                "no member refused a history"
+            );
+            for id in 1..=3 {
+                assert!(cluster.raft_runs(id), "{id}: {:?}", cluster.raft_error(id));
+            }
+            assert!(cluster.last_epoch() >= after.0, "P8: every grant is kept");
+            cluster.shutdown().await;
+        });
+    }
+}
+
 /// The Raft store of cluster mode under the `LeaseStore` conformance suite: a 3-member
 /// simulated cluster; a restart is a power cut of every member (unsynced writes lost) and
 /// a store over the new leader once it serves (its `LeaderStart` applied).

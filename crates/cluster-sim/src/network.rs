@@ -34,6 +34,9 @@ struct Links {
     up: BTreeMap<NodeId, (RaftNode, Identity)>,
     /// Directed links that carry nothing.
     cut: BTreeSet<(NodeId, NodeId)>,
+    /// Directed links that carry everything but a leader's entries (a test's timing: one
+    /// leader's entries arriving first).
+    no_entries: BTreeSet<(NodeId, NodeId)>,
 }
 
 /// Counts of what the network did.
@@ -100,9 +103,16 @@ impl Router {
         }
     }
 
+    /// The link `from → to` carries no AppendEntries and no snapshot, and everything else.
+    pub fn hold_entries(&self, from: NodeId, to: NodeId) {
+        self.links().no_entries.insert((from, to));
+    }
+
     /// Restores every link.
     pub fn heal(&self) {
-        self.links().cut.clear();
+        let mut links = self.links();
+        links.cut.clear();
+        links.no_entries.clear();
     }
 
     /// What the network did so far.
@@ -125,6 +135,10 @@ impl Router {
             from,
             router: self.clone(),
         }
+    }
+
+    fn holds_entries(&self, from: NodeId, to: NodeId) -> bool {
+        self.links().no_entries.contains(&(from, to))
     }
 
     fn links(&self) -> std::sync::MutexGuard<'_, Links> {
@@ -236,6 +250,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        if self.router.holds_entries(self.from, self.to) {
+            return Err(RPCError::Unreachable(Unreachable::new(
+                &std::io::Error::other("entries held on this link"),
+            )));
+        }
         let stats = self.router.stats.clone();
         self.router
             .call(
@@ -247,6 +266,9 @@ impl RaftNetwork<TypeConfig> for Peer {
                     if let Err(malformed) = check_append_entries(&rpc) {
                         stats.lock().expect("not poisoned").malformed += 1;
                         return Err(NetworkError::new(&malformed));
+                    }
+                    if let Err(probation) = identity.may_follow(&rpc.vote) {
+                        return Err(NetworkError::new(&probation));
                     }
                     let applied = raft.metrics().borrow().last_applied;
                     if let Err(diverged) = check_history(&rpc, applied) {
@@ -269,9 +291,16 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
         let answer = self
             .router
-            .call(self.from, self.to, |raft: RaftNode, _| async move {
-                Ok(raft.install_snapshot(rpc).await)
-            })
+            .call(
+                self.from,
+                self.to,
+                |raft: RaftNode, identity: Identity| async move {
+                    if let Err(probation) = identity.may_follow(&rpc.vote) {
+                        return Err(NetworkError::new(&probation));
+                    }
+                    Ok(raft.install_snapshot(rpc).await)
+                },
+            )
             .await;
         if answer.is_ok() {
             self.router

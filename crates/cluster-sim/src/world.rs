@@ -606,6 +606,12 @@ impl Cluster {
         self.router.isolate(&[a], &[a, b]);
     }
 
+    /// The link from `from` to `to` carries everything but a leader's entries.
+    #[cfg(test)]
+    pub(crate) fn hold_entries(&self, from: NodeId, to: NodeId) {
+        self.router.hold_entries(from, to);
+    }
+
     /// Restores every link.
     #[cfg(test)]
     pub(crate) fn heal_all(&self) {

@@ -142,22 +142,23 @@ fn p6_p8_hold_when_members_are_put_back_to_older_copies() {
 }
 
 #[test]
-fn p6_a_member_that_starts_from_an_older_copy_is_caught() {
-    // Without the witness, a member put back to an older copy forgets entries and votes it
-    // acknowledged; with another member that lacks them it forms a majority.
+fn p6_p8_a_member_that_starts_from_an_older_copy_without_its_witness_loses_nothing() {
+    // Without the witness, a member put back to an older copy starts from it, forgetting
+    // entries and votes it acknowledged. This used to be the planted bug the checks caught
+    // (it formed a majority with a member that lacked those entries, in some of these 60
+    // seeds). The witness is now the second line: a restarted member's probation and census
+    // and its never leading a term again (`identity` rules 4 and 5) keep every property by
+    // themselves, as with a whole volume put back (`--rollback`). The checks still catch a
+    // lost entry: see the lying disks below.
     let config = ClusterSimConfig {
         copy_back_on_crash: true,
         plant_no_witness: true,
         ..ClusterSimConfig::for_members(3)
     };
-    // openraft's own debug assertions catch some of these (progress going back) with a panic
-    // in its tasks; keep the log readable (this test runs in a process of its own).
-    std::panic::set_hook(Box::new(|_| {}));
-    let caught = (3_000..3_060)
-        .filter(|&seed| run(seed, config).outcome().is_err())
-        .count();
-    eprintln!("the planted copy-back was caught in {caught} of 60 seeds");
-    assert!(caught > 0, "the planted copy-back was caught in no seed");
+    let seeds: Vec<u64> = (3_000..3_060).collect();
+    let reports = run_all_seeds(&seeds, config);
+    let put_back: u64 = reports.iter().map(|r| r.faults.copy_backs).sum();
+    assert!(put_back >= 20, "only {put_back} copies put back");
 }
 
 #[test]
@@ -246,44 +247,22 @@ fn p8_regression_a_joint_membership_is_never_left_behind() {
 }
 
 #[test]
-fn p1_holds_when_members_whole_volumes_are_put_back() {
+fn p1_p8_hold_when_members_whole_volumes_are_put_back() {
     // Crashes alternate between snapshotting a member's whole volume (disk *and* witness) and,
     // half of the later times, putting both back: nothing on the member can tell, so it
-    // starts from its older state. Every leader's start floors the epoch counter at its
-    // clock, so no epoch is ever granted twice or below an earlier one (P1), in every seed.
-    //
-    // P8 does not survive this, and the run says so rather than hide it: a member put back
-    // forgets entries it acknowledged, and when the only other member that held them is down
-    // the two that are left elect a leader without them — nothing alive knows they existed
-    // (ARCHITECTURE.md, "Hybrid epochs": the assumptions). About 2 seeds in 100 lose an
-    // acknowledged grant that way; the members holding the lost history refuse the new
-    // leader's entries (`check_history`) instead of panicking.
+    // starts from its older state. Every property holds in every seed: no epoch granted twice
+    // or below an earlier one (P1: every leader's start floors the counter at its clock), no
+    // acknowledged grant lost and no two holders (P8: the restarted member's probation and
+    // census, `identity` rule 4), and the members converge on one history (a restarted member
+    // never leads again the term it led before, rule 5). Before rules 4 and 5, 2 to 3 seeds
+    // in 100 lost an acknowledged grant or applied different states under one log id.
     let config = ClusterSimConfig {
         copy_back_on_crash: true,
         rollback_volumes: true,
         ..ClusterSimConfig::default()
     };
-    let mut put_back = 0;
-    let mut lost_history = 0;
-    for seed in 0..40 {
-        let report = run(seed, config);
-        put_back += report.faults.copy_backs;
-        // The history checker's verdict is P1's (an epoch granted twice, or below one
-        // granted before); the run's other violations are P8's and convergence's.
-        if let Err(violation) = &report.verdict {
-            panic!(
-                "seed {seed} (rerun: palisade simulate --cluster 3 --rollback --from {seed} \
-                 --seeds 1): {}",
-                violation.message
-            );
-        }
-        assert!(
-            !report.violations.iter().any(|v| v.contains("panicked")),
-            "seed {seed}: {:?}",
-            report.violations
-        );
-        lost_history += usize::from(!report.violations.is_empty());
-    }
-    eprintln!("{put_back} volumes put back; {lost_history} of 40 seeds lost acknowledged history");
+    let seeds: Vec<u64> = (0..40).collect();
+    let reports = run_all_seeds(&seeds, config);
+    let put_back: u64 = reports.iter().map(|r| r.faults.copy_backs).sum();
     assert!(put_back >= 20, "only {put_back} volumes put back");
 }

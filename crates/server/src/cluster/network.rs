@@ -17,6 +17,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::Vote;
 use palisade_listener::PeerCertificates;
 use palisade_proto::v1 as pb;
 use pb::raft_client::RaftClient;
@@ -181,6 +182,20 @@ impl PeerClient {
 }
 
 impl PeerClient {
+    /// `vote`, from `self.target`'s answer, as openraft may adopt it (see [`not_own_lost_vote`]).
+    fn not_own_lost_vote(&self, sent: &Vote<NodeId>, vote: Vote<NodeId>) -> Vote<NodeId> {
+        let adopted = not_own_lost_vote(self.from, sent, vote);
+        if adopted != vote {
+            tracing::warn!(
+                %vote,
+                peer = self.target,
+                "a peer holds a committed vote naming this member that this member does not \
+                 hold: its disk went back in time; it does not lead that term again"
+            );
+        }
+        adopted
+    }
+
     fn log_refusal(&mut self, why: &str) {
         let due = self
             .last_refusal_log
@@ -190,6 +205,21 @@ impl PeerClient {
             tracing::error!(peer = self.target, "raft traffic refused: {why}");
         }
     }
+}
+
+/// A peer's vote, from its answer to an append or snapshot `me` sent with vote `sent`, as `me`
+/// may adopt it. One greater than `sent` that names `me` as a committed leader can only be
+/// one `me` lost: `me` never sends as the leader of a term before its vote for that term is
+/// on disk, so its disk went back in time (a whole-volume snapshot put back). openraft adopts a higher vote from these answers
+/// as it is, and a committed vote naming `me` would make `me` the leader of that old term
+/// again, with a log that may lack what it appended then: its next entries would take the
+/// log ids of entries its peers hold, with other content (`identity` rule 5). Not committed,
+/// it only moves `me`'s term on, as openraft already does with vote answers.
+fn not_own_lost_vote(me: NodeId, sent: &Vote<NodeId>, vote: Vote<NodeId>) -> Vote<NodeId> {
+    if vote.leader_id.node_id == me && vote.committed && &vote > sent {
+        return Vote::new(vote.leader_id.term, vote.leader_id.node_id);
+    }
+    vote
 }
 
 #[derive(Clone, Copy)]
@@ -205,7 +235,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Kind::Append, &rpc, option.hard_ttl()).await
+        let answer = self.call(Kind::Append, &rpc, option.hard_ttl()).await;
+        answer.map(|answer| match answer {
+            AppendEntriesResponse::HigherVote(vote) => {
+                AppendEntriesResponse::HigherVote(self.not_own_lost_vote(&rpc.vote, vote))
+            }
+            other => other,
+        })
     }
 
     async fn install_snapshot(
@@ -213,7 +249,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Kind::Snapshot, &rpc, option.hard_ttl()).await
+        let answer = self.call(Kind::Snapshot, &rpc, option.hard_ttl()).await;
+        answer.map(
+            |answer: InstallSnapshotResponse<NodeId>| InstallSnapshotResponse {
+                vote: self.not_own_lost_vote(&rpc.vote, answer.vote),
+            },
+        )
     }
 
     async fn vote(
@@ -457,6 +498,10 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: AppendEntriesRequest<TypeConfig> = self.admit(request)?;
         check_append_entries(&request).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // A member on probation takes no entries from a deposed leader (`identity` rule 4).
+        self.identity
+            .may_follow(&request.vote)
+            .map_err(|refused| Status::unavailable(refused.to_string()))?;
         let applied = self.raft.metrics().borrow().last_applied;
         if let Err(diverged) = check_history(&request, applied) {
             log_diverged(&diverged);
@@ -490,6 +535,9 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: InstallSnapshotRequest<TypeConfig> = self.admit(request)?;
+        self.identity
+            .may_follow(&request.vote)
+            .map_err(|refused| Status::unavailable(refused.to_string()))?;
         self.encode(&self.raft.install_snapshot(request).await)
     }
 
@@ -545,7 +593,6 @@ impl Introducer for GrpcIntroducer {
 mod tests {
     use super::*;
     use openraft::testing::{blank_ent, log_id};
-    use openraft::Vote;
 
     fn request(prev: Option<u64>, entries: &[(u64, u64)]) -> AppendEntriesRequest<TypeConfig> {
         AppendEntriesRequest {
@@ -696,5 +743,21 @@ mod tests {
         let mut future_prev = request(Some(24), &[]);
         future_prev.prev_log_id = Some(log_id(5, 1, 24));
         assert!(check_append_entries(&future_prev).is_err());
+    }
+
+    #[test]
+    fn p8_a_member_never_adopts_a_lost_leadership_of_its_own_from_an_answer() {
+        // Member 1, put back to a disk from term 1, sends as the leader of term 1; a peer
+        // answers with the vote it holds: member 1 as the committed leader of term 13, a
+        // leadership member 1 lost with its disk. Adopted as is, member 1 would lead term 13
+        // again with the log of term 1 (rule 5): it moves to term 13 without leading it.
+        let sent = Vote::new_committed(1, 1);
+        let lost = Vote::new_committed(13, 1);
+        assert_eq!(not_own_lost_vote(1, &sent, lost), Vote::new(13, 1));
+        // Another member's leadership, and this member's own current one, pass unchanged.
+        let other = Vote::new_committed(13, 2);
+        assert_eq!(not_own_lost_vote(1, &sent, other), other);
+        let current = Vote::new_committed(13, 1);
+        assert_eq!(not_own_lost_vote(1, &current, current), current);
     }
 }

@@ -429,7 +429,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
-        self.meta("vote")
+        // Read as not committed: openraft restores a member whose committed vote names itself
+        // as the leader of that term at once, with the log it finds. If the disk went back in
+        // time (a whole-volume snapshot put back), that log may lack entries it appended as
+        // leader in the same term, and its next entries would reuse their log ids with other
+        // content (`identity` rule 5). Not committed, the vote still refuses every other
+        // candidate of its term and yields to that term's leader; the member campaigns in a
+        // later term.
+        Ok(self
+            .meta::<Vote<NodeId>>("vote")?
+            .map(|vote| Vote::new(vote.leader_id.term, vote.leader_id.node_id)))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
