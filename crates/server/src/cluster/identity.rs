@@ -40,7 +40,10 @@
 //!      they voted for (its own vote may have gone back with its disk: never twice in a term),
 //!      and stands for election only when its own log is at or above the floor. A later
 //!      round that hears too few keeps the census: the first round that heard enough covers
-//!      every entry committed before the restart for good. The votes that bind it are those
+//!      every entry committed before the restart for good. But when no round has heard
+//!      enough for [`PROBATION_MAX`], the member holding the floor may be gone for good
+//!      (refused, wiped), and it votes as before (a floor nobody alive can meet stopped every
+//!      election, the removal of that member's included). The votes that bind it are those
 //!      of that first round: a vote cast since it restarted cannot be one it lost, and a
 //!      member campaigning again and again must not keep it from voting in a later term.
 //!      Every round that hears enough is a census on its own, so the floor is the lowest any
@@ -178,6 +181,8 @@ struct Probation {
     caught_up: AtomicBool,
     /// Set by a census that heard enough voters.
     floor: Mutex<Option<Census>>,
+    /// When a census round last heard enough voters (`None` before the first).
+    heard_enough: Mutex<Option<tokio::time::Instant>>,
     /// The greatest term of a committed vote the latest census round heard, however few
     /// answered (`None` before the first round returns).
     leader_term: Mutex<Option<u64>>,
@@ -291,6 +296,7 @@ impl Identity {
                 since: tokio::time::Instant::now(),
                 caught_up: AtomicBool::new(false),
                 floor: Mutex::new(None),
+                heard_enough: Mutex::new(None),
                 leader_term: Mutex::new(None),
             }),
             last_log: Arc::default(),
@@ -376,22 +382,35 @@ impl Identity {
         if self.alone().ok_or(Refused::Starting)? {
             return Ok(None);
         }
-        if let Some(census) = self.probation.floor.lock().expect("not poisoned").clone() {
-            // The latest census heard enough members: one of them, alive, holds the greatest
-            // log, so the floor can be met.
-            return Ok(Some(census));
+        let heard_lately = self
+            .probation
+            .heard_enough
+            .lock()
+            .expect("not poisoned")
+            .is_some_and(|at| at.elapsed() < PROBATION_MAX);
+        let census = self.probation.floor.lock().expect("not poisoned").clone();
+        if heard_lately && census.is_some() {
+            // A census round heard enough members lately: one of them, alive, holds the
+            // greatest log, so the floor can be met.
+            return Ok(census);
         }
-        if self.probation.since.elapsed() >= PROBATION_MAX {
+        if !heard_lately && self.probation.since.elapsed() >= PROBATION_MAX {
+            // No round heard enough members for `PROBATION_MAX`: the member holding the
+            // floor may be gone for good (refused, wiped), and a floor nobody alive can meet
+            // would stop every election, the removal of that member's included.
             if !self.probation.caught_up.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "neither caught up by a leader nor heard by enough members within {}s of its \
-                     start: this member votes again",
+                    "neither caught up by a leader nor heard by enough members for {}s: this \
+                     member votes again",
                     PROBATION_MAX.as_secs()
                 );
             }
             return Ok(None);
         }
-        Err(Refused::Probation)
+        match census {
+            Some(census) => Ok(Some(census)),
+            None => Err(Refused::Probation),
+        }
     }
 
     /// Whether this member may vote at all (rule 4): off probation, or on it after a census.
@@ -513,6 +532,8 @@ impl Identity {
         if heard.len() < needed && !everyone {
             return;
         }
+        *self.probation.heard_enough.lock().expect("not poisoned") =
+            Some(tokio::time::Instant::now());
         let mut known = self.probation.floor.lock().expect("not poisoned");
         match known.as_mut() {
             // The votes stay those of the first census: a vote cast since this member
@@ -841,6 +862,48 @@ mod tests {
             identity.may_grant(Some(&log_id(5, 1, 35)), &openraft::Vote::new(7, 2)),
             Ok(())
         );
+    }
+
+    /// P8 (rule 4), liveness: a census floor lasts while rounds keep hearing enough voters.
+    /// When none has for `PROBATION_MAX` (the member holding the floor refused or gone for
+    /// good), the member votes as before: a floor nobody alive can meet stopped every
+    /// election, the removal of that member's included (`--copy-back` seed 7600289).
+    #[tokio::test(start_paused = true)]
+    async fn p8_a_census_nobody_alive_can_meet_expires() {
+        use openraft::testing::log_id;
+        let dir = tempfile::tempdir().unwrap();
+        let identity =
+            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
+        let mut metrics = RaftMetrics::new_initial(1);
+        metrics.last_log_index = Some(30);
+        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
+            Some(log_id(1, 1, 0)),
+            membership(&[(1, "s1"), (2, "s2"), (3, "s3")]),
+        ));
+        let (_tx, rx) = watch::channel(metrics);
+        identity.attach(rx);
+        let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
+            super::super::membership::Introduction {
+                node_id: node,
+                store: store.to_owned(),
+                holds_log: true,
+                last_log: Some(last),
+                vote: Some(openraft::Vote::new(5, 3)),
+            }
+        };
+        let behind = || identity.may_grant(Some(&log_id(5, 3, 35)), &openraft::Vote::new(6, 2));
+        identity.record_census(&[
+            answer(2, "s2", log_id(5, 3, 35)),
+            answer(3, "s3", log_id(5, 3, 36)),
+        ]);
+        assert_eq!(behind(), Err(Refused::BehindCensus));
+        // Member 3 is gone; rounds hear member 2 only. Within the bound the floor holds.
+        tokio::time::advance(PROBATION_MAX - Duration::from_millis(1)).await;
+        identity.record_census(&[answer(2, "s2", log_id(5, 3, 35))]);
+        assert_eq!(behind(), Err(Refused::BehindCensus));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(behind(), Ok(()), "no round heard enough for PROBATION_MAX");
+        assert!(!identity.needs_census());
     }
 
     /// P8 (rule 4): on probation, a member takes entries from no leader before its first
