@@ -609,6 +609,30 @@ mod tests {
         }
     }
 
+    /// A member `me` of `members` that restarted with a log of 30 entries, on probation,
+    /// with the sender of its metrics.
+    fn restarted(
+        me: NodeId,
+        members: &[(NodeId, &str)],
+    ) -> (
+        tempfile::TempDir,
+        Identity,
+        watch::Sender<RaftMetrics<NodeId, MemberNode>>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let identity =
+            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
+        let mut metrics = RaftMetrics::new_initial(me);
+        metrics.last_log_index = Some(30);
+        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
+            Some(openraft::testing::log_id(1, 1, 0)),
+            membership(members),
+        ));
+        let (tx, rx) = watch::channel(metrics);
+        identity.attach(rx);
+        (dir, identity, tx)
+    }
+
     fn membership(nodes: &[(NodeId, &str)]) -> Membership<NodeId, MemberNode> {
         let voters: BTreeSet<NodeId> = nodes.iter().map(|(id, _)| *id).collect();
         let nodes: BTreeMap<NodeId, MemberNode> = nodes
@@ -811,17 +835,7 @@ mod tests {
     #[test]
     fn p8_a_census_counts_a_voter_that_lost_its_store_and_keeps_the_lowest_floor() {
         use openraft::testing::log_id;
-        let dir = tempfile::tempdir().unwrap();
-        let identity =
-            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
-        let mut metrics = RaftMetrics::new_initial(3);
-        metrics.last_log_index = Some(30);
-        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
-            Some(log_id(1, 1, 0)),
-            membership(&[(1, "s1"), (2, "s2"), (3, "s3")]),
-        ));
-        let (_tx, rx) = watch::channel(metrics);
-        identity.attach(rx);
+        let (_dir, identity, _tx) = restarted(3, &[(1, "s1"), (2, "s2"), (3, "s3")]);
         let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
             super::super::membership::Introduction {
                 node_id: node,
@@ -871,17 +885,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn p8_a_census_nobody_alive_can_meet_expires() {
         use openraft::testing::log_id;
-        let dir = tempfile::tempdir().unwrap();
-        let identity =
-            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
-        let mut metrics = RaftMetrics::new_initial(1);
-        metrics.last_log_index = Some(30);
-        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
-            Some(log_id(1, 1, 0)),
-            membership(&[(1, "s1"), (2, "s2"), (3, "s3")]),
-        ));
-        let (_tx, rx) = watch::channel(metrics);
-        identity.attach(rx);
+        let (_dir, identity, _tx) = restarted(1, &[(1, "s1"), (2, "s2"), (3, "s3")]);
         let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
             super::super::membership::Introduction {
                 node_id: node,
@@ -914,17 +918,7 @@ mod tests {
     fn p8_a_member_on_probation_takes_no_entries_from_a_deposed_leader() {
         use openraft::testing::log_id;
         use openraft::Vote;
-        let dir = tempfile::tempdir().unwrap();
-        let identity =
-            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
-        let mut metrics = RaftMetrics::new_initial(1);
-        metrics.last_log_index = Some(30);
-        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
-            Some(log_id(1, 1, 0)),
-            membership(&[(1, "s1"), (2, "s2"), (3, "s3")]),
-        ));
-        let (_tx, rx) = watch::channel(metrics);
-        identity.attach(rx);
+        let (_dir, identity, _tx) = restarted(1, &[(1, "s1"), (2, "s2"), (3, "s3")]);
         let answer = |node: NodeId, store: &str, vote: Vote<NodeId>| {
             super::super::membership::Introduction {
                 node_id: node,
