@@ -593,6 +593,62 @@ fn p8_a_member_put_back_does_not_vote_a_lagging_member_in_before_it_catches_up()
 }
 
 #[test]
+fn p8_a_member_put_back_to_a_vote_without_entries_does_not_vote_a_lagging_member_in() {
+    // Seed 7007748 (`--rollback`), slowed down. Member 3's volume is snapshotted after it
+    // voted in the first election but before it got an entry (the leader's entries to it
+    // are held). Later the follower of 1 and 2 is cut off while the leader and 3 grant; then
+    // 3's snapshot is put back and 3 starts while the leader is cut off and the follower is
+    // back. With no log, 3 was taken for a member that never voted, off probation: it voted
+    // the lagging follower in at once, and the two led without the grants the leader and 3
+    // had committed. Its store holds a vote, so it is on probation: nobody leads until the
+    // leader is back.
+    palisade_server::cluster::runtime::seed_election_timers(13);
+    paused_runtime().block_on(async {
+        let mut cluster = world::Cluster::new(13, &ClusterSimConfig::default());
+        cluster.hold_entries(1, 3);
+        cluster.hold_entries(2, 3);
+        for id in 1..=3 {
+            cluster.start(id).await.unwrap();
+        }
+        eventually(5_000, || cluster.serving_leader())
+            .await
+            .expect("a first leader");
+        cluster.crash(3).await;
+        let snapshot = cluster.snapshot_volume(3);
+        cluster.heal_all();
+        cluster.start(3).await.unwrap();
+        let mut issued = vec![acquire(&cluster, "voted/a").await];
+        // Restarted with a vote, 3 follows nobody for PROBATION_MAX: it has no membership
+        // to take a census by.
+        let probation = palisade_server::cluster::identity::PROBATION_MAX;
+        tokio::time::sleep(probation + std::time::Duration::from_secs(1)).await;
+        let leader = cluster.serving_leader().expect("a leader");
+        assert_ne!(leader, 3, "3 was on probation: it did not campaign");
+        let lagging = 3 - leader;
+        cluster.isolate_member(lagging);
+        for n in 0..5 {
+            issued.push(acquire(&cluster, &format!("voted/b{n}")).await);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        cluster.crash(3).await;
+        cluster.put_back_volume(3, snapshot);
+        cluster.heal_all();
+        cluster.isolate_member(leader);
+        cluster.start(3).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert_eq!(
+            cluster.serving_leader(),
+            None,
+            "the lagging member and 3 formed a majority without the entries the leader and 3 \
+             committed"
+        );
+        cluster.heal_all();
+        grants_above_on_one_history(&mut cluster, &issued, "voted/c").await;
+    });
+    palisade_server::cluster::runtime::unseed_election_timers();
+}
+
+#[test]
 fn p8_a_member_put_back_votes_no_lagging_member_in_while_it_hears_the_holder() {
     // As above, but 1 (which holds the grants 1 + 2 committed) is cut off from 3 only, for
     // longer than the probation's timeout, and 2 — put back — hears both. 3 lacks the

@@ -322,11 +322,15 @@ impl RaftNetwork<TypeConfig> for Peer {
                 self.from,
                 self.to,
                 |raft: RaftNode, identity: Identity| async move {
-                    // As `RaftService` refuses: a member on probation answers no candidate
-                    // before its census, and none below the floor after it.
+                    // As `RaftService` refuses: a member on probation grants no candidate before
+                    // its census, and none below the floor after it.
                     if let Err(probation) = identity.may_grant(rpc.last_log_id.as_ref(), &rpc.vote)
                     {
-                        return Err(NetworkError::new(&probation));
+                        // And answers as it does (see `Identity::refusal`).
+                        return match identity.refusal() {
+                            Some(refusal) => Ok(Ok(refusal)),
+                            None => Err(NetworkError::new(&probation)),
+                        };
                     }
                     Ok(raft.vote(rpc).await)
                 },
@@ -355,20 +359,12 @@ impl Introducer for Introductions {
                 .carry(from, to)
                 .await
                 .ok_or_else(|| format!("no route {from} -> {to}"))?;
-            let holds_log = raft.metrics().borrow().last_log_index.is_some();
-            let last_log = identity.last_log();
-            let vote = Some(raft.metrics().borrow().vote);
+            let introduction = Introduction::of(to, &identity, &raft.metrics().borrow());
             router
                 .carry(to, from)
                 .await
                 .ok_or_else(|| format!("no route {to} -> {from}"))?;
-            Ok(Introduction {
-                node_id: to,
-                store: identity.store().to_owned(),
-                holds_log,
-                last_log,
-                vote,
-            })
+            Ok(introduction)
         })
     }
 }

@@ -20,12 +20,14 @@
 //!    taking that peer's entries. Who may send Raft traffic at all is the transport's
 //!    question (peer authentication).
 //!
-//! 4. **A member that restarts with a log votes and stands for election only once it knows
-//!    it cannot lose a committed entry** ([`Identity::may_grant`], [`Identity::may_campaign`]).
-//!    Its disk may be an older copy that nothing on it can tell from the real one (a
-//!    whole-volume snapshot put back, witness included): voting from it, it could elect a
-//!    lagging member that lacks entries it had itself acknowledged, and those entries would be
-//!    lost (P8). It is on probation until either
+//! 4. **A member that restarts with a log or a vote votes and stands for election only once
+//!    it knows it cannot lose a committed entry** ([`Identity::may_grant`],
+//!    [`Identity::may_campaign`]). Its disk may be an older copy that nothing on it can tell
+//!    from the real one (a whole-volume snapshot put back, witness included): voting from it,
+//!    it could elect a lagging member that lacks entries it had itself acknowledged, and those
+//!    entries would be lost (P8). A vote without a log is such a copy too (taken between the
+//!    member's first vote and its first entry); only a store that never voted (founding, or
+//!    added with `--join`) acknowledged nothing. It is on probation until either
 //!    - an AppendEntries from a leader has left it holding every entry that leader says is
 //!      committed, and at or above the latest census below (its log at the floor, its
 //!      vote at every vote heard: the leader may be a deposed one that has not heard of the
@@ -59,7 +61,11 @@
 //!    off, and it takes entries only from a leader at or above every established leadership
 //!    the latest census round heard ([`Identity::may_follow`]): with its vote gone back, it
 //!    would otherwise acknowledge a deposed leader, which could commit with it entries under
-//!    log ids the newer term committed otherwise. After [`PROBATION_MAX`] with neither, or when it is the only voter, it votes as
+//!    log ids the newer term committed otherwise. A candidate it refuses gets Raft's answer
+//!    to a candidate whose log is behind ([`Identity::refusal`]: its vote, the greatest log
+//!    it knows of), not silence. A member with no membership yet (a vote, no entry) cannot
+//!    tell whom a census counts, learns nothing from one, and waits out the bound below.
+//!    After [`PROBATION_MAX`] with neither, or when it is the only voter, it votes as
 //!    before: that keeps a cluster available when the only way to a majority is this member
 //!    (one of three down for good, or wiped and being re-added). So a put-back member *and* a
 //!    second fault at once (the only other holder of an entry down for longer than
@@ -209,6 +215,17 @@ fn at_or_above(a: Option<&LogId<NodeId>>, b: Option<&LogId<NodeId>>) -> bool {
     )
 }
 
+/// Where a member's history ends, for a census: the end of its log, or the last applied entry
+/// when that is later (a snapshot installed over a shorter log, before the log's purge has
+/// caught up).
+pub fn holds_up_to(last_log: Floor, applied: Floor) -> Floor {
+    if at_or_above(applied.as_ref(), last_log.as_ref()) {
+        applied
+    } else {
+        last_log
+    }
+}
+
 /// Whether `membership` counts an answer by `peer` presenting `store`. A member that knows no
 /// membership yet (it starts with `--join`, or a new cluster is not founded yet) counts nothing
 /// anyway (it makes no requests); it admits anyone.
@@ -308,10 +325,13 @@ impl Identity {
         &self.store
     }
 
-    /// Checks peers against the membership of this Raft member from now on. A member whose
-    /// Raft starts with an empty log has nothing it could have lost: it is not on probation.
-    pub fn attach(&self, metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>) {
-        if metrics.borrow().last_log_index.is_none() {
+    /// Checks peers against the membership of this Raft member from now on. `voted`: its store
+    /// holds a vote. A member whose Raft starts with an empty log and no vote has never taken
+    /// part in an election, so it never acknowledged an entry it could have lost: it is not on
+    /// probation. One with an empty log but a vote may be a volume put back to a copy taken
+    /// before its first entry, whose member acknowledged entries since: it is (rule 4).
+    pub fn attach(&self, metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>, voted: bool) {
+        if metrics.borrow().last_log_index.is_none() && !voted {
             self.probation.caught_up.store(true, Ordering::Relaxed);
         }
         let _ = self.metrics.set(metrics);
@@ -443,6 +463,21 @@ impl Identity {
         Ok(())
     }
 
+    /// The answer to a candidate this member refuses (rule 4), as Raft answers one whose log
+    /// is behind: not granted, with this member's vote and the greatest log it knows of (its
+    /// own, or the census floor above it). A refusal without an answer (a network error)
+    /// hides both: the candidate never learns that a greater log exists, so it is never held
+    /// back before its next election, and a member that refuses by census never learns the
+    /// candidate's term. A lagging member with the higher node id then stood in every term the
+    /// eligible one stood in, and won each tie of the same term against it (the leader id
+    /// orders by node id within a term): no leader for good. `None` before Raft has started.
+    pub fn refusal(&self) -> Option<openraft::raft::VoteResponse<NodeId>> {
+        let vote = self.metrics.get()?.borrow().vote;
+        let census = self.probation.floor.lock().expect("not poisoned").clone();
+        let greatest = holds_up_to(self.last_log(), census.and_then(|census| census.floor));
+        Some(openraft::raft::VoteResponse::new(vote, greatest, false))
+    }
+
     /// Whether this member may take the entries (or snapshot) of a leader that sends with
     /// `vote` (rule 4). A member on probation may have lost its vote with its disk: Raft has
     /// it refuse a leader of a term older than the one it voted in, and without that vote it
@@ -493,6 +528,11 @@ impl Identity {
             (metrics.id, metrics.membership_config.membership().clone())
         };
         let voters: Vec<NodeId> = membership.voter_ids().collect();
+        if voters.is_empty() {
+            // No membership yet (a member that voted but holds no entry): it cannot tell whom
+            // to count, so it learns nothing and its probation runs to its bound.
+            return;
+        }
         let n = voters.len();
         let needed = n - n / 2;
         let mut heard = std::collections::BTreeSet::new();
@@ -597,359 +637,5 @@ fn new_store_id() -> Result<String, ClusterError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-
-    use super::*;
-
-    fn node(addr: &str, store: &str) -> MemberNode {
-        MemberNode {
-            addr: addr.into(),
-            store: store.into(),
-        }
-    }
-
-    /// A member `me` of `members` that restarted with a log of 30 entries, on probation,
-    /// with the sender of its metrics.
-    fn restarted(
-        me: NodeId,
-        members: &[(NodeId, &str)],
-    ) -> (
-        tempfile::TempDir,
-        Identity,
-        watch::Sender<RaftMetrics<NodeId, MemberNode>>,
-    ) {
-        let dir = tempfile::tempdir().unwrap();
-        let identity =
-            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
-        let mut metrics = RaftMetrics::new_initial(me);
-        metrics.last_log_index = Some(30);
-        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
-            Some(openraft::testing::log_id(1, 1, 0)),
-            membership(members),
-        ));
-        let (tx, rx) = watch::channel(metrics);
-        identity.attach(rx);
-        (dir, identity, tx)
-    }
-
-    fn membership(nodes: &[(NodeId, &str)]) -> Membership<NodeId, MemberNode> {
-        let voters: BTreeSet<NodeId> = nodes.iter().map(|(id, _)| *id).collect();
-        let nodes: BTreeMap<NodeId, MemberNode> = nodes
-            .iter()
-            .map(|(id, store)| (*id, node(&format!("127.0.0.1:{}", 7000 + id), store)))
-            .collect();
-        Membership::new(vec![voters], nodes)
-    }
-
-    #[test]
-    fn p1_a_peer_is_admitted_only_with_the_store_the_membership_names() {
-        let m = membership(&[(1, "aaaa"), (2, "bbbb"), (3, "cccc")]);
-        assert_eq!(check(&m, 2, "bbbb"), Ok(()));
-        assert_eq!(
-            check(&m, 2, "ffff"),
-            Err(Refused::ChangedStore { peer: 2 }),
-            "a wiped member (new store) is refused by every member, whether or not it ever \
-             talked to it"
-        );
-        assert_eq!(check(&m, 4, "dddd"), Err(Refused::NotAMember { peer: 4 }));
-        assert_eq!(
-            check(&membership(&[(1, "aaaa"), (2, "")]), 2, ""),
-            Err(Refused::ChangedStore { peer: 2 }),
-            "a membership without a store id admits nobody under it"
-        );
-    }
-
-    #[test]
-    fn p1_remove_and_add_in_one_batch_leaves_the_new_store() {
-        // A lagging member applies "remove 3" and "add 3 (new store)" together: what it checks
-        // against is the membership it ends with — no remembered id can outlive it.
-        let after = membership(&[(1, "aaaa"), (2, "bbbb"), (3, "3333")]);
-        assert_eq!(check(&after, 3, "3333"), Ok(()));
-        assert_eq!(
-            check(&after, 3, "cccc"),
-            Err(Refused::ChangedStore { peer: 3 })
-        );
-    }
-
-    #[test]
-    fn p1_p8_a_member_whose_own_store_was_replaced_sends_nothing() {
-        // A wiped member that took the leader's entries (so it holds a membership naming its
-        // old store) must not stand for election: its own vote is counted without crossing
-        // the network, and it lost the vote and the entries it acknowledged before.
-        let m = membership(&[(1, "aaaa"), (2, "bbbb"), (3, "cccc")]);
-        assert_eq!(own_store_named(&m, 2, "bbbb"), Ok(()));
-        assert_eq!(
-            own_store_named(&m, 2, "ffff"),
-            Err(Refused::Replaced { node: 2 })
-        );
-        assert_eq!(
-            own_store_named(&m, 4, "dddd"),
-            Ok(()),
-            "a learner being added"
-        );
-    }
-
-    #[test]
-    fn a_member_without_a_membership_admits_its_future_leader() {
-        let empty = Membership::<NodeId, MemberNode>::new(vec![BTreeSet::new()], BTreeMap::new());
-        assert_eq!(check(&empty, 1, "aaaa"), Ok(()));
-    }
-
-    #[test]
-    fn the_store_id_is_stable_across_restarts_and_new_with_a_new_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.redb");
-        let first = Identity::open(&Database::create(&path).unwrap()).unwrap();
-        let again = Identity::open(&Database::create(&path).unwrap()).unwrap();
-        assert_eq!(first.store(), again.store());
-        assert_eq!(first.store().len(), 32);
-        let other = tempfile::tempdir().unwrap();
-        let fresh =
-            Identity::open(&Database::create(other.path().join("s.redb")).unwrap()).unwrap();
-        assert_ne!(fresh.store(), first.store());
-        assert_eq!(
-            fresh.admit(1, "x"),
-            Err(Refused::Starting),
-            "nothing is admitted before Raft runs"
-        );
-    }
-
-    /// P8 (rule 4): a member that restarted with a log, possibly an older copy, votes only
-    /// after hearing `n − q + 1` other voters (their stores as the membership names them),
-    /// then only for candidates at or above the greatest log it heard; a census that hears
-    /// too few leaves no floor; a leader catching it up to the census ends the probation.
-    #[test]
-    fn p8_a_restarted_member_votes_only_above_the_logs_a_census_heard() {
-        use openraft::testing::log_id;
-        let dir = tempfile::tempdir().unwrap();
-        let identity =
-            Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
-        let members = [(1, "s1"), (2, "s2"), (3, "s3"), (4, "s4"), (5, "s5")];
-        let mut metrics = RaftMetrics::new_initial(1);
-        metrics.last_log_index = Some(30);
-        metrics.membership_config = Arc::new(openraft::StoredMembership::new(
-            Some(log_id(1, 1, 0)),
-            membership(&members),
-        ));
-        let (tx, rx) = watch::channel(metrics);
-        identity.attach(rx);
-        assert_eq!(identity.may_vote(), Err(Refused::Probation));
-        assert!(!identity.may_campaign(Some(&log_id(9, 1, 99))));
-        assert!(identity.needs_census());
-        let answer = |node: NodeId, store: &str, last: Option<LogId<NodeId>>| {
-            super::super::membership::Introduction {
-                node_id: node,
-                store: store.to_owned(),
-                holds_log: last.is_some(),
-                last_log: last,
-                vote: Some(openraft::Vote::new(4, 3)),
-            }
-        };
-        let vote = |term: u64, node: NodeId| openraft::Vote::new(term, node);
-        // Five voters: three of the four others must answer. Itself, a non-member and a
-        // store the membership does not name (a wiped member) do not count.
-        identity.record_census(&[
-            answer(1, "s1", Some(log_id(9, 1, 99))),
-            answer(2, "s2", Some(log_id(3, 2, 10))),
-            answer(4, "wiped", Some(log_id(8, 4, 80))),
-            answer(9, "s9", Some(log_id(8, 9, 80))),
-            answer(5, "s5", None),
-        ]);
-        assert_eq!(identity.may_vote(), Err(Refused::Probation));
-        identity.record_census(&[
-            answer(2, "s2", Some(log_id(3, 2, 10))),
-            answer(3, "s3", Some(log_id(4, 3, 7))),
-            answer(5, "s5", None),
-        ]);
-        assert_eq!(identity.may_vote(), Ok(()));
-        assert_eq!(
-            identity.may_grant(Some(&log_id(3, 2, 20)), &vote(6, 2)),
-            Err(Refused::BehindCensus),
-            "a longer log of an older term is below the floor"
-        );
-        assert_eq!(
-            identity.may_grant(None, &vote(6, 2)),
-            Err(Refused::BehindCensus)
-        );
-        assert_eq!(
-            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(6, 3)),
-            Ok(())
-        );
-        assert_eq!(
-            identity.may_grant(Some(&log_id(5, 2, 1)), &vote(5, 2)),
-            Ok(())
-        );
-        // The members heard voted for 3 in term 4: this member may have too, before its disk
-        // went back. In term 4 it votes for 3 only; below it, for nobody.
-        assert_eq!(
-            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(4, 3)),
-            Ok(())
-        );
-        assert_eq!(
-            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(4, 2)),
-            Err(Refused::VotedElsewhere)
-        );
-        assert_eq!(
-            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(3, 3)),
-            Err(Refused::VotedElsewhere)
-        );
-        assert!(!identity.may_campaign(Some(&log_id(3, 1, 30))));
-        assert!(identity.may_campaign(Some(&log_id(4, 3, 8))));
-        // A later round that hears too few (a member cut off, a message lost) keeps the
-        // census: it was covered from the first round that heard enough.
-        identity.record_census(&[answer(2, "s2", Some(log_id(3, 2, 10)))]);
-        assert_eq!(
-            identity.may_grant(Some(&log_id(3, 2, 20)), &vote(6, 2)),
-            Err(Refused::BehindCensus)
-        );
-        // A leader's AppendEntries that covers its commit ends the probation only at or
-        // above the census: its log at the floor, its vote at every vote heard.
-        identity.set_last_log(Some(log_id(4, 3, 40)));
-        // A deposed leader of term 3 caught this member up (its vote now names that leader):
-        // the census heard votes of term 4, so the probation goes on.
-        let mut deposed = RaftMetrics::new_initial(1);
-        deposed.vote = openraft::Vote::new_committed(3, 2);
-        deposed.membership_config = tx.borrow().membership_config.clone();
-        tx.send_replace(deposed.clone());
-        identity.heard_leader(Some(40), Some(40));
-        assert_eq!(
-            identity.may_grant(Some(&log_id(4, 3, 7)), &vote(4, 2)),
-            Err(Refused::VotedElsewhere)
-        );
-        // The leader of term 4 catches it up: at the floor and every vote heard, it is off
-        // probation.
-        let mut current = deposed;
-        current.vote = openraft::Vote::new_committed(4, 3);
-        tx.send_replace(current);
-        identity.heard_leader(Some(40), Some(40));
-        assert_eq!(identity.may_grant(None, &vote(1, 2)), Ok(()));
-        assert!(!identity.needs_census());
-    }
-
-    /// P8 (rule 4): a voter that answers with another store than the membership names lost
-    /// its disk: a round that heard every other voter, some of them that way, is a census
-    /// (its floor from the intact ones), and a later census lowers the floor, never raises
-    /// it. The regression: a floor set by an uncommitted entry of a leader wiped since made
-    /// this member refuse every candidate, and the removal of that leader never came.
-    #[test]
-    fn p8_a_census_counts_a_voter_that_lost_its_store_and_keeps_the_lowest_floor() {
-        use openraft::testing::log_id;
-        let (_dir, identity, _tx) = restarted(3, &[(1, "s1"), (2, "s2"), (3, "s3")]);
-        let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
-            super::super::membership::Introduction {
-                node_id: node,
-                store: store.to_owned(),
-                holds_log: true,
-                last_log: Some(last),
-                vote: Some(openraft::Vote::new(5, 1)),
-            }
-        };
-        // The lost voter alone is not every other voter: no census.
-        identity.record_census(&[answer(1, "wiped", log_id(1, 1, 1))]);
-        assert_eq!(identity.may_vote(), Err(Refused::Probation));
-        // Both others heard: leader 1's last entry (uncommitted) sets the floor.
-        identity.record_census(&[
-            answer(1, "s1", log_id(5, 1, 36)),
-            answer(2, "s2", log_id(5, 1, 35)),
-        ]);
-        assert_eq!(
-            identity.may_grant(Some(&log_id(5, 1, 35)), &openraft::Vote::new(6, 2)),
-            Err(Refused::BehindCensus)
-        );
-        // Member 1 comes back wiped: every other voter answered, one of them from another
-        // store, and the floor goes down to what the intact one holds.
-        identity.record_census(&[
-            answer(1, "wiped", log_id(1, 1, 1)),
-            answer(2, "s2", log_id(5, 1, 35)),
-        ]);
-        assert_eq!(
-            identity.may_grant(Some(&log_id(5, 1, 35)), &openraft::Vote::new(6, 2)),
-            Ok(())
-        );
-        // A later census with a greater log does not raise it again.
-        identity.record_census(&[
-            answer(1, "s1", log_id(6, 2, 50)),
-            answer(2, "s2", log_id(6, 2, 50)),
-        ]);
-        assert_eq!(
-            identity.may_grant(Some(&log_id(5, 1, 35)), &openraft::Vote::new(7, 2)),
-            Ok(())
-        );
-    }
-
-    /// P8 (rule 4), liveness: a census floor lasts while rounds keep hearing enough voters.
-    /// When none has for `PROBATION_MAX` (the member holding the floor refused or gone for
-    /// good), the member votes as before: a floor nobody alive can meet stopped every
-    /// election, the removal of that member's included (`--copy-back` seed 7600289).
-    #[tokio::test(start_paused = true)]
-    async fn p8_a_census_nobody_alive_can_meet_expires() {
-        use openraft::testing::log_id;
-        let (_dir, identity, _tx) = restarted(1, &[(1, "s1"), (2, "s2"), (3, "s3")]);
-        let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
-            super::super::membership::Introduction {
-                node_id: node,
-                store: store.to_owned(),
-                holds_log: true,
-                last_log: Some(last),
-                vote: Some(openraft::Vote::new(5, 3)),
-            }
-        };
-        let behind = || identity.may_grant(Some(&log_id(5, 3, 35)), &openraft::Vote::new(6, 2));
-        identity.record_census(&[
-            answer(2, "s2", log_id(5, 3, 35)),
-            answer(3, "s3", log_id(5, 3, 36)),
-        ]);
-        assert_eq!(behind(), Err(Refused::BehindCensus));
-        // Member 3 is gone; rounds hear member 2 only. Within the bound the floor holds.
-        tokio::time::advance(PROBATION_MAX - Duration::from_millis(1)).await;
-        identity.record_census(&[answer(2, "s2", log_id(5, 3, 35))]);
-        assert_eq!(behind(), Err(Refused::BehindCensus));
-        tokio::time::advance(Duration::from_millis(2)).await;
-        assert_eq!(behind(), Ok(()), "no round heard enough for PROBATION_MAX");
-        assert!(!identity.needs_census());
-    }
-
-    /// P8 (rule 4): on probation, a member takes entries from no leader before its first
-    /// census round, and none from a leader of a term older than an established leadership
-    /// the round heard (a deposed leader); a round with too few answers still counts for
-    /// this; off probation it follows anyone Raft accepts.
-    #[test]
-    fn p8_a_member_on_probation_takes_no_entries_from_a_deposed_leader() {
-        use openraft::testing::log_id;
-        use openraft::Vote;
-        let (_dir, identity, _tx) = restarted(1, &[(1, "s1"), (2, "s2"), (3, "s3")]);
-        let answer = |node: NodeId, store: &str, vote: Vote<NodeId>| {
-            super::super::membership::Introduction {
-                node_id: node,
-                store: store.to_owned(),
-                holds_log: true,
-                last_log: Some(log_id(vote.leader_id.term, vote.leader_id.node_id, 50)),
-                vote: Some(vote),
-            }
-        };
-        assert_eq!(
-            identity.may_follow(&Vote::new_committed(9, 3)),
-            Err(Refused::Probation),
-            "before the first census round"
-        );
-        // One answer of two needed: no floor, but member 2 follows the leader of term 10.
-        identity.record_census(&[answer(2, "s2", Vote::new_committed(10, 2))]);
-        assert_eq!(
-            identity.may_follow(&Vote::new_committed(9, 3)),
-            Err(Refused::DeposedLeader)
-        );
-        assert_eq!(identity.may_follow(&Vote::new_committed(10, 2)), Ok(()));
-        assert_eq!(identity.may_follow(&Vote::new_committed(11, 3)), Ok(()));
-        // A candidate's vote is no established leadership: the leader of term 10 still is.
-        identity.record_census(&[
-            answer(2, "s2", Vote::new_committed(10, 2)),
-            answer(3, "s3", Vote::new(12, 3)),
-        ]);
-        assert_eq!(identity.may_follow(&Vote::new_committed(10, 2)), Ok(()));
-        assert_eq!(
-            identity.may_follow(&Vote::new_committed(9, 3)),
-            Err(Refused::DeposedLeader)
-        );
-    }
-}
+#[path = "identity_tests.rs"]
+mod tests;

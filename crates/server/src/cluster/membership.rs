@@ -55,6 +55,26 @@ pub struct Introduction {
     pub vote: Option<openraft::Vote<NodeId>>,
 }
 
+impl Introduction {
+    /// How member `node_id`, with `identity` and Raft `metrics`, introduces itself. Its history
+    /// ends at its last log entry, or at its last applied one when that is later (a snapshot
+    /// installed over a shorter log, before the log's purge caught up): a census must not hear
+    /// less than the member holds.
+    pub fn of(
+        node_id: NodeId,
+        identity: &super::identity::Identity,
+        metrics: &openraft::RaftMetrics<NodeId, MemberNode>,
+    ) -> Self {
+        Self {
+            node_id,
+            store: identity.store().to_owned(),
+            holds_log: metrics.last_log_index.is_some(),
+            last_log: super::identity::holds_up_to(identity.last_log(), metrics.last_applied),
+            vote: Some(metrics.vote),
+        }
+    }
+}
+
 /// A boxed future of an introduction.
 pub type Introducing = Pin<Box<dyn Future<Output = Result<Introduction, String>> + Send>>;
 

@@ -596,7 +596,11 @@ impl MemberStart<'_> {
             )
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        identity.attach(raft.metrics());
+        let voted = raft
+            .with_raft_state(|st| *st.vote_ref() != openraft::Vote::default())
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        identity.attach(raft.metrics(), voted);
         let holds_membership = stored.membership().nodes().next().is_some();
         // A member may have voted in the founder's first election without receiving its first
         // entry (openraft calls it initialised): with no membership yet, it waits like a new one.

@@ -518,14 +518,18 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         let request: VoteRequest<NodeId> = self.admit(request)?;
-        // A member on probation (restarted, not caught up) answers no candidate before its
+        // A member on probation (restarted, not caught up) grants no candidate before its
         // census, and none below the census floor after it: its disk may be an older copy
         // (`identity`, rule 4). The candidate counts no vote.
         if let Err(probation) = self
             .identity
             .may_grant(request.last_log_id.as_ref(), &request.vote)
         {
-            return Err(Status::unavailable(probation.to_string()));
+            // Answered as Raft answers a candidate it refuses (see `Identity::refusal`).
+            return match self.identity.refusal() {
+                Some(refusal) => self.encode(&Ok::<_, RaftError<NodeId>>(refusal)),
+                None => Err(Status::unavailable(probation.to_string())),
+            };
         }
         self.encode(&self.raft.vote(request).await)
     }
@@ -552,14 +556,9 @@ impl RaftRpc for RaftService {
                 return Err(not_a_peer());
             }
         }
-        let holds_log = self.raft.metrics().borrow().last_log_index.is_some();
-        self.encode(&Introduction {
-            node_id: self.node,
-            store: self.identity.store().to_owned(),
-            holds_log,
-            last_log: self.identity.last_log(),
-            vote: Some(self.raft.metrics().borrow().vote),
-        })
+        let introduction =
+            Introduction::of(self.node, &self.identity, &self.raft.metrics().borrow());
+        self.encode(&introduction)
     }
 }
 

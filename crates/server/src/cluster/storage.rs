@@ -545,7 +545,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.remove(
             (Bound::Unbounded, Bound::Included(log_id.index)),
             Some(log_id),
-        )
+        )?;
+        // A purge past the last entry (a snapshot installed over a shorter log) moves where
+        // the log ends: a census must hear it (`identity` rule 4).
+        self.identity.set_last_log(self.last_log_id(Some(log_id))?);
+        Ok(())
     }
 }
 

@@ -158,6 +158,19 @@ async fn p8_a_purge_waits_until_the_state_machine_has_applied_what_it_purges() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn p8_a_purge_past_the_logs_end_moves_where_a_census_hears_it_ends() {
+    // A follower installs a snapshot that reaches past its log, then purges the log to the
+    // snapshot's last entry: its log now ends there (seed 7009589, `identity` rule 4).
+    let (_dir, mut log, mut sm) = open_temp();
+    log.write_entries(blanks(0..3)).unwrap();
+    sm.apply(blanks(0..9)).await.unwrap();
+    log.get_log_state().await.unwrap();
+    assert_eq!(sm.identity().last_log(), Some(log_id(1, 1, 2)));
+    log.purge(log_id(1, 1, 8)).await.unwrap();
+    assert_eq!(sm.identity().last_log(), Some(log_id(1, 1, 8)));
+}
+
+#[tokio::test(start_paused = true)]
 async fn p8_a_purge_past_anything_applied_fails_instead_of_purging() {
     let (_dir, mut log, mut sm) = open_temp();
     log.write_entries(blanks(0..4)).unwrap();
