@@ -149,12 +149,13 @@ pub enum ServerError {
     /// Cluster mode could not start (bad membership, unreadable cluster store, Raft failure).
     #[error("cluster: {0}")]
     Cluster(#[from] cluster::ClusterError),
-    /// The data directory has a signing key but its store is gone: starting would reissue
-    /// epochs from 1.
+    /// The data directory has a signing key but its store is gone: starting would forget every
+    /// lease held.
     #[error(
         "{key} exists but {store} does not (or is empty): this data directory was used and its store is \
-         lost; starting would issue epochs again from 1. Restore the store from a backup \
-         (palisade restore), or start over in an empty data directory"
+         lost; starting would forget every lease held (epochs stay above the clock floor). \
+         Restore the store from a backup (palisade restore), or start over in an empty data \
+         directory and let the held leases' TTLs pass before owners come back"
     )]
     LostStore {
         /// The missing store.

@@ -9,7 +9,9 @@
 //! ```text
 //! header   16 bytes  "palisade-leases\0"
 //!           4 bytes  format version (u32 LE) = 1
-//!          12 bytes  zero
+//!           8 bytes  grown-to: the file's length, durable before it is written here (u64
+//!                    LE; 0 in a log written before it existed, until its next open)
+//!           4 bytes  zero
 //! record    4 bytes  payload length (u32 LE), 1 ..= MAX_RECORD_BYTES
 //!           8 bytes  sequence number (u64 LE): 1 for the file's first record, then +1
 //!           8 bytes  the first 8 bytes of SHA-256(length ‖ sequence ‖ payload)
@@ -26,6 +28,13 @@
 //! with the next sequence number, is found anywhere after the one that does not, the log was
 //! damaged (not torn) and is refused as corrupt rather than read short. The epoch counter is
 //! checked never to go back, record to record and commit to commit.
+//!
+//! A torn write never shortens the file: the zeros it lands in were written (and synced)
+//! before it. So a file shorter than its header's grown-to length was cut (`truncate -s`, a
+//! copy that stopped short), and the records past the cut may be acknowledged leases: it is
+//! refused, whatever the cut leaves looking like a torn end. The grown-to length changes only
+//! when the file grows (once per [`PREALLOCATE_BYTES`] of records): the zeros are synced
+//! first, then the header names them, so a crash never leaves a header ahead of the file.
 //!
 //! # Compaction
 //! When the log passes [`COMPACT_AT_BYTES`] (and holds four times more than the live state),
@@ -53,8 +62,11 @@ use crate::store::{
 const MAGIC: &[u8; 16] = b"palisade-leases\0";
 /// Version of the log's layout; a file of another version is refused.
 pub const FORMAT_VERSION: u32 = 1;
-/// The file's header: its format, written and synced when the file is created.
+/// The file's header: its format, written and synced when the file is created, and the
+/// length the file was durably grown to.
 pub const HEADER_BYTES: u64 = 32;
+/// Where the header holds the grown-to length.
+const GROWN_TO_AT: u64 = 20;
 const RECORD_HEADER_BYTES: u64 = 20;
 /// Greatest payload of one record (a commit of [`crate::engine::MAX_BATCH`] changes is far
 /// below it; a snapshot of every live lease must fit too).
@@ -145,6 +157,16 @@ impl LogLeaseStore {
             }
         } else {
             store.replay(length, true)?;
+            if grown_to(&store.file)? != store.capacity {
+                // A log written before the mark existed, or grown by a commit that crashed
+                // before naming it: make the length it has durable, then name it.
+                store.file.sync_data().map_err(io_error)?;
+                store
+                    .file
+                    .write_all_at(&store.capacity.to_le_bytes(), GROWN_TO_AT)
+                    .map_err(io_error)?;
+                store.file.sync_data().map_err(io_error)?;
+            }
         }
         Ok(store)
     }
@@ -179,15 +201,17 @@ impl LogLeaseStore {
 
     /// Writes a header (and `snapshot`, if any) into `file` followed by zeros, and syncs it.
     fn initialise(&self, file: &File, snapshot: Option<&[u8]>) -> Result<u64, StoreError> {
-        let mut header = Vec::with_capacity(HEADER_BYTES as usize);
+        let end = HEADER_BYTES + snapshot.map_or(0, |record| record.len() as u64);
+        let mut header = Vec::with_capacity(end as usize);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&(end + PREALLOCATE_BYTES).to_le_bytes());
         header.resize(HEADER_BYTES as usize, 0);
-        let mut end = HEADER_BYTES;
         if let Some(record) = snapshot {
             header.extend_from_slice(record);
-            end += record.len() as u64;
         }
+        // One sync for all: until it returns, the file is not the log (a new log is a new
+        // file; a compaction renames it into place only after).
         file.write_all_at(&header, 0).map_err(io_error)?;
         write_zeros(file, end, PREALLOCATE_BYTES).map_err(io_error)?;
         file.sync_all().map_err(io_error)?;
@@ -213,6 +237,21 @@ impl LogLeaseStore {
             return Err(corrupt(
                 &self.path,
                 format!("lease log format {version}; this build reads format {FORMAT_VERSION}"),
+            ));
+        }
+        let at = GROWN_TO_AT as usize;
+        let grown_to = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        if length < grown_to {
+            return Err(corrupt(
+                &self.path,
+                format!(
+                    "the log is {length} bytes but was grown to {grown_to}: it was cut short \
+                     (truncated, or copied incompletely), and the part cut off may hold \
+                     acknowledged leases. Put the whole file back; otherwise restore from a \
+                     backup (palisade restore) or start over in an empty data directory: epochs \
+                     stay above every one issued (the clock floor), but the leases held are \
+                     forgotten, so let their TTLs pass before owners come back"
+                ),
             ));
         }
         let mut at = HEADER_BYTES as usize;
@@ -357,17 +396,23 @@ impl LeaseStore for LogLeaseStore {
         };
         let record = frame(self.next_sequence, &encode(&payload, "a commit")?);
         let end = self.end + record.len() as u64;
+        let grows = end > self.capacity;
         let written = (|| {
-            if end > self.capacity {
-                // Grow ahead; the record's fdatasync below also makes the new size durable.
+            if grows {
+                // Grow ahead, make the new length durable, then name it in the header (the
+                // record's fdatasync below makes that durable): the header is never ahead of
+                // the file, whatever a crash leaves.
                 let grow = (end - self.capacity).max(PREALLOCATE_BYTES);
                 write_zeros(&self.file, self.capacity, grow)?;
+                self.file.sync_data()?;
                 self.capacity += grow;
+                self.file
+                    .write_all_at(&self.capacity.to_le_bytes(), GROWN_TO_AT)?;
             }
             self.file.write_all_at(&record, self.end)?;
             self.file.sync_data()
         })();
-        self.synced(1);
+        self.synced(1 + u64::from(grows));
         if let Err(error) = written {
             self.failed = Some(format!("a commit failed to write or sync ({error})"));
             return Err(io_error(error));
@@ -512,6 +557,14 @@ fn later_record(bytes: &[u8], at: usize, sequence: u64) -> Option<(usize, u64)> 
         (stored > sequence && stored <= most && record_at(bytes, offset, stored).is_some())
             .then_some((offset, stored))
     })
+}
+
+/// The grown-to length `file`'s header names (0: none).
+fn grown_to(file: &File) -> Result<u64, StoreError> {
+    let mut bytes = [0u8; 8];
+    file.read_exact_at(&mut bytes, GROWN_TO_AT)
+        .map_err(io_error)?;
+    Ok(u64::from_le_bytes(bytes))
 }
 
 fn write_zeros(file: &File, from: u64, length: u64) -> io::Result<()> {

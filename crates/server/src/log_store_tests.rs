@@ -276,7 +276,13 @@ fn p8_a_commit_larger_than_the_zeros_ahead_grows_the_file() {
             last_epoch: Epoch(9),
         })
         .unwrap();
-    assert!(std::fs::metadata(&path).unwrap().len() > HEADER_BYTES + PREALLOCATE_BYTES);
+    let length = std::fs::metadata(&path).unwrap().len();
+    assert!(length > HEADER_BYTES + PREALLOCATE_BYTES);
+    assert_eq!(
+        header_grown_to(&path),
+        length,
+        "the header names the new length"
+    );
     drop(store);
     let state = LogLeaseStore::open(&path).unwrap().load().unwrap();
     assert_eq!(state.leases.len(), 8_000);
@@ -409,4 +415,83 @@ fn a_full_disk_is_reported_as_full() {
     assert!(matches!(quota, StoreError::DiskFull(_)), "{quota}");
     let other = StoreError::from_io(std::io::Error::from_raw_os_error(5));
     assert!(matches!(other, StoreError::Io(_)), "{other}");
+}
+
+/// The grown-to length `path`'s header names.
+fn header_grown_to(path: &Path) -> u64 {
+    let bytes = std::fs::read(path).unwrap();
+    u64::from_le_bytes(bytes[20..28].try_into().unwrap())
+}
+
+/// P8: a log cut short (`truncate -s`, a copy that stopped early) is refused at every offset,
+/// by the coordinator and by an offline backup alike: a cut at a record's boundary looks like
+/// a log that simply ends there, and 210 acknowledged held leases were dropped silently.
+/// Only a torn write, which never shortens the file, is read short.
+#[test]
+fn p8_a_log_cut_short_is_refused_at_every_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    {
+        let mut store = LogLeaseStore::open(&path).unwrap();
+        for i in 1..=210 {
+            store.commit(&grant(&format!("lock/{i}"), i)).unwrap();
+        }
+    }
+    let offsets = record_offsets(&path);
+    let length = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(header_grown_to(&path), length);
+    let end = *offsets.last().unwrap();
+    let cuts = [
+        HEADER_BYTES,
+        offsets[1],
+        (offsets[1] + offsets[2]) / 2,
+        offsets[105],
+        offsets[209],
+        end,
+        end + 1,
+        length - 1,
+    ];
+    for cut in cuts {
+        let copy = dir.path().join(format!("cut-{cut}"));
+        std::fs::copy(&path, &copy).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&copy)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        for refused in [
+            LogLeaseStore::open(&copy).map(drop),
+            LogLeaseStore::read(&copy).map(drop),
+        ] {
+            let error = refused.expect_err("a log cut short is refused").to_string();
+            assert!(error.contains("cut short"), "cut at {cut}: {error}");
+        }
+    }
+    let state = LogLeaseStore::open(&path).unwrap().load().unwrap();
+    assert_eq!(state.leases.len(), 210, "the whole file still opens");
+}
+
+/// P8: a log written before the grown-to mark existed (zeros in its header) opens, and its
+/// length is named at that open, so a cut made afterwards is refused.
+#[test]
+fn p8_a_log_from_before_the_mark_is_named_at_its_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    {
+        let mut store = LogLeaseStore::open(&path).unwrap();
+        store.commit(&grant("a", 1)).unwrap();
+    }
+    write_at(&path, 20, &[0u8; 8]);
+    let length = std::fs::metadata(&path).unwrap().len();
+    let state = LogLeaseStore::open(&path).unwrap().load().unwrap();
+    assert_eq!(state.leases, vec![lease("a", 1)]);
+    assert_eq!(header_grown_to(&path), length);
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(length - 1)
+        .unwrap();
+    assert!(LogLeaseStore::open(&path).is_err());
 }

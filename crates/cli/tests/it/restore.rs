@@ -520,6 +520,36 @@ fn p8_an_emptied_lease_log_is_refused_like_a_removed_one() {
     assert!(error.contains("palisade restore"), "{error}");
 }
 
+/// P8: a lease log cut short at an offset (here the middle of its records, with leases held)
+/// is refused with what to do: the cut-off part may hold acknowledged leases, and another
+/// owner could take a lock that was held. Before: it started, and held leases were dropped
+/// silently (10, 1 or all 210 of 210, depending on the offset).
+#[test]
+fn p8_a_lease_log_cut_short_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = ServerProcess::start(&data);
+    for i in 0..20 {
+        hold(&server, &format!("cut/{i}"));
+    }
+    assert!(server.terminate().success());
+    let log = data.join("coordinator.log");
+    let records_end = std::fs::read(&log)
+        .unwrap()
+        .iter()
+        .rposition(|&b| b != 0)
+        .unwrap() as u64;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(records_end / 2)
+        .unwrap();
+    let error = serve_refused(&data, dir.path());
+    assert!(error.contains("cut short"), "{error}");
+    assert!(error.contains("palisade restore"), "{error}");
+}
+
 /// `lock acquire LOCK --json` (held); the grant.
 fn hold(server: &ServerProcess, lock: &str) -> Value {
     let out = server.cli(&["lock", "acquire", lock, "--ttl", "1m", "--json"]);
