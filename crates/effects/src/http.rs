@@ -21,7 +21,7 @@ use crate::ledger::{
     Answer, Begin, BeginRequest, Ledger, LedgerError, ListFilter, LocalLedger, Stats, Store,
 };
 use crate::metrics::EffectsMetrics;
-use crate::model::{OpId, OpState, Record, SendResult, Settlement, Verdict};
+use crate::model::{LedgerRejection, OpId, OpState, Record, SendResult, Settlement, Verdict};
 
 /// Header carrying the ledger's admin secret.
 pub const ADMIN_HEADER: &str = "palisade-effects-admin";
@@ -80,17 +80,42 @@ pub struct Served<S> {
     ledger: LocalLedger<S>,
     admin_secret: Option<String>,
     metrics: EffectsMetrics,
-    keys: Option<Arc<dyn KeyRefresh>>,
+    host: Option<Arc<dyn Host>>,
 }
 
-/// Called with each token before the ledger verifies it, so a host that fetches its trusted
-/// keys on demand (the reference store) can learn a new coordinator key first.
-pub trait KeyRefresh: Send + Sync {
-    /// Makes sure the key that signed `token` is known, if it can be.
+/// What a host says of an owner's token before the ledger weighs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The ledger decides.
+    Admitted,
+    /// The coordinator has superseded this owner: refused as a stale epoch at `floor`,
+    /// whatever the ledger's own fence says (it may have gone back with the ledger's volume).
+    Superseded {
+        /// The token's epoch.
+        epoch: u64,
+        /// The lock's floor.
+        floor: u64,
+    },
+    /// The host cannot tell yet (503 `floor_unavailable`; retry).
+    Unavailable(String),
+}
+
+/// The process that serves the ledger (the reference store), asked about each owner's token
+/// before the ledger verifies it.
+pub trait Host: Send + Sync {
+    /// Makes sure the key that signed `token` is known, if it can be (a host that fetches its
+    /// trusted keys on demand learns a new coordinator key first).
     fn refresh_for<'a>(
         &'a self,
         token: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+    /// Whether the owner of `token` may act (a host that learns each lock's floor from the
+    /// coordinator refuses a superseded owner).
+    fn admit<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Admission> + Send + 'a>>;
 }
 
 impl<S> Served<S> {
@@ -101,27 +126,46 @@ impl<S> Served<S> {
             ledger,
             admin_secret,
             metrics: EffectsMetrics::default(),
-            keys: None,
+            host: None,
         })
     }
 
-    /// [`Self::new`], with the host's key refresh.
-    pub fn with_keys(
+    /// [`Self::new`], served by `host`.
+    pub fn with_host(
         ledger: LocalLedger<S>,
         admin_secret: Option<String>,
-        keys: Arc<dyn KeyRefresh>,
+        host: Arc<dyn Host>,
     ) -> Arc<Self> {
         Arc::new(Self {
             ledger,
             admin_secret,
             metrics: EffectsMetrics::default(),
-            keys: Some(keys),
+            host: Some(host),
         })
     }
 
-    async fn refresh_for(&self, token: &str) {
-        if let Some(keys) = &self.keys {
-            keys.refresh_for(token).await;
+    /// Asks the host about an owner's `token`: `Err` with the answer when it refuses
+    /// (`rejected` turns a stale epoch into the endpoint's own answer).
+    async fn admit(
+        &self,
+        token: &str,
+        rejected: impl FnOnce(LedgerRejection) -> Response,
+    ) -> Result<(), Response> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        host.refresh_for(token).await;
+        match host.admit(token).await {
+            Admission::Admitted => Ok(()),
+            Admission::Superseded { epoch, floor } => Err(rejected(LedgerRejection::StaleEpoch {
+                epoch,
+                fence: floor,
+            })),
+            Admission::Unavailable(why) => Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "floor_unavailable",
+                &why,
+            )),
         }
     }
 
@@ -223,15 +267,25 @@ async fn begin<S: Store>(
     State(served): State<Arc<Served<S>>>,
     Json(body): Json<BeginRequest>,
 ) -> Response {
-    served.refresh_for(&body.token).await;
+    let rejected = |rejection| Json(Begin::Rejected { rejection }).into_response();
+    if let Err(refused) = served.admit(&body.token, rejected).await {
+        return refused;
+    }
     reply(served.ledger.begin(body).await)
+}
+
+/// An owner's request refused by the host: the ledger's own answer for a stale epoch.
+fn answer_rejected(rejection: LedgerRejection) -> Response {
+    Json(Answer::Rejected { rejection }).into_response()
 }
 
 async fn finish<S: Store>(
     State(served): State<Arc<Served<S>>>,
     Json(body): Json<FinishBody>,
 ) -> Response {
-    served.refresh_for(&body.token).await;
+    if let Err(refused) = served.admit(&body.token, answer_rejected).await {
+        return refused;
+    }
     reply(
         served
             .ledger
@@ -246,7 +300,11 @@ async fn settle<S: Store>(
     Json(body): Json<SettleBody>,
 ) -> Response {
     match body.token.as_deref() {
-        Some(token) => served.refresh_for(token).await,
+        Some(token) => {
+            if let Err(refused) = served.admit(token, answer_rejected).await {
+                return refused;
+            }
+        }
         None => {
             if let Err(denied) = served.admin(&headers) {
                 return denied.into_response();

@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 use palisade_effects::http::Served;
 use palisade_effects::{LocalLedger, RedbStore};
 
-use crate::keys::KeyRing;
+use crate::floors::{FloorCheck, Floors};
+use crate::keys::{KeyRing, LedgerHost};
 use crate::metrics::{Metrics, Recent, RejectionRecord};
 
 /// Header carrying the writer's token.
@@ -38,7 +39,7 @@ pub struct State {
 struct Inner {
     store: RedbFence,
     /// Each lock's floor as the coordinator signed it since this process started.
-    floors: std::sync::Mutex<std::collections::HashMap<LockName, palisade_core::Epoch>>,
+    floors: Arc<Floors>,
     keys: Arc<KeyRing>,
     metrics: Metrics,
     recent: Recent,
@@ -52,11 +53,16 @@ impl State {
         ledger: LocalLedger<RedbStore>,
         effects_admin_secret: Option<String>,
     ) -> Self {
-        let effects = Served::with_keys(ledger, effects_admin_secret, keys.clone());
+        let floors = Arc::new(Floors::new(keys.clone()));
+        let host = Arc::new(LedgerHost {
+            keys: keys.clone(),
+            floors: floors.clone(),
+        });
+        let effects = Served::with_host(ledger, effects_admin_secret, host);
         Self {
             inner: Arc::new(Inner {
                 store,
-                floors: std::sync::Mutex::default(),
+                floors,
                 metrics: Metrics::new(effects.metrics(), &keys),
                 keys,
 
@@ -171,81 +177,39 @@ fn storage_failure(state: &State, failure: &FenceError) -> HttpError {
     error(StatusCode::SERVICE_UNAVAILABLE, "storage_error", failure)
 }
 
-/// Locks whose floor a store keeps in memory; past this the memory is emptied and floors are
-/// asked again (safe: a floor only ever refuses more).
-pub const MAX_FLOORS: usize = 100_000;
-
 impl State {
     /// Refuses an owner below the lock's floor as the coordinator signed it since this store
-    /// started (P6). A store's memory — its fences, its witness beside them — may have been
-    /// put back from a snapshot of the whole volume; nothing on that volume can tell. So at
-    /// the first write or activation of each lock after a start, the store asks the
-    /// coordinator which owners are superseded (`GET /v1/locks/{lock}/floor`, signed), and
-    /// refuses every epoch below that from then on, whatever its own fences say. The current
-    /// owner is at or above the floor and goes on. A store whose keys come from a file has no
-    /// coordinator to ask and checks nothing here (documented). A coordinator that cannot be
-    /// asked refuses the write (503 `floor_unavailable`): safety before progress.
+    /// started (P6, see [`crate::floors`]): 409 `stale_epoch` at the floor, or 503
+    /// `floor_unavailable` while the coordinator cannot be asked.
     async fn check_floor(
         &self,
         lock: &LockName,
         key: Option<&str>,
         token: &str,
     ) -> Result<(), HttpError> {
-        // Only a token that verifies is weighed against a floor: any other is refused as
-        // invalid by the store, and must not make it ask the coordinator anything.
-        let Some(claims) = self.inner.keys.verified(token, lock) else {
-            return Ok(());
-        };
         if self.inner.store.restore_required().is_some() {
             return Ok(()); // the store refuses every write until its restore floor
         }
-        let known = self
-            .inner
-            .floors
-            .lock()
-            .expect("not poisoned")
-            .get(lock)
-            .copied();
-        let floor = match known {
-            Some(floor) => floor,
-            None => match self.inner.keys.lock_floor(lock).await {
-                None => return Ok(()),
-                Some(Ok(floor)) => {
-                    let mut floors = self.inner.floors.lock().expect("not poisoned");
-                    if floors.len() >= MAX_FLOORS {
-                        floors.clear();
-                    }
-                    let floor = *floors
-                        .entry(lock.clone())
-                        .and_modify(|known| *known = (*known).max(floor))
-                        .or_insert(floor);
-                    tracing::info!(%lock, %floor, "the coordinator's floor for this lock");
-                    floor
-                }
-                Some(Err(why)) => {
-                    tracing::warn!(%lock, %why, "cannot learn the lock's floor");
-                    return Err(error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "floor_unavailable",
-                        format!(
-                            "this store cannot tell whether epoch {} of {lock} is superseded \
-                             until the coordinator answers ({why}); retry",
-                            claims.epoch
-                        ),
-                    ));
-                }
-            },
-        };
-        if claims.epoch >= floor {
-            return Ok(());
+        match self.inner.floors.check(lock, token).await {
+            FloorCheck::Admitted => Ok(()),
+            FloorCheck::Unavailable { epoch, why } => Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "floor_unavailable",
+                format!(
+                    "this store cannot tell whether epoch {epoch} of {lock} is superseded \
+                     until the coordinator answers ({why}); retry"
+                ),
+            )),
+            FloorCheck::Below { floor, .. } => {
+                let rejection = Rejection::StaleEpoch {
+                    fence: floor,
+                    fence_seq: None,
+                };
+                self.inner.metrics.reject(rejection.code());
+                self.remember(lock, key, token, &rejection);
+                Err(rejection_response(&rejection))
+            }
         }
-        let rejection = Rejection::StaleEpoch {
-            fence: floor,
-            fence_seq: None,
-        };
-        self.inner.metrics.reject(rejection.code());
-        self.remember(lock, key, token, &rejection);
-        Err(rejection_response(&rejection))
     }
 
     /// Fetches the coordinator's keys first when the token names a key not trusted yet.

@@ -399,18 +399,56 @@ pub fn parse_keys(text: &str) -> Result<TokenVerifier, String> {
     Ok(TokenVerifier::new(keys))
 }
 
-impl palisade_effects::http::KeyRefresh for KeyRing {
+/// What the embedded effects ledger asks of the store that hosts it: the coordinator's keys,
+/// fetched on demand, and each lock's floor ([`crate::floors`]), so an owner the coordinator
+/// superseded is refused even when the ledger's own fences went back with its volume.
+pub struct LedgerHost {
+    /// The trusted keys.
+    pub keys: std::sync::Arc<KeyRing>,
+    /// The floors, shared with the store's writes.
+    pub floors: std::sync::Arc<crate::floors::Floors>,
+}
+
+impl palisade_effects::http::Host for LedgerHost {
     fn refresh_for<'a>(
         &'a self,
         token: &'a str,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
             if let Ok(claims) = palisade_core::token::decode_unverified(token) {
-                self.ensure_known(claims.key_id, claims.issued_at_ms).await;
+                self.keys
+                    .ensure_known(claims.key_id, claims.issued_at_ms)
+                    .await;
+            }
+        })
+    }
+
+    fn admit<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Admission> + Send + 'a>> {
+        use crate::floors::FloorCheck;
+        Box::pin(async move {
+            let Ok(claims) = palisade_core::token::decode_unverified(token) else {
+                return Admission::Admitted; // the ledger refuses it as invalid
+            };
+            match self.floors.check(&claims.lock, token).await {
+                FloorCheck::Admitted => Admission::Admitted,
+                FloorCheck::Below { epoch, floor } => Admission::Superseded {
+                    epoch: epoch.0,
+                    floor: floor.0,
+                },
+                FloorCheck::Unavailable { epoch, why } => Admission::Unavailable(format!(
+                    "this store cannot tell whether epoch {epoch} of {} is superseded until \
+                     the coordinator answers ({why}); retry",
+                    claims.lock
+                )),
             }
         })
     }
 }
+
+use palisade_effects::http::Admission;
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod floors;
 mod http;
 mod keys;
 mod metrics;

@@ -656,3 +656,67 @@ fn p6_a_store_that_cannot_learn_a_floor_refuses_rather_than_guess() {
         stderr(&out)
     );
 }
+
+/// P6 (effects): the embedded effects ledger's whole volume — with the store's, and the
+/// witnesses beside them — put back from a snapshot taken before two owners used it. The
+/// ledger's fence for the lock went back, so on its own it would let the superseded owner A
+/// begin an attempt again; the coordinator's signed floor, asked at the lock's first ledger
+/// request after the start, refuses A and lets the current owner B go on. Before: A's
+/// `begin` was recorded and its effect would have been sent.
+#[test]
+fn p6_an_effects_ledger_whose_whole_volume_was_put_back_refuses_the_superseded_owner() {
+    use palisade_effects::ledger::{Begin, BeginRequest, Ledger as _};
+    use palisade_effects::model::{Capability, LedgerRejection, OpId};
+    let dir = tempfile::tempdir().unwrap();
+    let coordinator = ServerProcess::start(&dir.path().join("coordinator"));
+    let (volume, snapshot) = (dir.path().join("volume"), dir.path().join("snapshot"));
+    let data = volume.join("store");
+    std::fs::create_dir_all(&volume).unwrap();
+    let mut store = ResourceProcess::start(&data, "strict", &coordinator.url);
+    store.cli(&["get", "pay/7", "x"]); // serving (and its signal handlers installed)
+    assert!(store.terminate().success());
+    cp_a(&volume, &snapshot); // before A and B began anything
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let begin = |store: &ResourceProcess, token: &str, op: &str| {
+        let ledger = palisade_effects::HttpLedger::new(&store.url, None).unwrap();
+        let request = BeginRequest {
+            id: OpId::new(palisade_core::LockName::new("pay/7").unwrap(), op).unwrap(),
+            token: token.to_owned(),
+            payload: b"charge".to_vec(),
+            receiver: "bank".into(),
+            capability: Capability::Idempotent,
+            attempt_timeout_ms: 5_000,
+        };
+        runtime.block_on(ledger.begin(request)).unwrap()
+    };
+    let stale = |answer: &Begin| {
+        matches!(
+            answer,
+            Begin::Rejected {
+                rejection: LedgerRejection::StaleEpoch { .. }
+            }
+        )
+    };
+    let mut store = ResourceProcess::start(&data, "strict", &coordinator.url);
+    let a = hold(&coordinator, "pay/7");
+    let token_a = a["token"].as_str().unwrap();
+    assert!(matches!(begin(&store, token_a, "a1"), Begin::Send { .. }));
+    let out = coordinator.cli(&["lock", "release", a["lease_id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let b = hold(&coordinator, "pay/7");
+    let token_b = b["token"].as_str().unwrap();
+    assert!(matches!(begin(&store, token_b, "b1"), Begin::Send { .. }));
+    assert!(
+        stale(&begin(&store, token_a, "a2")),
+        "the ledger's own fence"
+    );
+    assert!(store.terminate().success());
+
+    std::fs::remove_dir_all(&volume).unwrap();
+    cp_a(&snapshot, &volume);
+    let store = ResourceProcess::start(&data, "strict", &coordinator.url);
+    let answer = begin(&store, token_a, "a3");
+    assert!(stale(&answer), "A after the rollback: {answer:?}");
+    assert!(matches!(begin(&store, token_b, "b2"), Begin::Send { .. }));
+    assert!(stale(&begin(&store, token_a, "a4")));
+}

@@ -1,0 +1,104 @@
+//! Each lock's floor as the coordinator signed it since this process started (P6), shared by
+//! the store's writes and the embedded effects ledger.
+//!
+//! A store's memory — its fences, its ledger's fences, the witnesses beside them — may have
+//! been put back from a snapshot of the whole volume; nothing on that volume can tell. So at
+//! the first write, activation or ledger request of each lock after a start, the store asks
+//! the coordinator which owners are superseded (`GET /v1/locks/{lock}/floor`, signed), and
+//! refuses every epoch below that from then on, whatever its own fences say. The current owner
+//! is at or above the floor and goes on. A store whose keys come from a file has no
+//! coordinator to ask and checks nothing here (documented). A coordinator that cannot be
+//! asked refuses the request: safety before progress.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use palisade_core::{Epoch, LockName};
+
+use crate::keys::KeyRing;
+
+/// Locks whose floor a store keeps in memory; past this the memory is emptied and floors are
+/// asked again (safe: a floor only ever refuses more).
+pub const MAX_FLOORS: usize = 100_000;
+
+/// What the floor says of an owner's token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FloorCheck {
+    /// At or above the floor, or nothing to weigh (a token that does not verify is refused by
+    /// the store or the ledger itself; keys from a file: nobody to ask).
+    Admitted,
+    /// Superseded: the coordinator has issued `floor` for the lock since.
+    Below {
+        /// The token's epoch.
+        epoch: Epoch,
+        /// The lock's floor.
+        floor: Epoch,
+    },
+    /// The coordinator could not be asked.
+    Unavailable {
+        /// The token's epoch.
+        epoch: Epoch,
+        /// Why.
+        why: String,
+    },
+}
+
+/// The floors learned since this process started.
+pub struct Floors {
+    keys: Arc<KeyRing>,
+    known: Mutex<HashMap<LockName, Epoch>>,
+}
+
+impl Floors {
+    /// No floor known yet; they are asked through `keys`.
+    pub fn new(keys: Arc<KeyRing>) -> Self {
+        Self {
+            keys,
+            known: Mutex::default(),
+        }
+    }
+
+    /// Weighs `token`, an owner's token for `lock`, against the lock's floor (asked at the
+    /// first check of the lock since this process started).
+    pub async fn check(&self, lock: &LockName, token: &str) -> FloorCheck {
+        let Some(claims) = self.keys.verified(token, lock) else {
+            return FloorCheck::Admitted;
+        };
+        let known = self.known.lock().expect("not poisoned").get(lock).copied();
+        let floor = match known {
+            Some(floor) => floor,
+            None => match self.keys.lock_floor(lock).await {
+                None => return FloorCheck::Admitted,
+                Some(Ok(floor)) => self.learn(lock, floor),
+                Some(Err(why)) => {
+                    tracing::warn!(%lock, %why, "cannot learn the lock's floor");
+                    return FloorCheck::Unavailable {
+                        epoch: claims.epoch,
+                        why,
+                    };
+                }
+            },
+        };
+        if claims.epoch >= floor {
+            FloorCheck::Admitted
+        } else {
+            FloorCheck::Below {
+                epoch: claims.epoch,
+                floor,
+            }
+        }
+    }
+
+    fn learn(&self, lock: &LockName, floor: Epoch) -> Epoch {
+        let mut known = self.known.lock().expect("not poisoned");
+        if known.len() >= MAX_FLOORS {
+            known.clear();
+        }
+        let floor = *known
+            .entry(lock.clone())
+            .and_modify(|known| *known = (*known).max(floor))
+            .or_insert(floor);
+        tracing::info!(%lock, %floor, "the coordinator's floor for this lock");
+        floor
+    }
+}
