@@ -57,34 +57,6 @@ pub struct RestoreArgs {
     cluster: bool,
 }
 
-/// The `--json` form of a backup or restore record: its epochs (the counter, floors, each
-/// source's epoch) as decimal strings, like every other JSON surface (`palisade_core::json`);
-/// the files themselves keep numbers, which only Palisade reads.
-fn epochs_as_strings(mut value: serde_json::Value) -> serde_json::Value {
-    const EPOCH_KEYS: [&str; 4] = ["last_epoch", "floor", "counter", "epoch"];
-    match &mut value {
-        serde_json::Value::Object(map) => {
-            for (key, field) in map.iter_mut() {
-                match field {
-                    serde_json::Value::Number(n) if EPOCH_KEYS.contains(&key.as_str()) => {
-                        if let Some(n) = n.as_u64() {
-                            *field = palisade_core::json::value(n);
-                        }
-                    }
-                    other => *other = epochs_as_strings(other.take()),
-                }
-            }
-        }
-        serde_json::Value::Array(items) => {
-            for item in items.iter_mut() {
-                *item = epochs_as_strings(item.take());
-            }
-        }
-        _ => {}
-    }
-    value
-}
-
 pub async fn run_backup(args: BackupArgs, json: bool) -> anyhow::Result<()> {
     let backup = match &args.data_dir {
         Some(dir) => backup::offline(dir)?,
@@ -92,7 +64,7 @@ pub async fn run_backup(args: BackupArgs, json: bool) -> anyhow::Result<()> {
     };
     backup::write(&backup, &args.out)?;
     if json {
-        print_json(&epochs_as_strings(serde_json::to_value(&backup)?));
+        print_json(&serde_json::to_value(&backup)?);
     } else {
         println!(
             "backed up epoch counter {} ({}, {}) to {}",
@@ -172,7 +144,7 @@ pub async fn run_restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
         target,
     )?;
     if json {
-        print_json(&epochs_as_strings(serde_json::to_value(&record)?));
+        print_json(&serde_json::to_value(&record)?);
     } else if args.cluster {
         println!("{record}");
         println!(

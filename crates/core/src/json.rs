@@ -7,7 +7,8 @@
 //! write every epoch, fence and counter as a **decimal string**, as the proto3 JSON mapping
 //! does for `uint64`; readers here accept a string or a number (an older peer's answer).
 //!
-//! Durable formats (the lease log, the Raft log, backups) keep numbers: only Rust reads them.
+//! The backup file's body and `restore.json`, which an operator may read with `jq`, write
+//! strings too; the lease log and the Raft log keep numbers: only Rust reads them.
 //!
 //! Use with `#[serde(with = "palisade_core::json::string")]` (a `u64` or an [`crate::Epoch`]),
 //! `…::json::option_string` (an `Option` of one) or `…::json::string_map` (a map to them).

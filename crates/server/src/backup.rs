@@ -51,7 +51,9 @@ pub struct Backup {
     pub format: u32,
     /// `single` or `cluster`.
     pub mode: String,
-    /// The epoch counter: every epoch issued before the backup is at most this.
+    /// The epoch counter: every epoch issued before the backup is at most this (a decimal
+    /// string, as every epoch in JSON; a number is read too).
+    #[serde(with = "palisade_core::json::string")]
     pub last_epoch: u64,
     /// When it was taken, ms since the Unix epoch.
     pub taken_at_ms: u64,
@@ -241,6 +243,7 @@ pub struct Floor {
     /// Where it was read (a URL without credentials, a path, or `backup`/`clock`).
     pub source: String,
     /// Every epoch this source knows of is at most this.
+    #[serde(with = "palisade_core::json::string")]
     pub epoch: u64,
 }
 
@@ -254,8 +257,10 @@ pub struct RestoreRecord {
     /// Every floor considered: the backup, the high-water bound, each resource, the clock.
     pub floors: Vec<Floor>,
     /// The greatest epoch known to be issued (backup, high water, resources).
+    #[serde(with = "palisade_core::json::string")]
     pub floor: u64,
     /// The epoch counter the restored coordinator starts from: the next epoch is above it.
+    #[serde(with = "palisade_core::json::string")]
     pub counter: u64,
     /// Which floor decided the counter.
     pub decided_by: String,
@@ -421,7 +426,7 @@ mod tests {
         let bytes = encode(&sample(42));
         assert_eq!(decode(&bytes).unwrap(), sample(42));
         let text = String::from_utf8(bytes.clone()).unwrap();
-        let altered = text.replace("\"last_epoch\": 42", "\"last_epoch\": 41");
+        let altered = text.replace("\"last_epoch\": \"42\"", "\"last_epoch\": \"41\"");
         assert_ne!(altered, text);
         assert!(decode(altered.as_bytes()).is_err());
         assert!(decode(&bytes[..bytes.len() - 5]).is_err());
@@ -430,6 +435,53 @@ mod tests {
         let mut extra = bytes.clone();
         extra.extend_from_slice(b"{}");
         assert!(decode(&extra).is_err());
+    }
+
+    /// Epochs above 2^53 (every epoch since the clock floor) stay exact for `jq`: the body and
+    /// `restore.json` write them as decimal strings; a file written with numbers still loads.
+    #[test]
+    fn epochs_in_the_backup_and_the_restore_record_are_strings_and_numbers_still_load() {
+        let epoch = 1_887_436_800_000_508_163;
+        let bytes = encode(&sample(epoch));
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            text.contains("\"last_epoch\": \"1887436800000508163\""),
+            "{text}"
+        );
+        assert_eq!(decode(&bytes).unwrap(), sample(epoch));
+        let body = serde_json::to_vec_pretty(&serde_json::json!({
+            "format": FORMAT, "mode": "single", "last_epoch": 42, "taken_at_ms": 1,
+            "taken": "offline"
+        }))
+        .unwrap();
+        let mut before = format!(
+            "{MAGIC} v{FORMAT} sha256={} bytes={}\n",
+            hex(&Sha256::digest(&body)),
+            body.len()
+        )
+        .into_bytes();
+        before.extend_from_slice(&body);
+        assert_eq!(decode(&before).unwrap(), sample(42));
+        let record = RestoreRecord {
+            restored_at_ms: 1,
+            backup: sample(epoch),
+            floors: vec![Floor {
+                source: "backup".into(),
+                epoch,
+            }],
+            floor: epoch,
+            counter: epoch + 1,
+            decided_by: "backup".into(),
+            target: Target::Single,
+        };
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["counter"], "1887436800000508164");
+        assert_eq!(json["floors"][0]["epoch"], "1887436800000508163");
+        let mut numbers = json.clone();
+        numbers["counter"] = serde_json::json!(7);
+        numbers["floor"] = serde_json::json!(6);
+        let read: RestoreRecord = serde_json::from_value(numbers).unwrap();
+        assert_eq!((read.floor, read.counter), (6, 7));
     }
 
     #[test]

@@ -115,9 +115,10 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
     // A tampered backup is refused.
     let tampered = dir.path().join("tampered");
     let text = std::fs::read_to_string(&backup).unwrap();
-    let epoch_line = format!("\"last_epoch\": {}", epoch(&early));
-    let forged = format!("\"last_epoch\": {}", epoch(&early) + 1);
+    let epoch_line = format!("\"last_epoch\": \"{}\"", epoch(&early));
+    let forged = format!("\"last_epoch\": \"{}\"", epoch(&early) + 1);
     assert_eq!(epoch_line.len(), forged.len());
+    assert!(text.contains(&epoch_line), "{text}");
     std::fs::write(&tampered, text.replace(&epoch_line, &forged)).unwrap();
     let second = dir.path().join("second");
     let restore = |from: &Path, data: &Path, extra: &[&str]| {
