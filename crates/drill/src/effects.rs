@@ -406,7 +406,23 @@ async fn run_capability(
     let events = palisade_effects::fake::read_record(&receiver_dir)?;
     judge(&admin, &locks, &events, &mut figures).await?;
     drop(services);
+    if let ResourceSpec::Postgres(url) = ledger {
+        forget_drill_operations(url, &run).await?;
+    }
     Ok(figures)
+}
+
+/// Deletes the drill's operations and ledger fences from the user's database: they are the
+/// drill's own, under locks named for this run, and `palisade effects stats` would count them.
+async fn forget_drill_operations(url: &str, run: &str) -> anyhow::Result<()> {
+    let pool = palisade_fence_postgres::durable_pool(url, 1).map_err(anyhow::Error::msg)?;
+    let client = pool.get().await?;
+    let pattern = format!("drill-effects/{run}/%");
+    for table in ["palisade_effect_ops", "palisade_effect_fences"] {
+        let sql = format!("DELETE FROM {table} WHERE lock LIKE $1");
+        client.execute(&sql, &[&pattern]).await?;
+    }
+    Ok(())
 }
 
 async fn wait_healthy(url: &str) -> anyhow::Result<()> {
