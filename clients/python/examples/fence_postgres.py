@@ -1,5 +1,7 @@
 """Fence a PostgreSQL write with the seed's statement: it applies only above the row's last
-fence, so a paused, superseded owner changes nothing. Args: DATABASE_URL ROW_ID PAYLOAD."""
+fence, so a paused, superseded owner changes nothing. Args: DATABASE_URL ROW_ID PAYLOAD.
+The table: CREATE TABLE report_result (id bigint PRIMARY KEY, payload text NOT NULL,
+last_fence bigint NOT NULL DEFAULT 0), with a row for ROW_ID."""
 import os
 import sys
 
@@ -15,6 +17,11 @@ with client.lock(f"report/{row_id}", ttl=10) as lease, psycopg.connect(dsn) as d
         " WHERE id = %s AND last_fence < %s RETURNING id",
         (payload, lease.epoch, row_id, lease.epoch),
     ).fetchone()  # committed as the block ends, before the lease is released
+    fence = None if written else db.execute(
+        "SELECT last_fence FROM report_result WHERE id = %s", (row_id,)
+    ).fetchone()
+if written is None and fence is None:
+    sys.exit(f"no row {row_id} in report_result: insert it first (nothing was written)")
 if written is None:
-    sys.exit(f"refused: a newer owner wrote row {row_id}; epoch {lease.epoch} is obsolete")
+    sys.exit(f"refused: row {row_id} is fenced at {fence[0]}; epoch {lease.epoch} is obsolete")
 print(f"row {row_id} written at epoch {lease.epoch}")

@@ -157,13 +157,13 @@ def database():
     import psycopg
 
     table = "report_result"
+    # The README's SQL block, run as written: the table the example writes to.
+    readme = (HERE / "README.md").read_text()
+    setup = readme.split("```sql\n", 1)[1].split("```", 1)[0]
     with psycopg.connect(url, autocommit=True) as db:
         db.execute(f"DROP TABLE IF EXISTS {table}")
-        db.execute(
-            f"CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL,"
-            " last_fence bigint NOT NULL DEFAULT 0)"
-        )
-        db.execute(f"INSERT INTO {table} (id, payload) VALUES (7, 'empty')")
+        for statement in filter(str.strip, setup.split(";")):
+            db.execute(statement)
     yield url
     with psycopg.connect(url, autocommit=True) as db:
         db.execute(f"DROP TABLE {table}")
@@ -201,7 +201,13 @@ def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
         db.execute("UPDATE report_result SET last_fence = last_fence + 1000 WHERE id = 7")
     refused = subprocess.run(example + ["late"], env=env, capture_output=True, text=True)
     assert refused.returncode == 1
-    assert "refused" in refused.stderr
+    assert "refused: row 7 is fenced at" in refused.stderr
+
+    # A row that does not exist is said to be missing, not fenced by a newer owner.
+    missing = [sys.executable, str(HERE / "examples" / "fence_postgres.py"), database, "8"]
+    absent = subprocess.run(missing + ["x"], env=env, capture_output=True, text=True)
+    assert absent.returncode == 1
+    assert "no row 8 in report_result" in absent.stderr, absent.stderr
 
 
 def test_the_readme_block_runs(coordinator):

@@ -4,7 +4,7 @@
 //! - `rust`: the block is, line for line, part of an example the workspace compiles
 //!   (`crates/*/examples/*.rs`);
 //! - `toml`: a lock policy that `palisade serve --policy` accepts;
-//! - `sql`: run, in order, against the test PostgreSQL;
+//! - `sql`: run, in order, against the test PostgreSQL (the Python client's README's by its tests);
 //! - `python`: run by the Python client's tests (`clients/python/tests`);
 //! - `sh`: run as written by [`shell_blocks_run_as_written`], each command's exit status
 //!   checked (0, or the one its comment names: `# exits 3`), unless its info string says
