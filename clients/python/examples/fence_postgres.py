@@ -1,7 +1,6 @@
 """Fence a PostgreSQL write with the seed's statement: it applies only above the row's last
 fence, so a paused, superseded owner changes nothing. Args: DATABASE_URL ROW_ID PAYLOAD.
-The table: CREATE TABLE report_result (id bigint PRIMARY KEY, payload text NOT NULL,
-last_fence bigint NOT NULL DEFAULT 0), with a row for ROW_ID."""
+The table and its guard: see the README (a row for ROW_ID, its lock `report/ROW_ID`)."""
 import os
 import sys
 

@@ -160,12 +160,25 @@ def database():
     # The README's SQL block, run as written: the table the example writes to.
     readme = (HERE / "README.md").read_text()
     setup = readme.split("```sql\n", 1)[1].split("```", 1)[0]
+    # Before the first guard the database has no Palisade functions: drop only what is there.
+    unguard = (
+        f"DO $$ BEGIN IF to_regclass('{table}') IS NOT NULL"
+        " AND to_regproc('palisade_drop_guard') IS NOT NULL THEN"
+        f" EXECUTE 'SELECT palisade_drop_guard(''{table}'')'; END IF; END $$"
+    )
     with psycopg.connect(url, autocommit=True) as db:
+        db.execute(unguard)
         db.execute(f"DROP TABLE IF EXISTS {table}")
         for statement in filter(str.strip, setup.split(";")):
             db.execute(statement)
+    # The README's guard, installed with the command it names.
+    guard = [os.environ["PALISADE_BIN"], "resource", "guard", "--postgres", url,
+             "--table", table, "--lock-column", "lock"]
+    installed = subprocess.run(guard, capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
     yield url
     with psycopg.connect(url, autocommit=True) as db:
+        db.execute(unguard)
         db.execute(f"DROP TABLE {table}")
 
 
@@ -195,6 +208,11 @@ def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
         assert stale is None
         row = db.execute("SELECT payload, last_fence FROM report_result WHERE id = 7").fetchone()
     assert row[0] == "newer" and row[1] > paused.epoch
+
+    # The guard refuses a write that does not raise the fence, whoever makes it.
+    with psycopg.connect(database, autocommit=True) as db:
+        with pytest.raises(psycopg.Error, match="last_fence"):
+            db.execute("UPDATE report_result SET payload = 'bypass' WHERE id = 7")
 
     # The example run as that paused owner would be refused too: a row fenced above its epoch.
     with psycopg.connect(database, autocommit=True) as db:

@@ -168,7 +168,8 @@ pub fn assess(
                 subject,
                 format!(
                     "{subject} has no Palisade guard: plain SQL can overwrite rows without the \
-                     fence (GuardedTable::install_guard)"
+                     fence (install it: `palisade resource guard --postgres URL --table T \
+                     --lock NAME` or GuardedTable::install_guard)"
                 ),
             ));
         }

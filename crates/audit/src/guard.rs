@@ -170,7 +170,8 @@ async fn check_triggers(
                 Severity::Critical,
                 "guard_trigger_missing",
                 format!(
-                    "trigger {} on {table} is missing: re-run install_guard",
+                    "trigger {} on {table} is missing: re-run install_guard (`palisade \
+                     resource guard`)",
                     want.name
                 ),
                 &proof,
@@ -224,7 +225,7 @@ async fn check_triggers(
                 "guard_trigger_altered",
                 format!(
                     "trigger {} on {table} is not the one Palisade installs: it {}; re-run \
-                     install_guard",
+                     install_guard (`palisade resource guard`)",
                     want.name,
                     differs.join("; ")
                 ),

@@ -53,6 +53,11 @@ pub enum ResourceCommand {
     /// older copy or copied back (or to a PostgreSQL database restored from a backup): from
     /// then on it refuses every token issued before the floor, and accepts writes again.
     Restore(RestoreArgs),
+    /// Install the bypass guard on your own PostgreSQL table, from any language: Palisade's
+    /// functions are created first, then an UPDATE that does not raise `last_fence` fails,
+    /// TRUNCATE fails, and with --guard-rows so do INSERT and DELETE outside the fence (P5).
+    /// Run it as the table's owner; running it again changes nothing.
+    Guard(GuardArgs),
     /// Activate a lock's new epoch (activated mode), before the new owner works.
     Activate {
         /// The lock.
@@ -63,6 +68,32 @@ pub enum ResourceCommand {
         #[command(flatten)]
         target: Target,
     },
+}
+
+#[derive(Args)]
+pub struct GuardArgs {
+    /// The database (`postgres://USER@HOST/DB`).
+    #[arg(long)]
+    postgres: String,
+    /// The table: it needs a `last_fence bigint NOT NULL` column (0 for rows never written
+    /// under a fence).
+    #[arg(long)]
+    table: String,
+    /// Its primary key column.
+    #[arg(long, default_value = "id")]
+    id_column: String,
+    /// The column the fenced statement writes.
+    #[arg(long, default_value = "payload")]
+    payload_column: String,
+    /// The one lock that guards every row.
+    #[arg(long, conflicts_with = "lock_column")]
+    lock: Option<String>,
+    /// The column (`text NOT NULL`) that names each row's lock.
+    #[arg(long)]
+    lock_column: Option<String>,
+    /// Also refuse INSERT and DELETE outside the fence.
+    #[arg(long)]
+    guard_rows: bool,
 }
 
 #[derive(Args)]
@@ -200,6 +231,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
     match command {
         ResourceCommand::Serve(args) => serve(args).await,
         ResourceCommand::Restore(args) => restore(args, json).await,
+        ResourceCommand::Guard(args) => guard(args).await,
         ResourceCommand::Put {
             lock,
             key,
@@ -512,4 +544,36 @@ fn print_restore(report: &Value, json: bool) {
             shown(&report["highest_before"])
         );
     }
+}
+
+/// `palisade resource guard`: binds the table to its lock(s) and installs the guard.
+async fn guard(args: GuardArgs) -> anyhow::Result<()> {
+    use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
+    let lock = match (&args.lock, &args.lock_column) {
+        (Some(lock), None) => RowLock::Table(palisade_core::LockName::new(lock)?),
+        (None, Some(column)) => RowLock::Column(column.clone()),
+        _ => anyhow::bail!(
+            "name the lock that guards the rows: --lock NAME (one lock for every row) or \
+             --lock-column COLUMN (each row names its lock)"
+        ),
+    };
+    let table = GuardedTable::new(&args.table, &args.id_column, &args.payload_column, lock)?;
+    let verifier = std::sync::Arc::new(palisade_fence::Verifier::default());
+    let fence = PostgresFence::connect(&args.postgres, 1, FenceMode::Strict, verifier)
+        .await
+        .context("connecting to the database")?;
+    table
+        .install_guard(&fence, args.guard_rows)
+        .await
+        .context("installing the guard (run it as the table's owner)")?;
+    println!(
+        "guarded {}: an UPDATE that does not raise last_fence fails, TRUNCATE fails{}",
+        args.table,
+        if args.guard_rows {
+            ", INSERT and DELETE outside the fence fail"
+        } else {
+            ""
+        }
+    );
+    Ok(())
 }

@@ -78,3 +78,55 @@ fn p2_p8_the_stale_owner_is_refused_and_accepted_writes_survive_kill_9() {
     assert_eq!(forged.status.code(), Some(5));
     assert!(String::from_utf8_lossy(&forged.stderr).contains("invalid_token"));
 }
+
+/// P5: `palisade resource guard` installs the bypass guard from the command line, for users
+/// without Rust (the Python client's README points to it): afterwards an UPDATE that does not
+/// raise `last_fence` fails in the database, TRUNCATE fails, and the fenced statement still
+/// writes. Running it again changes nothing; without the lock it says what to give.
+#[test]
+fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
+    let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
+        .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
+    let table = format!("guard_cli_{}", std::process::id());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (client, connection) = runtime
+        .block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls))
+        .unwrap();
+    runtime.spawn(connection);
+    runtime
+        .block_on(client.batch_execute(&format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL, \
+             last_fence bigint NOT NULL DEFAULT 0); INSERT INTO {table} VALUES (7, 'empty', 0)"
+        )))
+        .unwrap();
+    let guard = |extra: &[&str]| {
+        std::process::Command::new(common::BINARY)
+            .args(["resource", "guard", "--postgres", &url, "--table", &table])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = guard(&[]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--lock NAME"));
+    for _ in 0..2 {
+        let out = guard(&["--lock", "report/7"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let sql = |statement: String| runtime.block_on(client.execute(&statement, &[]));
+    let bypass = sql(format!("UPDATE {table} SET payload = 'x' WHERE id = 7")).unwrap_err();
+    assert_eq!(bypass.code().unwrap().code(), "P5001", "{bypass}");
+    assert!(sql(format!("TRUNCATE {table}")).is_err());
+    let fenced =
+        format!("UPDATE {table} SET payload = 'y', last_fence = 5 WHERE id = 7 AND last_fence < 5");
+    assert_eq!(sql(fenced).unwrap(), 1);
+    runtime
+        .block_on(client.batch_execute(&format!(
+            "BEGIN; SELECT palisade_drop_guard('{table}'); DROP TABLE {table}; COMMIT"
+        )))
+        .unwrap();
+}
