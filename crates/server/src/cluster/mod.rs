@@ -93,7 +93,8 @@ pub const MAX_ENTRIES_PER_APPEND: u64 = 16;
 pub const SNAPSHOT_EVERY: u64 = 5_000;
 /// File of the cluster store (log and state machine) inside the data directory.
 pub const CLUSTER_STORE_FILE: &str = "cluster.redb";
-/// Largest cluster: 5 voters keep commits fast and tolerate two failures.
+/// Largest cluster `--cluster` accepts: 7 members tolerate three failures; every voter more
+/// slows each commit (3 and 5 are the usual sizes).
 pub const MAX_MEMBERS: usize = 7;
 
 /// An entry of the replicated log.
