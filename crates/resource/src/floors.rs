@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use palisade_core::{Epoch, LockName};
+use palisade_effects::http::{Admission, Host};
 
 use crate::keys::KeyRing;
 
@@ -34,13 +35,8 @@ pub enum FloorCheck {
         /// The lock's floor.
         floor: Epoch,
     },
-    /// The coordinator could not be asked.
-    Unavailable {
-        /// The token's epoch.
-        epoch: Epoch,
-        /// Why.
-        why: String,
-    },
+    /// The coordinator could not be asked (the message says so, and to retry).
+    Unavailable(String),
 }
 
 /// The floors learned since this process started.
@@ -72,10 +68,11 @@ impl Floors {
                 Some(Ok(floor)) => self.learn(lock, floor),
                 Some(Err(why)) => {
                     tracing::warn!(%lock, %why, "cannot learn the lock's floor");
-                    return FloorCheck::Unavailable {
-                        epoch: claims.epoch,
-                        why,
-                    };
+                    return FloorCheck::Unavailable(format!(
+                        "this store cannot tell whether epoch {} of {lock} is superseded until \
+                         the coordinator answers ({why}); retry",
+                        claims.epoch
+                    ));
                 }
             },
         };
@@ -100,5 +97,44 @@ impl Floors {
             .or_insert(floor);
         tracing::info!(%lock, %floor, "the coordinator's floor for this lock");
         floor
+    }
+}
+
+/// What the embedded effects ledger asks of the store that hosts it: the coordinator's keys,
+/// fetched on demand, and each lock's floor, shared with the store's writes, so an owner the
+/// coordinator superseded is refused even when the ledger's own fences went back with its
+/// volume.
+pub struct LedgerHost {
+    /// The trusted keys.
+    pub keys: Arc<KeyRing>,
+    /// The floors, shared with the store's writes.
+    pub floors: Arc<Floors>,
+}
+
+impl Host for LedgerHost {
+    fn refresh_for<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(self.keys.refresh_for(token))
+    }
+
+    fn admit<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Admission> + Send + 'a>> {
+        Box::pin(async move {
+            let Ok(claims) = palisade_core::token::decode_unverified(token) else {
+                return Admission::Admitted; // the ledger refuses it as invalid
+            };
+            match self.floors.check(&claims.lock, token).await {
+                FloorCheck::Admitted => Admission::Admitted,
+                FloorCheck::Below { epoch, floor } => Admission::Superseded {
+                    epoch: epoch.0,
+                    floor: floor.0,
+                },
+                FloorCheck::Unavailable(why) => Admission::Unavailable(why),
+            }
+        })
     }
 }

@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 use palisade_effects::http::Served;
 use palisade_effects::{LocalLedger, RedbStore};
 
-use crate::floors::{FloorCheck, Floors};
-use crate::keys::{KeyRing, LedgerHost};
+use crate::floors::{FloorCheck, Floors, LedgerHost};
+use crate::keys::KeyRing;
 use crate::metrics::{Metrics, Recent, RejectionRecord};
 
 /// Header carrying the writer's token.
@@ -192,13 +192,10 @@ impl State {
         }
         match self.inner.floors.check(lock, token).await {
             FloorCheck::Admitted => Ok(()),
-            FloorCheck::Unavailable { epoch, why } => Err(error(
+            FloorCheck::Unavailable(why) => Err(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "floor_unavailable",
-                format!(
-                    "this store cannot tell whether epoch {epoch} of {lock} is superseded \
-                     until the coordinator answers ({why}); retry"
-                ),
+                why,
             )),
             FloorCheck::Below { floor, .. } => {
                 let rejection = Rejection::StaleEpoch {
@@ -214,12 +211,7 @@ impl State {
 
     /// Fetches the coordinator's keys first when the token names a key not trusted yet.
     async fn refresh_for(&self, token: &str) {
-        if let Ok(claims) = decode_unverified(token) {
-            self.inner
-                .keys
-                .ensure_known(claims.key_id, claims.issued_at_ms)
-                .await;
-        }
+        self.inner.keys.refresh_for(token).await;
     }
 }
 

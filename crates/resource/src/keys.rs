@@ -215,6 +215,14 @@ impl KeyRing {
         self.verifier.verify(token, lock).ok()
     }
 
+    /// Makes sure the key that signed `token` is known, fetching the coordinator's keys when
+    /// it names one not trusted yet.
+    pub async fn refresh_for(&self, token: &str) {
+        if let Ok(claims) = palisade_core::token::decode_unverified(token) {
+            self.ensure_known(claims.key_id, claims.issued_at_ms).await;
+        }
+    }
+
     /// Asks the coordinator for `lock`'s floor statement (`GET /v1/locks/{lock}/floor`) and
     /// verifies it with the trusted keys (fetching them first when the statement names an
     /// unknown key). `None` when the keys come from a file: there is nobody to ask.
@@ -398,57 +406,6 @@ pub fn parse_keys(text: &str) -> Result<TokenVerifier, String> {
         .collect::<Result<Vec<_>, _>>()?;
     Ok(TokenVerifier::new(keys))
 }
-
-/// What the embedded effects ledger asks of the store that hosts it: the coordinator's keys,
-/// fetched on demand, and each lock's floor ([`crate::floors`]), so an owner the coordinator
-/// superseded is refused even when the ledger's own fences went back with its volume.
-pub struct LedgerHost {
-    /// The trusted keys.
-    pub keys: std::sync::Arc<KeyRing>,
-    /// The floors, shared with the store's writes.
-    pub floors: std::sync::Arc<crate::floors::Floors>,
-}
-
-impl palisade_effects::http::Host for LedgerHost {
-    fn refresh_for<'a>(
-        &'a self,
-        token: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        Box::pin(async move {
-            if let Ok(claims) = palisade_core::token::decode_unverified(token) {
-                self.keys
-                    .ensure_known(claims.key_id, claims.issued_at_ms)
-                    .await;
-            }
-        })
-    }
-
-    fn admit<'a>(
-        &'a self,
-        token: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Admission> + Send + 'a>> {
-        use crate::floors::FloorCheck;
-        Box::pin(async move {
-            let Ok(claims) = palisade_core::token::decode_unverified(token) else {
-                return Admission::Admitted; // the ledger refuses it as invalid
-            };
-            match self.floors.check(&claims.lock, token).await {
-                FloorCheck::Admitted => Admission::Admitted,
-                FloorCheck::Below { epoch, floor } => Admission::Superseded {
-                    epoch: epoch.0,
-                    floor: floor.0,
-                },
-                FloorCheck::Unavailable { epoch, why } => Admission::Unavailable(format!(
-                    "this store cannot tell whether epoch {epoch} of {} is superseded until \
-                     the coordinator answers ({why}); retry",
-                    claims.lock
-                )),
-            }
-        })
-    }
-}
-
-use palisade_effects::http::Admission;
 
 #[cfg(test)]
 mod tests {

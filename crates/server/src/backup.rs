@@ -97,14 +97,18 @@ fn hex(bytes: &[u8]) -> String {
 /// The bytes of a backup file: a header line (format, SHA-256 and length of the body) and the
 /// body, JSON.
 pub fn encode(backup: &Backup) -> Vec<u8> {
-    let body = serde_json::to_vec_pretty(backup).expect("a backup serializes");
+    frame(&serde_json::to_vec_pretty(backup).expect("a backup serializes"))
+}
+
+/// `body` behind the header line that names its format, SHA-256 and length.
+fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = format!(
         "{MAGIC} v{FORMAT} sha256={} bytes={}\n",
-        hex(&Sha256::digest(&body)),
+        hex(&Sha256::digest(body)),
         body.len()
     )
     .into_bytes();
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     out.push(b'\n');
     out
 }
@@ -454,14 +458,7 @@ mod tests {
             "taken": "offline"
         }))
         .unwrap();
-        let mut before = format!(
-            "{MAGIC} v{FORMAT} sha256={} bytes={}\n",
-            hex(&Sha256::digest(&body)),
-            body.len()
-        )
-        .into_bytes();
-        before.extend_from_slice(&body);
-        assert_eq!(decode(&before).unwrap(), sample(42));
+        assert_eq!(decode(&frame(&body)).unwrap(), sample(42));
         let record = RestoreRecord {
             restored_at_ms: 1,
             backup: sample(epoch),

@@ -420,7 +420,14 @@ fn a_full_disk_is_reported_as_full() {
 /// The grown-to length `path`'s header names.
 fn header_grown_to(path: &Path) -> u64 {
     let bytes = std::fs::read(path).unwrap();
-    u64::from_le_bytes(bytes[20..28].try_into().unwrap())
+    let at = GROWN_TO_AT as usize;
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// Cuts `path` to `length` bytes (`truncate -s`).
+fn cut_to(path: &Path, length: u64) {
+    let file = OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(length).unwrap();
 }
 
 /// P8: a log cut short (`truncate -s`, a copy that stopped early) is refused at every offset,
@@ -454,12 +461,7 @@ fn p8_a_log_cut_short_is_refused_at_every_offset() {
     for cut in cuts {
         let copy = dir.path().join(format!("cut-{cut}"));
         std::fs::copy(&path, &copy).unwrap();
-        OpenOptions::new()
-            .write(true)
-            .open(&copy)
-            .unwrap()
-            .set_len(cut)
-            .unwrap();
+        cut_to(&copy, cut);
         for refused in [
             LogLeaseStore::open(&copy).map(drop),
             LogLeaseStore::read(&copy).map(drop),
@@ -482,16 +484,11 @@ fn p8_a_log_from_before_the_mark_is_named_at_its_next_open() {
         let mut store = LogLeaseStore::open(&path).unwrap();
         store.commit(&grant("a", 1)).unwrap();
     }
-    write_at(&path, 20, &[0u8; 8]);
+    write_at(&path, GROWN_TO_AT, &[0u8; 8]);
     let length = std::fs::metadata(&path).unwrap().len();
     let state = LogLeaseStore::open(&path).unwrap().load().unwrap();
     assert_eq!(state.leases, vec![lease("a", 1)]);
     assert_eq!(header_grown_to(&path), length);
-    OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(length - 1)
-        .unwrap();
+    cut_to(&path, length - 1);
     assert!(LogLeaseStore::open(&path).is_err());
 }

@@ -38,6 +38,22 @@ fn started(metrics: RaftMetrics<NodeId, MemberNode>, voted: bool) -> Started {
     (dir, identity, tx)
 }
 
+/// Node `node`'s answer to a census: the store it presents, where its log ends, its vote.
+fn introduction(
+    node: NodeId,
+    store: &str,
+    last: Option<LogId<NodeId>>,
+    vote: openraft::Vote<NodeId>,
+) -> super::super::membership::Introduction {
+    super::super::membership::Introduction {
+        node_id: node,
+        store: store.to_owned(),
+        holds_log: last.is_some(),
+        last_log: last,
+        vote: Some(vote),
+    }
+}
+
 fn membership(nodes: &[(NodeId, &str)]) -> Membership<NodeId, MemberNode> {
     let voters: BTreeSet<NodeId> = nodes.iter().map(|(id, _)| *id).collect();
     let nodes: BTreeMap<NodeId, MemberNode> = nodes
@@ -141,13 +157,7 @@ fn p8_a_restarted_member_votes_only_above_the_logs_a_census_heard() {
     assert!(!identity.may_campaign(Some(&log_id(9, 1, 99))));
     assert!(identity.needs_census());
     let answer = |node: NodeId, store: &str, last: Option<LogId<NodeId>>| {
-        super::super::membership::Introduction {
-            node_id: node,
-            store: store.to_owned(),
-            holds_log: last.is_some(),
-            last_log: last,
-            vote: Some(openraft::Vote::new(4, 3)),
-        }
+        introduction(node, store, last, openraft::Vote::new(4, 3))
     };
     let vote = |term: u64, node: NodeId| openraft::Vote::new(term, node);
     // Five voters: three of the four others must answer. Itself, a non-member and a
@@ -239,14 +249,9 @@ fn p8_a_restarted_member_votes_only_above_the_logs_a_census_heard() {
 fn p8_a_census_counts_a_voter_that_lost_its_store_and_keeps_the_lowest_floor() {
     use openraft::testing::log_id;
     let (_dir, identity, _tx) = restarted(3, &[(1, "s1"), (2, "s2"), (3, "s3")]);
-    let answer =
-        |node: NodeId, store: &str, last: LogId<NodeId>| super::super::membership::Introduction {
-            node_id: node,
-            store: store.to_owned(),
-            holds_log: true,
-            last_log: Some(last),
-            vote: Some(openraft::Vote::new(5, 1)),
-        };
+    let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
+        introduction(node, store, Some(last), openraft::Vote::new(5, 1))
+    };
     // The lost voter alone is not every other voter: no census.
     identity.record_census(&[answer(1, "wiped", log_id(1, 1, 1))]);
     assert_eq!(identity.may_vote(), Err(Refused::Probation));
@@ -288,14 +293,9 @@ fn p8_a_census_counts_a_voter_that_lost_its_store_and_keeps_the_lowest_floor() {
 async fn p8_a_census_nobody_alive_can_meet_expires() {
     use openraft::testing::log_id;
     let (_dir, identity, _tx) = restarted(1, &[(1, "s1"), (2, "s2"), (3, "s3")]);
-    let answer =
-        |node: NodeId, store: &str, last: LogId<NodeId>| super::super::membership::Introduction {
-            node_id: node,
-            store: store.to_owned(),
-            holds_log: true,
-            last_log: Some(last),
-            vote: Some(openraft::Vote::new(5, 3)),
-        };
+    let answer = |node: NodeId, store: &str, last: LogId<NodeId>| {
+        introduction(node, store, Some(last), openraft::Vote::new(5, 3))
+    };
     let behind = || identity.may_grant(Some(&log_id(5, 3, 35)), &openraft::Vote::new(6, 2));
     identity.record_census(&[
         answer(2, "s2", log_id(5, 3, 35)),
@@ -320,14 +320,10 @@ fn p8_a_member_on_probation_takes_no_entries_from_a_deposed_leader() {
     use openraft::testing::log_id;
     use openraft::Vote;
     let (_dir, identity, _tx) = restarted(1, &[(1, "s1"), (2, "s2"), (3, "s3")]);
-    let answer =
-        |node: NodeId, store: &str, vote: Vote<NodeId>| super::super::membership::Introduction {
-            node_id: node,
-            store: store.to_owned(),
-            holds_log: true,
-            last_log: Some(log_id(vote.leader_id.term, vote.leader_id.node_id, 50)),
-            vote: Some(vote),
-        };
+    let answer = |node: NodeId, store: &str, vote: Vote<NodeId>| {
+        let last = log_id(vote.leader_id.term, vote.leader_id.node_id, 50);
+        introduction(node, store, Some(last), vote)
+    };
     assert_eq!(
         identity.may_follow(&Vote::new_committed(9, 3)),
         Err(Refused::Probation),
@@ -370,12 +366,13 @@ async fn p8_a_member_put_back_to_a_vote_without_entries_is_on_probation() {
     let (_dir, identity, _tx) = started(put_back, true);
     assert_eq!(identity.may_vote(), Err(Refused::Probation));
     assert!(!identity.may_campaign(None));
-    let answer = |node: NodeId, store: &str| super::super::membership::Introduction {
-        node_id: node,
-        store: store.to_owned(),
-        holds_log: true,
-        last_log: Some(log_id(10, 3, 61)),
-        vote: Some(openraft::Vote::new_committed(10, 3)),
+    let answer = |node: NodeId, store: &str| {
+        introduction(
+            node,
+            store,
+            Some(log_id(10, 3, 61)),
+            openraft::Vote::new_committed(10, 3),
+        )
     };
     identity.record_census(&[answer(1, "s1"), answer(2, "s2")]);
     assert_eq!(
@@ -413,12 +410,14 @@ fn p8_a_refused_candidate_hears_the_greatest_log_and_the_vote() {
         Some(log_id(3, 2, 30)),
         "before a census"
     );
-    let answer = |node: NodeId, last: LogId<NodeId>| super::super::membership::Introduction {
-        node_id: node,
-        store: format!("s{node}"),
-        holds_log: true,
-        last_log: Some(last),
-        vote: Some(openraft::Vote::new_committed(10, 2)),
+    let answer = |node: NodeId, last: LogId<NodeId>| {
+        let store = format!("s{node}");
+        introduction(
+            node,
+            &store,
+            Some(last),
+            openraft::Vote::new_committed(10, 2),
+        )
     };
     identity.record_census(&[answer(2, log_id(10, 2, 141)), answer(3, log_id(3, 2, 92))]);
     assert_eq!(
