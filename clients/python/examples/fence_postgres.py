@@ -7,15 +7,20 @@ import sys
 import psycopg
 
 from palisade_client import Client
+from palisade_client.postgres import Superseded, execute
 
 dsn, row_id, payload = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 client = Client(os.environ.get("PALISADE_ENDPOINT", "127.0.0.1:7420"))
 with client.lock(f"report/{row_id}", ttl=10) as lease, psycopg.connect(dsn) as db:
-    written = db.execute(
-        "UPDATE report_result SET payload = %s, last_fence = %s"
-        " WHERE id = %s AND last_fence < %s RETURNING id",
-        (payload, lease.epoch, row_id, lease.epoch),
-    ).fetchone()  # committed as the block ends, before the lease is released
+    try:  # `execute` learns the lock's floor when the database restarted or was restored
+        written = execute(
+            db, client, lease.lock,
+            "UPDATE report_result SET payload = %s, last_fence = %s"
+            " WHERE id = %s AND last_fence < %s RETURNING id",
+            (payload, lease.epoch, row_id, lease.epoch),
+        ).fetchone()  # committed as the block ends, before the lease is released
+    except Superseded as why:
+        sys.exit(f"refused: {why}; epoch {lease.epoch} is obsolete")
     fence = None if written else db.execute(
         "SELECT last_fence FROM report_result WHERE id = %s", (row_id,)
     ).fetchone()

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import socket
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from typing import Iterator, Optional
 
@@ -261,6 +265,35 @@ class Client:
             yield lease
         finally:
             lease.release()
+
+    def floor(self, name: str) -> int:
+        """The lock's floor: every owner below it is superseded or its lease has ended
+        (``GET /v1/locks/NAME/floor`` on the coordinator's port; a follower's answer naming the
+        leader is followed once). What a database that was restarted or restored asks before
+        it trusts its fences again (``palisade_client.postgres``). The statement's signature is
+        not checked here: the channel is trusted as the gRPC one is (TLS with ``ca``, or
+        loopback)."""
+        target, tls = _target(self._endpoint)
+        base = f"{'https' if tls else 'http'}://{target}"
+        context = None
+        if tls:
+            import ssl
+
+            context = ssl.create_default_context(cafile=self._ca)
+        path = f"/v1/locks/{urllib.parse.quote(name, safe='')}/floor"
+        for _ in range(2):
+            try:
+                with urllib.request.urlopen(base + path, timeout=self._timeout, context=context) as answer:
+                    return int(json.load(answer)["floor"])
+            except urllib.error.HTTPError as error:
+                body = json.loads(error.read() or b"{}")
+                if body.get("error") == "not_leader" and body.get("leader"):
+                    base = body["leader"].rstrip("/")
+                    continue
+                raise Unavailable(f"GET {path}: {error.code} {body}") from None
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as error:
+                raise Unavailable(f"GET {base}{path}: {error}") from None
+        raise Unavailable(f"GET {path}: no member names a leader")
 
     def describe(self, name: str) -> pb.LockInfo:
         """The lock's state: ``held``, ``epoch``, ``holder``, ``remaining_ms``, ``waiters``."""

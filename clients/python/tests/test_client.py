@@ -265,3 +265,46 @@ def test_credentials_are_sent_and_refusals_typed(start_coordinator, tmp_path):
     reader = (tmp_path / "reader").read_text().strip()
     with pytest.raises(PermissionDenied):
         Client(running.address, token=reader).acquire("orders/3", ttl=5)
+
+
+def test_p6_a_database_that_went_back_learns_the_floor_and_refuses_the_superseded_owner(
+    coordinator, database
+):
+    """P6/P8: the database forgets the newest owner's fence (its row goes back, and its floors
+    with the rest, as a restore would leave them). A superseded owner's plain-SQL write is
+    refused anyway: the database asks for the lock's floor (P5008), ``execute`` learns it from
+    the coordinator, and the write is below it (``Superseded``)."""
+    import psycopg
+
+    from palisade_client.postgres import Superseded, execute
+
+    env = {**os.environ, "PALISADE_ENDPOINT": coordinator.address, "PYTHONPATH": str(HERE)}
+    example = [sys.executable, str(HERE / "examples" / "fence_postgres.py"), database, "7"]
+    client = Client(coordinator.address)
+    paused = client.acquire("report/7", ttl=0.1)
+    time.sleep(0.3)
+    newer = subprocess.run(example + ["newer"], env=env, capture_output=True, text=True)
+    assert newer.returncode == 0, newer.stderr
+
+    # The put-back: the row's fence goes back to 0, and the floors are a file that went back.
+    with psycopg.connect(database, autocommit=True) as db:
+        db.execute("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_update")
+        db.execute("UPDATE report_result SET payload = 'old', last_fence = 0 WHERE id = 7")
+        db.execute("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_update")
+        db.execute("TRUNCATE palisade_lock_floors")
+
+    update = ("UPDATE report_result SET payload = %s, last_fence = %s"
+              " WHERE id = %s AND last_fence < %s RETURNING id")
+    with psycopg.connect(database, autocommit=True) as db:
+        # The plain statement alone is stopped until the floor is known again ...
+        with pytest.raises(psycopg.Error) as unknown:
+            db.execute(update, ("stale", paused.epoch, 7, paused.epoch))
+        assert unknown.value.sqlstate == "P5008"
+        # ... and `execute` learns it from the coordinator: the paused owner is superseded.
+        with pytest.raises(Superseded) as superseded:
+            execute(db, client, "report/7", update, ("stale", paused.epoch, 7, paused.epoch))
+        assert superseded.value.floor > paused.epoch
+        assert db.execute("SELECT payload FROM report_result WHERE id = 7").fetchone()[0] == "old"
+    # The current owner writes on.
+    again = subprocess.run(example + ["again"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr

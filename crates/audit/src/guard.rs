@@ -79,6 +79,16 @@ fn expected_triggers(binding: &Binding) -> Vec<Expected> {
             args: Vec::new(),
         },
     ];
+    let lock = match (&binding.table_lock, &binding.lock_column) {
+        (Some(lock), _) => ["lock", lock.as_str()],
+        (None, column) => ["column", column.as_deref().unwrap_or_default()],
+    };
+    expected.push(Expected {
+        name: "palisade_guard_lock_floor",
+        function: "palisade_guard_lock_floor",
+        tgtype: ROW | BEFORE | INSERT | UPDATE,
+        args: ["last_fence", lock[0], lock[1]].map(str::to_owned).to_vec(),
+    });
     if binding.guard_rows {
         expected.push(Expected {
             name: "palisade_guard_rows",
@@ -93,7 +103,7 @@ fn expected_triggers(binding: &Binding) -> Vec<Expected> {
 /// The body Palisade's migrations give `function` (its last definition), as PostgreSQL
 /// stores it in `pg_proc.prosrc`: the text between the `$$` quotes.
 pub fn expected_body(function: &str) -> Option<String> {
-    let header = format!("CREATE OR REPLACE FUNCTION {function}()");
+    let header = format!("CREATE OR REPLACE FUNCTION {function}(");
     let mut body = None;
     for (_, _, sql) in MIGRATIONS {
         let mut rest = *sql;
@@ -138,6 +148,7 @@ pub async fn check(
     check_rewrites(client, table, &mut problems).await?;
     check_writers(client, table, binding, writers, &mut problems).await?;
     check_durability(client, &mut problems).await?;
+    check_floor_source(client, &mut problems).await?;
     check_unguarded(client, &mut problems).await?;
     Ok(problems)
 }
@@ -255,7 +266,7 @@ async fn check_triggers(
 
 const FUNCTION: &str =
     "SELECT p.prosrc, p.prosecdef, coalesce(array_to_string(p.proconfig, ','), '') \
-    FROM pg_proc p WHERE p.proname = $1 AND p.pronamespace = $2::oid AND p.pronargs = 0";
+    FROM pg_proc p WHERE p.proname = $1 AND p.pronamespace = $2::oid AND p.pronargs = $3";
 
 /// Each guard function's body is the one Palisade's migrations define (a body re-created with
 /// an exemption passes every trigger check), and the tombstone functions still run as their
@@ -265,21 +276,28 @@ async fn check_functions(
     binding: &Binding,
     problems: &mut Vec<Problem>,
 ) -> Result<(), String> {
+    // (name, runs as its owner, arguments)
     let mut functions = vec![
-        ("palisade_guard_fence", false),
-        ("palisade_guard_tombstone", true),
-        ("palisade_guard_insert", true),
-        ("palisade_guard_truncate", false),
+        ("palisade_guard_fence", false, 0),
+        ("palisade_guard_tombstone", true, 0),
+        ("palisade_guard_insert", true, 0),
+        ("palisade_guard_truncate", false, 0),
+        // A restored database must not keep the floors of its past (migration 8).
+        ("palisade_guard_lock_floor", false, 0),
+        ("palisade_check_lock_floor", true, 2),
+        ("palisade_incarnation", false, 0),
     ];
     if binding.guard_rows {
-        functions.push(("palisade_guard_rows", false));
+        functions.push(("palisade_guard_rows", false, 0));
     }
-    for (function, definer) in functions {
+    for (function, definer, arguments) in functions {
+        let arguments: i16 = arguments;
         let proof = FUNCTION
             .replace("$1", &format!("'{function}'"))
-            .replace("$2", &binding.schema.to_string());
+            .replace("$2", &binding.schema.to_string())
+            .replace("$3", &arguments.to_string());
         let row = client
-            .query_opt(FUNCTION, &[&function, &binding.schema])
+            .query_opt(FUNCTION, &[&function, &binding.schema, &arguments])
             .await
             .map_err(pg)?;
         let Some(row) = row else {
@@ -521,6 +539,32 @@ const ROLE_SETTINGS: &str = "SELECT coalesce(setrole::regrole::text, 'every role
 /// `synchronous_commit` off (for the audit's role, or set for a role or database) loses the
 /// last ones. Palisade's adapters turn it on for their own connections; other writers of the
 /// same database are not protected.
+const FLOOR_SOURCE: &str = "SELECT source FROM palisade_floor_settings WHERE singleton";
+
+/// The database learns each lock's floor from the coordinator after it restarted or was
+/// restored (migration 8): `off` re-admits superseded owners after a restore.
+async fn check_floor_source(client: &Client, problems: &mut Vec<Problem>) -> Result<(), String> {
+    let source: Option<String> = client
+        .query_opt(FLOOR_SOURCE, &[])
+        .await
+        .map_err(pg)?
+        .map(|row| row.get(0));
+    if source.as_deref() != Some("coordinator") {
+        problems.push(problem(
+            Severity::Critical,
+            "lock_floors_off",
+            format!(
+                "palisade_floor_settings.source is {}: a database put back from a snapshot or \
+                 restored re-admits owners the coordinator superseded; UPDATE \
+                 palisade_floor_settings SET source = 'coordinator'",
+                source.as_deref().unwrap_or("missing")
+            ),
+            FLOOR_SOURCE,
+        ));
+    }
+    Ok(())
+}
+
 async fn check_durability(client: &Client, problems: &mut Vec<Problem>) -> Result<(), String> {
     for row in client.query(SETTINGS, &[]).await.map_err(pg)? {
         let (name, setting): (String, String) = (row.get(0), row.get(1));

@@ -69,7 +69,8 @@ async fn setup() -> Setup {
     let verifier = Arc::new(Verifier::new(TokenVerifier::new([])));
     let fence = PostgresFence::connect(&url, 1, FenceMode::Strict, verifier)
         .await
-        .unwrap();
+        .unwrap()
+        .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
     let db = connect(&url).await;
     Setup {
         admin,
@@ -277,6 +278,29 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "CREATE TABLE {t}_child () INHERITS ({t})",
         "unguarded_child_table",
     ),
+    (
+        "lock floor trigger disabled",
+        "ALTER TABLE {t} DISABLE TRIGGER palisade_guard_lock_floor",
+        "guard_trigger_disabled",
+    ),
+    (
+        "lock floor trigger dropped",
+        "DROP TRIGGER palisade_guard_lock_floor ON {t}",
+        "guard_trigger_missing",
+    ),
+    (
+        "lock floor trigger asks another lock's floor",
+        "DROP TRIGGER palisade_guard_lock_floor ON {t};
+         CREATE TRIGGER palisade_guard_lock_floor BEFORE INSERT OR UPDATE ON {t} FOR EACH ROW
+           EXECUTE FUNCTION palisade_guard_lock_floor('last_fence', 'lock', 'nobody/uses');
+         ALTER TABLE {t} ENABLE ALWAYS TRIGGER palisade_guard_lock_floor",
+        "guard_trigger_altered",
+    ),
+    (
+        "lock floors switched off",
+        "UPDATE palisade_floor_settings SET source = 'off'",
+        "lock_floors_off",
+    ),
 ];
 
 fn plant(sql: &str, table: &str, setup: &Setup) -> String {
@@ -321,7 +345,8 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
                 "REVOKE ALL ON palisade_row_fences FROM {writer};
                  REVOKE ALL ON palisade_guarded_tables FROM {app};
                  REVOKE {owner} FROM {app}; REVOKE {writer} FROM {app};
-                 REVOKE ALL ON {table} FROM PUBLIC;",
+                 REVOKE ALL ON {table} FROM PUBLIC;
+                 UPDATE palisade_floor_settings SET source = 'coordinator';",
                 writer = setup.writer,
                 app = setup.app,
                 owner = setup.owner,
@@ -379,6 +404,49 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
         .unwrap();
     assert!(critical(&setup.audit("clean").await).is_empty());
 
+    // A database that never notices its own restore: the incarnation made constant, or the
+    // floor check made a no-op.
+    for (function, signature, returns, planted) in [
+        (
+            "palisade_incarnation",
+            "()",
+            "text LANGUAGE sql STABLE",
+            "SELECT 'always'::text",
+        ),
+        (
+            "palisade_check_lock_floor",
+            "(lock_name text, epoch bigint)",
+            "void LANGUAGE plpgsql SECURITY DEFINER",
+            "BEGIN RETURN; END",
+        ),
+    ] {
+        let create = |body: &str| {
+            format!(
+                "CREATE OR REPLACE FUNCTION {function}{signature} RETURNS {returns} \
+                 AS $palisade${body}$palisade$"
+            )
+        };
+        setup.db.batch_execute(&create(planted)).await.unwrap();
+        let report = setup.audit("clean").await;
+        assert!(
+            critical(&report)
+                .iter()
+                .any(|(c, m)| *c == "guard_function_altered" && m.contains(function)),
+            "{function}: {:#?}",
+            report.problems
+        );
+        let original = palisade_audit::guard::expected_body(function).unwrap();
+        setup.db.batch_execute(&create(&original)).await.unwrap();
+        if returns.contains("SECURITY DEFINER") {
+            // CREATE OR REPLACE dropped the pinned search_path with the rest.
+            let pin = format!(
+                "ALTER FUNCTION {function}(text, bigint) SET search_path = pg_catalog, public"
+            );
+            setup.db.batch_execute(&pin).await.unwrap();
+        }
+    }
+    assert!(critical(&setup.audit("clean").await).is_empty());
+
     // Durability: synchronous_commit off for the fence role is reported (a warning: the
     // adapter turns it on for its own connections), and so is a shadow table.
     setup
@@ -399,6 +467,6 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
         .collect();
     assert!(warnings.contains(&"durability_off"), "{report:#?}");
     assert!(warnings.contains(&"unguarded_fenced_table"), "{report:#?}");
-    println!("audit mutants: {found} planted in tables, 2 in functions, all found as critical");
+    println!("audit mutants: {found} planted in tables, 4 in functions, all found as critical");
     setup.drop().await;
 }

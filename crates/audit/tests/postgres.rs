@@ -24,7 +24,8 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
     let verifier = Arc::new(Verifier::new(TokenVerifier::new([])));
     let fence = PostgresFence::connect(&url, 2, FenceMode::Strict, verifier)
         .await
-        .unwrap();
+        .unwrap()
+        .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
     let id = std::process::id();
     let (guarded, bare) = (format!("audit_guarded_{id}"), format!("audit_bare_{id}"));
     let client = fence.pool().get().await.unwrap();

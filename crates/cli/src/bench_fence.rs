@@ -64,9 +64,11 @@ pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result
     let signer = Arc::new(TokenSigner::from_secret_bytes(&[42; 32]));
     let verifier = Arc::new(Verifier::new(TokenVerifier::new([signer.verifying_key()])));
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    // The benchmark's signer is its coordinator: it supersedes nobody the database does not see.
     let fence = PostgresFence::connect(&args.url, max_clients, FenceMode::Strict, verifier)
         .await
-        .context("connect to PostgreSQL")?;
+        .context("connect to PostgreSQL")?
+        .with_floors(Arc::new(palisade_fence::StaticFloors::new()));
     // Each row names its lock (client i's rows "bench/i", row 0 "bench/hot").
     let table = GuardedTable::new(TABLE, "id", "payload", RowLock::Column("lock".into()))?;
     let hot_lock = LockName::new("bench/hot").unwrap();

@@ -3,13 +3,10 @@
 use std::io::{BufRead as _, BufReader as StdBufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use palisade_core::token::decode_public_key;
-use palisade_core::TokenVerifier;
-use palisade_fence::{FenceMode, Verifier};
+use palisade_fence::FenceMode;
 use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
@@ -258,18 +255,10 @@ async fn create_table(
     coordinator: &str,
     run: &str,
 ) -> anyhow::Result<(PostgresFence, GuardedTable, String)> {
-    let body: Value = reqwest::get(format!("{coordinator}/v1/keys"))
+    let (verifier, floors) = crate::target::coordinator_keys(coordinator).await?;
+    let fence = PostgresFence::connect(url, 4, FenceMode::Strict, verifier)
         .await?
-        .json()
-        .await?;
-    let keys_json = body["keys"].as_array().cloned().unwrap_or_default();
-    let keys_trusted = keys_json.iter().filter_map(|k| {
-        k["public_key"]
-            .as_str()
-            .and_then(|k| decode_public_key(k).ok())
-    });
-    let verifier = Arc::new(Verifier::new(TokenVerifier::new(keys_trusted)));
-    let fence = PostgresFence::connect(url, 4, FenceMode::Strict, verifier).await?;
+        .with_floors(floors);
     let name = drill_table_name(run);
     let client = fence.pool().get().await?;
     // Each row names the lock that guards it (the drill's locks change every iteration); a

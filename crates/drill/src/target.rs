@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use palisade_client::encode_path_segment;
-use palisade_core::token::decode_public_key;
 use palisade_core::{LockName, TokenVerifier};
 use palisade_fence::{Activation, FenceMode, FencedResource, Outcome, Rejection, Verifier};
 use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
@@ -22,6 +21,24 @@ pub enum Target {
     },
 }
 
+/// The coordinator's keys, and its lock floors verified with them (a PostgreSQL target learns
+/// a lock's floor after its database restarted or was restored).
+pub async fn coordinator_keys(
+    coordinator: &str,
+) -> anyhow::Result<(Arc<Verifier>, Arc<palisade_resource::KeyRing>)> {
+    use palisade_resource::{KeyRing, KeySource};
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([])));
+    let keys = KeyRing::new(
+        KeySource::Coordinator(coordinator.to_owned()),
+        Vec::new(),
+        verifier.clone(),
+        None,
+    )?;
+    keys.load_initial().await?;
+    anyhow::ensure!(keys.ready(), "no keys at the coordinator {coordinator}");
+    Ok((verifier, Arc::new(keys)))
+}
+
 /// The drill's own table in a user's database.
 pub fn drill_table_name(run: &str) -> String {
     format!("palisade_drill_{run}")
@@ -37,24 +54,10 @@ impl Target {
     ) -> anyhow::Result<Self> {
         let http = reqwest::Client::new();
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let keys: serde_json::Value = http
-                .get(format!("{coordinator}/v1/keys"))
-                .send()
+            let (verifier, floors) = coordinator_keys(coordinator).await?;
+            let fence = PostgresFence::connect(url, 2, mode, verifier)
                 .await?
-                .json()
-                .await?;
-            let keys = keys["keys"]
-                .as_array()
-                .ok_or_else(|| anyhow::anyhow!("no keys at the coordinator"))?
-                .iter()
-                .filter_map(|k| {
-                    k["public_key"]
-                        .as_str()
-                        .and_then(|k| decode_public_key(k).ok())
-                })
-                .collect::<Vec<_>>();
-            let verifier = Arc::new(Verifier::new(TokenVerifier::new(keys)));
-            let fence = PostgresFence::connect(url, 2, mode, verifier).await?;
+                .with_floors(floors);
             let table_name = drill_table_name(run);
             let table =
                 GuardedTable::new(&table_name, "id", "payload", RowLock::Column("lock".into()))?;

@@ -23,9 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let coordinator = args
         .next()
         .unwrap_or_else(|| "http://127.0.0.1:7420".into());
-    let client = palisade_client::Client::connect(&[coordinator]).await?;
-    let key = client.keys().await?.into_iter().next().ok_or("no key")?;
-    let coordinator_key = palisade_core::token::decode_public_key(&key.public_key)?;
+    let client = palisade_client::Client::connect(&[coordinator.clone()]).await?;
     let lock = LockName::new("report/7")?;
     let lease = client
         .acquire(palisade_client::AcquireOptions::new(lock.as_str()))
@@ -36,10 +34,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use palisade_fence::{FenceMode, Outcome, Verifier};
     use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
 
-    // Trust the coordinator's public key(s) (GET /v1/keys on the coordinator).
-    let verifier = Arc::new(Verifier::new(TokenVerifier::new([coordinator_key])));
+    use palisade_resource::{KeyRing, KeySource};
+
+    // Trust the coordinator's public keys (GET /v1/keys; https with a CA, or loopback), and
+    // learn each lock's floor from it when the database restarted or was restored.
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([])));
+    let keys = KeyRing::new(
+        KeySource::Coordinator(coordinator),
+        vec![],
+        verifier.clone(),
+        None,
+    )?;
+    keys.load_initial().await?;
     // database_url: e.g. "postgres://app@db/app"
-    let fence = PostgresFence::connect(database_url, 16, FenceMode::Strict, verifier).await?;
+    let fence = PostgresFence::connect(database_url, 16, FenceMode::Strict, verifier)
+        .await?
+        .with_floors(Arc::new(keys));
     // Bind the table to the lock that guards it: one lock for the whole table, or
     // RowLock::Column("lock") when each row names its lock in a `lock text NOT NULL` column.
     let reports = GuardedTable::new("reports", "id", "payload", RowLock::Table(lock.clone()))?;

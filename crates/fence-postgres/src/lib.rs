@@ -27,7 +27,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use palisade_core::{Epoch, LockName};
 use palisade_fence::{
     precheck_activation, precheck_write, value_digest, Activation, FenceError, FenceMode,
-    FencedResource, Outcome, Rejection, Stored, Verifier, Write,
+    FencedResource, FloorSource, Outcome, Rejection, Stored, Verifier, Write,
 };
 use tokio_postgres::NoTls;
 
@@ -48,6 +48,9 @@ pub struct PostgresFence {
     verifier: Arc<Verifier>,
     /// Locks already found fenced in this adapter's mode (`palisade_lock_modes`).
     checked_locks: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Where a lock's floor is learned when the database does not know it in its current
+    /// incarnation (migration 8); `None`: such a write fails, saying so.
+    floors: Option<Arc<dyn FloorSource>>,
 }
 
 /// Wraps a driver or pool error. PostgreSQL's own message and SQLSTATE are kept in the text
@@ -94,6 +97,11 @@ fn storage(error: impl std::error::Error + Send + Sync + 'static) -> FenceError 
             .downcast_ref::<tokio_postgres::Error>()
             .and_then(|e| e.as_db_error())
         {
+            if db.code().code() == FLOOR_UNKNOWN_SQLSTATE {
+                return FenceError::Storage(Box::new(FloorUnknown {
+                    lock: db.detail().unwrap_or_default().to_owned(),
+                }));
+            }
             let text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
             return FenceError::Storage(text.into());
         }
@@ -104,11 +112,41 @@ fn storage(error: impl std::error::Error + Send + Sync + 'static) -> FenceError 
 
 /// SQLSTATE of a row written at or below the restore floor (migration 7; DETAIL: the floor).
 pub const RESTORE_FLOOR_SQLSTATE: &str = "P5007";
+/// SQLSTATE of a fenced row whose lock's floor the database has not learned in its current
+/// incarnation (migration 8; DETAIL: the lock).
+pub const FLOOR_UNKNOWN_SQLSTATE: &str = "P5008";
+/// SQLSTATE of a fenced row below its lock's floor (migration 8; DETAIL: the floor).
+pub const LOCK_FLOOR_SQLSTATE: &str = "P5009";
 
-/// The rejection of a write the restore floor refused, when that is what `error` is (P6).
+/// The database does not know a lock's floor in its current incarnation (it restarted, or was
+/// restored, since the floor was learned): nothing was written. [`PostgresFence::with_floors`]
+/// learns it and writes again.
+#[derive(Debug)]
+pub struct FloorUnknown {
+    /// The lock, as the database named it.
+    pub lock: String,
+}
+
+impl std::fmt::Display for FloorUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the database does not know the floor of lock {} since it started or was restored, \
+             and this adapter has no coordinator to ask (PostgresFence::with_floors); nothing \
+             was written",
+            self.lock
+        )
+    }
+}
+
+impl std::error::Error for FloorUnknown {}
+
+/// The rejection of a write a floor refused — the restore floor (P6) or the lock's floor
+/// learned from the coordinator (migration 8) — when that is what `error` is.
 pub(crate) fn below_restore_floor(error: &tokio_postgres::Error) -> Option<Rejection> {
     let db = error.as_db_error()?;
-    if db.code().code() != RESTORE_FLOOR_SQLSTATE {
+    let code = db.code().code();
+    if code != RESTORE_FLOOR_SQLSTATE && code != LOCK_FLOOR_SQLSTATE {
         return None;
     }
     let floor = db.detail()?.parse().ok()?;
@@ -150,7 +188,66 @@ impl PostgresFence {
             mode,
             verifier,
             checked_locks: Arc::default(),
+            floors: None,
         })
+    }
+
+    /// Learns each lock's floor from `floors` (the coordinator's, through
+    /// `palisade_resource::KeyRing`) whenever the database does not know it in its
+    /// current incarnation: at the first fenced write of each lock after the database started,
+    /// was restored or failed over (P6, P8). Without it such a write fails with
+    /// [`FloorUnknown`].
+    pub fn with_floors(mut self, floors: Arc<dyn FloorSource>) -> Self {
+        self.floors = Some(floors);
+        self
+    }
+
+    /// Runs `attempt`; when the database did not know the floor of the lock it wrote, learns
+    /// it from the floor source, records it (`palisade_learn_floor`) and runs `attempt` once
+    /// more. An attempt refused by a floor wrote nothing, so running it again is safe.
+    pub(crate) async fn with_floor<T, F, Fut>(
+        &self,
+        lock: &LockName,
+        mut attempt: F,
+    ) -> Result<T, FenceError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, FenceError>>,
+    {
+        let first = attempt().await;
+        let (Err(FenceError::Storage(error)), Some(floors)) = (&first, &self.floors) else {
+            return first;
+        };
+        let Some(unknown) = error.downcast_ref::<FloorUnknown>() else {
+            return first;
+        };
+        let unknown = LockName::new(unknown.lock.clone()).unwrap_or_else(|_| lock.clone());
+        let floor = floors.floor(&unknown).await.map_err(|why| {
+            FenceError::Storage(
+                format!("cannot learn the floor of lock {unknown}: {why}; nothing was written")
+                    .into(),
+            )
+        })?;
+        self.learn_floor(&unknown, floor).await?;
+        attempt().await
+    }
+
+    /// Records `floor` as `lock`'s in the database's current incarnation (it never goes down).
+    async fn learn_floor(&self, lock: &LockName, floor: Epoch) -> Result<(), FenceError> {
+        let floor_sql = i64::try_from(floor.0).map_err(|_| {
+            FenceError::Integrity(format!("floor {floor} is above PostgreSQL bigint"))
+        })?;
+        let client = self.client().await?;
+        let now: i64 = client
+            .query_one(
+                "SELECT palisade_learn_floor($1, $2)",
+                &[&lock.as_str(), &floor_sql],
+            )
+            .await
+            .map_err(storage)?
+            .get(0);
+        tracing::info!(%lock, floor = now, "learned the lock's floor in this database incarnation");
+        Ok(())
     }
 
     /// Refuses a lock that another adapter fences in another mode (its fence would mean
@@ -321,6 +418,68 @@ impl FencedResource for PostgresFence {
     }
 
     async fn write<'a>(&'a self, write: Write<'a>) -> Result<Outcome, FenceError> {
+        self.with_floor(write.lock, || self.write_once(write)).await
+    }
+
+    async fn activate<'a>(
+        &'a self,
+        lock: &'a LockName,
+        token: &'a str,
+    ) -> Result<Activation, FenceError> {
+        self.with_floor(lock, || self.activate_once(lock, token))
+            .await
+    }
+
+    async fn read<'a>(
+        &'a self,
+        lock: &'a LockName,
+        key: &'a str,
+    ) -> Result<Option<Stored>, FenceError> {
+        if !palisade_fence::key_is_storable(key) {
+            return Ok(None); // never written: every write of it is refused
+        }
+        let client = self.client().await?;
+        let row = client
+            .query_opt(sql::READ_VALUE, &[&lock.as_str(), &key])
+            .await
+            .map_err(storage)?;
+        row.map(|row| {
+            let (value, epoch, seq): (Vec<u8>, i64, Option<i64>) =
+                (row.get(0), row.get(1), row.get(2));
+            Ok(Stored {
+                value,
+                epoch: Epoch(from_bigint(epoch)?),
+                seq: seq.map(from_bigint).transpose()?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn fence<'a>(&'a self, lock: &'a LockName) -> Result<Epoch, FenceError> {
+        let client = self.client().await?;
+        let fence = match self.mode {
+            FenceMode::Activated => read_fence(&client, lock.as_str()).await?,
+            FenceMode::Strict => client
+                .query_opt(sql::READ_LOCK_EPOCH, &[&lock.as_str()])
+                .await
+                .map_err(storage)?
+                .map_or(0, |row| row.get(0)),
+            FenceMode::Sequenced => {
+                let row = client
+                    .query_one(sql::READ_MAX_EPOCH, &[&lock.as_str()])
+                    .await
+                    .map_err(storage)?;
+                row.get::<_, Option<i64>>(0).unwrap_or(0)
+            }
+        };
+        Ok(Epoch(from_bigint(fence)?))
+    }
+}
+
+/// One attempt of each write, which [`PostgresFence::with_floor`] repeats once a lock's floor
+/// was learned.
+impl PostgresFence {
+    async fn write_once(&self, write: Write<'_>) -> Result<Outcome, FenceError> {
         let (epoch, seq) = match self.precheck(&write) {
             Ok(checked) => checked,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
@@ -376,11 +535,7 @@ impl FencedResource for PostgresFence {
         })
     }
 
-    async fn activate<'a>(
-        &'a self,
-        lock: &'a LockName,
-        token: &'a str,
-    ) -> Result<Activation, FenceError> {
+    async fn activate_once(&self, lock: &LockName, token: &str) -> Result<Activation, FenceError> {
         let epoch = precheck_activation(&self.verifier, self.mode, lock, token)
             .and_then(|epoch| to_bigint(epoch.0, "epoch"));
         let epoch = match epoch {
@@ -420,51 +575,6 @@ impl FencedResource for PostgresFence {
                 fence_seq: None,
             }))
         }
-    }
-
-    async fn read<'a>(
-        &'a self,
-        lock: &'a LockName,
-        key: &'a str,
-    ) -> Result<Option<Stored>, FenceError> {
-        if !palisade_fence::key_is_storable(key) {
-            return Ok(None); // never written: every write of it is refused
-        }
-        let client = self.client().await?;
-        let row = client
-            .query_opt(sql::READ_VALUE, &[&lock.as_str(), &key])
-            .await
-            .map_err(storage)?;
-        row.map(|row| {
-            let (value, epoch, seq): (Vec<u8>, i64, Option<i64>) =
-                (row.get(0), row.get(1), row.get(2));
-            Ok(Stored {
-                value,
-                epoch: Epoch(from_bigint(epoch)?),
-                seq: seq.map(from_bigint).transpose()?,
-            })
-        })
-        .transpose()
-    }
-
-    async fn fence<'a>(&'a self, lock: &'a LockName) -> Result<Epoch, FenceError> {
-        let client = self.client().await?;
-        let fence = match self.mode {
-            FenceMode::Activated => read_fence(&client, lock.as_str()).await?,
-            FenceMode::Strict => client
-                .query_opt(sql::READ_LOCK_EPOCH, &[&lock.as_str()])
-                .await
-                .map_err(storage)?
-                .map_or(0, |row| row.get(0)),
-            FenceMode::Sequenced => {
-                let row = client
-                    .query_one(sql::READ_MAX_EPOCH, &[&lock.as_str()])
-                    .await
-                    .map_err(storage)?;
-                row.get::<_, Option<i64>>(0).unwrap_or(0)
-            }
-        };
-        Ok(Epoch(from_bigint(fence)?))
     }
 }
 

@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "restore floor",
         include_str!("../sql/007_restore_floor.sql"),
     ),
+    (8, "lock floors", include_str!("../sql/008_lock_floors.sql")),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

@@ -300,6 +300,19 @@ impl GuardedTable {
         token: &str,
         payload: &(dyn ToSql + Sync),
     ) -> Result<Outcome, FenceError> {
+        fence
+            .with_floor(lock, || self.update_once(fence, lock, id, token, payload))
+            .await
+    }
+
+    async fn update_once(
+        &self,
+        fence: &PostgresFence,
+        lock: &LockName,
+        id: &(dyn ToSql + Sync),
+        token: &str,
+        payload: &(dyn ToSql + Sync),
+    ) -> Result<Outcome, FenceError> {
         let epoch = match self.verified_epoch(fence, lock, token) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
@@ -418,6 +431,19 @@ impl GuardedTable {
         token: &str,
         payload: &(dyn ToSql + Sync),
     ) -> Result<Outcome, FenceError> {
+        fence
+            .with_floor(lock, || self.insert_once(fence, lock, id, token, payload))
+            .await
+    }
+
+    async fn insert_once(
+        &self,
+        fence: &PostgresFence,
+        lock: &LockName,
+        id: &(dyn ToSql + Sync),
+        token: &str,
+        payload: &(dyn ToSql + Sync),
+    ) -> Result<Outcome, FenceError> {
         let epoch = match self.verified_epoch(fence, lock, token) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
@@ -467,6 +493,18 @@ impl GuardedTable {
         id: &(dyn ToSql + Sync),
         token: &str,
     ) -> Result<Outcome, FenceError> {
+        fence
+            .with_floor(lock, || self.delete_once(fence, lock, id, token))
+            .await
+    }
+
+    async fn delete_once(
+        &self,
+        fence: &PostgresFence,
+        lock: &LockName,
+        id: &(dyn ToSql + Sync),
+        token: &str,
+    ) -> Result<Outcome, FenceError> {
         let epoch = match self.verified_epoch(fence, lock, token) {
             Ok(epoch) => epoch,
             Err(rejection) => return Ok(Outcome::Rejected(rejection)),
@@ -502,7 +540,8 @@ impl GuardedTable {
     }
 }
 
-/// A write the restore floor refused is a stale-epoch rejection; any other error a failure.
+/// A write a floor refused (the restore floor, the lock's floor) is a stale-epoch rejection;
+/// any other error a failure.
 fn floor_or_failure(error: tokio_postgres::Error) -> Result<Outcome, FenceError> {
     match crate::below_restore_floor(&error) {
         Some(rejection) => Ok(Outcome::Rejected(rejection)),

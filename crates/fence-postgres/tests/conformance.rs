@@ -17,6 +17,7 @@ impl Factory for PostgresFactory {
         PostgresFence::connect(&common::postgres_url(), 8, mode, verifier)
             .await
             .expect("connect to the test PostgreSQL")
+            .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()))
     }
 }
 

@@ -24,7 +24,8 @@ impl Fixture {
         let verifier = Arc::new(Verifier::new(TokenVerifier::new([signer.verifying_key()])));
         let fence = PostgresFence::connect(&common::postgres_url(), 4, FenceMode::Strict, verifier)
             .await
-            .unwrap();
+            .unwrap()
+            .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
         let name = format!("guarded_{case}_{}", std::process::id());
         let client = fence.pool().get().await.unwrap();
         client
@@ -350,7 +351,7 @@ async fn migrations_are_recorded_once() {
         .await
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6, 7, 8]);
 }
 
 #[tokio::test]
@@ -778,7 +779,8 @@ async fn the_fence_role_the_docs_describe_can_write_through_the_adapter_and_noth
         .verifying_key()])));
     let fence = PostgresFence::connect(&url, 2, FenceMode::Strict, verifier)
         .await
-        .unwrap();
+        .unwrap()
+        .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
     let accepted = |o: &Outcome| matches!(o, Outcome::Accepted { .. });
     let updated = f
         .table
@@ -834,6 +836,11 @@ async fn p6_the_highest_fence_covers_guarded_tables_for_a_restore_floor() {
     // Above anything the other tests write: the floor must see this guarded row.
     let high: i64 = (1 << 61) + i64::from(std::process::id());
     let client = f.fence.pool().get().await.unwrap();
+    // Plain SQL: the lock's floor is learned first (the clients do it on SQLSTATE P5008).
+    client
+        .execute("SELECT palisade_learn_floor($1, 0)", &[&f.lock.as_str()])
+        .await
+        .unwrap();
     client
         .execute(
             &format!("UPDATE {} SET last_fence = $1 WHERE id = 1", f.name),

@@ -14,6 +14,7 @@ async fn adapter(mode: FenceMode, signer: &TokenSigner) -> PostgresFence {
     PostgresFence::connect(&common::postgres_url(), 2, mode, verifier)
         .await
         .expect("connect to the test PostgreSQL")
+        .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()))
 }
 
 /// A write of the key `fresh`.

@@ -11,21 +11,29 @@ mod common;
 use std::sync::Arc;
 
 use palisade_core::{Epoch, HolderId, LockName, TokenSigner, TokenVerifier};
-use palisade_fence::{FenceMode, FencedResource, Outcome, Rejection, Verifier, Write};
+use palisade_fence::{
+    FenceError, FenceMode, FencedResource, Outcome, Rejection, StaticFloors, Verifier, Write,
+};
 use palisade_fence_postgres::{
     apply_restore_floor, highest_fence, GuardedTable, PostgresFence, RowLock,
 };
 
+/// The coordinator, as the database sees it: its signing key and each lock's floor.
 struct Keys {
     signer: TokenSigner,
     verifier: Arc<Verifier>,
+    floors: Arc<StaticFloors>,
 }
 
 impl Keys {
     fn new() -> Self {
         let signer = TokenSigner::from_secret_bytes(&[5; 32]);
         let verifier = Arc::new(Verifier::new(TokenVerifier::new([signer.verifying_key()])));
-        Self { signer, verifier }
+        Self {
+            signer,
+            verifier,
+            floors: Arc::default(),
+        }
     }
 
     fn token(&self, lock: &LockName, epoch: u64) -> String {
@@ -96,7 +104,8 @@ impl Database {
             keys.verifier.clone(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .with_floors(keys.floors.clone());
         let table =
             GuardedTable::new("accounts", "id", "balance", RowLock::Table(lock.clone())).unwrap();
         Self { fence, table }
@@ -226,6 +235,184 @@ async fn p6_a_database_restored_from_a_copy_refuses_every_token_issued_before_th
     admin(&format!(
         "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {backup}; \
          DROP DATABASE IF EXISTS {restored}"
+    ))
+    .await;
+}
+
+/// Terminates every session of database `name`, so it can be dropped or renamed.
+async fn disconnect(name: &str) {
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    ))
+    .await;
+}
+
+/// The SQLSTATE of a plain-SQL update of row 1 at `epoch`, the seed statement's way.
+async fn plain_update(db: &Database, epoch: i64) -> Result<u64, String> {
+    let client = db.fence.pool().get().await.unwrap();
+    client
+        .execute(
+            "UPDATE accounts SET balance = 'plain', last_fence = $1 \
+             WHERE id = 1 AND last_fence < $1",
+            &[&epoch],
+        )
+        .await
+        .map_err(|e| e.code().unwrap().code().to_owned())
+}
+
+/// P6/P8: a database put back from a snapshot of its volume — here a copy of the database
+/// renamed into its place, as a restore would leave it — has forgotten the new owner's fence.
+/// With no operator step, the first fenced write of each lock in the new incarnation learns
+/// the lock's floor from the coordinator, and the superseded owner is refused: through the
+/// adapter (an application started after the restore, and one that was running through it)
+/// and in plain SQL. With the floors switched off, the same write is accepted: the hole.
+#[tokio::test]
+async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() {
+    let keys = Keys::new();
+    let lock = LockName::new("accounts/put-back").unwrap();
+    let suffix = std::process::id();
+    let (live, snapshot) = (
+        format!("put_back_{suffix}"),
+        format!("put_back_snap_{suffix}"),
+    );
+    admin(&format!(
+        "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {snapshot}; \
+         CREATE DATABASE {live}"
+    ))
+    .await;
+    let running = Database::open(&live, &keys, &lock).await;
+    let client = running.fence.pool().get().await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE accounts (id bigint PRIMARY KEY, balance text NOT NULL,
+                                    last_fence bigint NOT NULL DEFAULT 0);
+             INSERT INTO accounts (id, balance) VALUES (1, '0')",
+        )
+        .await
+        .unwrap();
+    drop(client);
+    running
+        .table
+        .install_guard(&running.fence, false)
+        .await
+        .unwrap();
+    assert_eq!(running.write(&keys, &lock, 3, "100").await, (true, true));
+    // The snapshot; then owner 5 is superseded by owner 7, who writes.
+    disconnect(&live).await;
+    copy_database(&live, &snapshot).await;
+    keys.floors.set(&lock, Epoch(7));
+    let after_snapshot = Database::open(&live, &keys, &lock).await;
+    assert_eq!(
+        after_snapshot.write(&keys, &lock, 7, "90").await,
+        (true, true)
+    );
+    assert_eq!(
+        after_snapshot.write(&keys, &lock, 5, "110").await,
+        (false, false)
+    );
+    drop(after_snapshot);
+
+    // The snapshot is put back in the live database's place.
+    disconnect(&live).await;
+    admin(&format!(
+        "DROP DATABASE {live}; ALTER DATABASE {snapshot} RENAME TO {live}"
+    ))
+    .await;
+    assert_eq!(highest_fence(&database_url(&live)).await.unwrap(), 3);
+
+    // A plain-SQL writer meets a lock whose floor this incarnation has not learned.
+    let started = Database::open(&live, &keys, &lock).await;
+    assert_eq!(plain_update(&started, 5).await, Err("P5008".into()));
+    // The adapter learns it and refuses the superseded owner, on both tables.
+    let asked = keys.floors.asked();
+    assert_eq!(started.write(&keys, &lock, 5, "110").await, (false, false));
+    assert!(keys.floors.asked() > asked, "the floor was asked");
+    let refused = started
+        .table
+        .update(&started.fence, &lock, &1_i64, &keys.token(&lock, 6), &"110")
+        .await
+        .unwrap();
+    let floor = Rejection::StaleEpoch {
+        fence: Epoch(7),
+        fence_seq: None,
+    };
+    assert_eq!(refused, Outcome::Rejected(floor));
+    // Plain SQL now meets the floor itself.
+    assert_eq!(plain_update(&started, 5).await, Err("P5009".into()));
+    // The application that ran through the put-back: its old connections are gone.
+    let mut outcome = None;
+    for _ in 0..3 {
+        let token = keys.token(&lock, 6);
+        match running
+            .table
+            .update(&running.fence, &lock, &1_i64, &token, &"110")
+            .await
+        {
+            Ok(o) => {
+                outcome = Some(o);
+                break;
+            }
+            Err(_) => continue, // a connection the put-back closed
+        }
+    }
+    assert!(
+        matches!(
+            outcome,
+            Some(Outcome::Rejected(Rejection::StaleEpoch { .. }))
+        ),
+        "{outcome:?}"
+    );
+
+    // An adapter with no coordinator to ask writes nothing and says why.
+    let blind = PostgresFence::connect(
+        &database_url(&live),
+        1,
+        FenceMode::Strict,
+        keys.verifier.clone(),
+    )
+    .await
+    .unwrap();
+    let other = LockName::new("accounts/other").unwrap();
+    let token = keys.token(&other, 9);
+    let write = Write {
+        lock: &other,
+        key: "k",
+        token: &token,
+        seq: None,
+        value: b"v",
+    };
+    let error = blind.write(write).await.unwrap_err();
+    assert!(matches!(error, FenceError::Storage(_)), "{error:?}");
+    assert!(
+        error.to_string().contains("no coordinator to ask"),
+        "{error}"
+    );
+    assert_eq!(blind.read(&other, "k").await.unwrap(), None);
+
+    // The hole this closes: with the floors off, the superseded owner is accepted.
+    let owner = tokio_postgres::connect(&database_url(&live), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(owner.1);
+    owner
+        .0
+        .batch_execute("UPDATE palisade_floor_settings SET source = 'off'")
+        .await
+        .unwrap();
+    assert_eq!(plain_update(&started, 5).await, Ok(1));
+    owner
+        .0
+        .batch_execute("UPDATE palisade_floor_settings SET source = 'coordinator'")
+        .await
+        .unwrap();
+    // The current owner goes on.
+    assert_eq!(started.write(&keys, &lock, 7, "80").await, (true, true));
+
+    drop((running, started, blind, owner.0));
+    disconnect(&live).await;
+    admin(&format!(
+        "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {snapshot}"
     ))
     .await;
 }

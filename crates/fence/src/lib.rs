@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+mod floors;
 mod precheck;
 pub mod rules;
 mod verifier;
@@ -22,6 +23,7 @@ use std::future::Future;
 
 use palisade_core::{Epoch, LockName, TokenError};
 
+pub use floors::{FloorSource, StaticFloors};
 pub use precheck::{key_is_storable, precheck_activation, precheck_write};
 pub use verifier::{PrincipalRule, Verifier};
 

@@ -332,6 +332,24 @@ enum FloorAnswer {
     Failed(String),
 }
 
+/// The coordinator's floors, verified with these keys: what a PostgreSQL fence asks when its
+/// database's incarnation changed (`PostgresFence::with_floors`). Keys from a file: nobody to
+/// ask, an error.
+impl palisade_fence::FloorSource for KeyRing {
+    fn floor<'a>(
+        &'a self,
+        lock: &'a palisade_core::LockName,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<palisade_core::Epoch, String>> + Send + 'a>,
+    > {
+        Box::pin(async move {
+            self.lock_floor(lock).await.unwrap_or_else(|| {
+                Err("the keys come from a file: there is no coordinator to ask for floors".into())
+            })
+        })
+    }
+}
+
 impl std::fmt::Display for FloorAnswer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -25,7 +25,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use keys::{load_key_file, parse_keys, KeySource, DEFAULT_KEY_REFRESH, MIN_REFRESH_INTERVAL};
+pub use keys::{
+    load_key_file, parse_keys, KeyRing, KeySource, DEFAULT_KEY_REFRESH, MIN_REFRESH_INTERVAL,
+};
 
 /// Default data directory of `palisade resource serve`.
 pub const DEFAULT_DATA_DIR: &str = "./palisade-resource-data";

@@ -231,7 +231,8 @@ fn sql_blocks_run_in_postgresql() {
             verifier,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
         palisade_fence_postgres::GuardedTable::new(
             "reports",
             "id",
@@ -244,6 +245,10 @@ fn sql_blocks_run_in_postgresql() {
         .install_guard(&fence, false)
         .await
         .unwrap();
+        // The lock's floor in this database incarnation, as the clients learn it (P5008).
+        db.execute("SELECT palisade_learn_floor('report/7', 0)", &[])
+            .await
+            .unwrap();
         let seed = db.prepare(&blocks[1].text).await.unwrap();
         let newer = db
             .query(&seed, &[&7i64, &5i64, &"from epoch 5"])

@@ -121,6 +121,13 @@ fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
     let bypass = sql(format!("UPDATE {table} SET payload = 'x' WHERE id = 7")).unwrap_err();
     assert_eq!(bypass.code().unwrap().code(), "P5001", "{bypass}");
     assert!(sql(format!("TRUNCATE {table}")).is_err());
+    // The guard includes the lock floor of migration 8: plain SQL meets it first.
+    let unknown = sql(format!(
+        "UPDATE {table} SET payload = 'y', last_fence = 5 WHERE id = 7 AND last_fence < 5"
+    ))
+    .unwrap_err();
+    assert_eq!(unknown.code().unwrap().code(), "P5008", "{unknown}");
+    sql("SELECT palisade_learn_floor('report/7', 5)".into()).unwrap();
     let fenced =
         format!("UPDATE {table} SET payload = 'y', last_fence = 5 WHERE id = 7 AND last_fence < 5");
     assert_eq!(sql(fenced).unwrap(), 1);

@@ -372,6 +372,12 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
         assert_eq!(error.code().unwrap().code(), "P5007", "{error}");
         let above = epoch(&next) as i64;
         assert!(above as u64 > floor);
+        // Plain SQL in a database whose lock floor is not known yet (migration 8): what the
+        // coordinator would answer for the lock, its last owner's epoch, is recorded first.
+        client
+            .execute("SELECT palisade_learn_floor('ledger/pg', $1)", &[&above])
+            .await
+            .unwrap();
         client
             .execute(
                 "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k', \

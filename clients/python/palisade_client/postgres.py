@@ -1,0 +1,63 @@
+"""Fenced writes to PostgreSQL from Python, with the floors of a database that went back.
+
+A database restarted, restored or failed over may have forgotten fences it raised: Palisade's
+triggers (migration 8) then refuse each lock's first fenced write with SQLSTATE ``P5008``
+until its floor — the coordinator's word on who is superseded — is recorded again. ``execute``
+does that: it runs your statement, and on ``P5008`` asks the coordinator for the lock's floor
+(``Client.floor``), records it with ``palisade_learn_floor`` and runs the statement once more.
+A write below the floor raises ``Superseded``: stop, do not retry.
+
+    from palisade_client.postgres import execute
+
+    with client.lock("report/7") as lease, psycopg.connect(dsn) as db:
+        row = execute(db, client, lease.lock,
+                      "UPDATE report_result SET payload = %s, last_fence = %s"
+                      " WHERE id = %s AND last_fence < %s RETURNING id",
+                      (payload, lease.epoch, 7, lease.epoch)).fetchone()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from palisade_client.client import Client, PalisadeError
+
+FLOOR_UNKNOWN = "P5008"
+"""SQLSTATE: the database does not know the lock's floor since it started or was restored."""
+BELOW_FLOOR = "P5009"
+"""SQLSTATE: the row's epoch is below its lock's floor (DETAIL: the floor)."""
+
+
+class Superseded(PalisadeError):
+    """The write's epoch is below the lock's floor: a newer owner exists. Nothing was written."""
+
+    def __init__(self, message: str, floor: int):
+        super().__init__(message)
+        self.floor = floor
+
+
+def learn_floor(db: Any, client: Client, lock: str) -> int:
+    """Asks the coordinator for ``lock``'s floor and records it in ``db`` (it never goes down);
+    the floor now in force."""
+    floor = client.floor(lock)
+    return int(db.execute("SELECT palisade_learn_floor(%s, %s)", (lock, floor)).fetchone()[0])
+
+
+def execute(db: Any, client: Client, lock: str, query: str, params: Sequence[Any] = ()) -> Any:
+    """Runs ``query`` on the psycopg connection ``db`` (in a savepoint when a transaction is
+    open), learning ``lock``'s floor first when the database asks for it; the cursor."""
+    import psycopg
+
+    for attempt in range(2):
+        try:
+            with db.transaction():
+                return db.execute(query, params)
+        except psycopg.Error as error:
+            if error.sqlstate == FLOOR_UNKNOWN and attempt == 0:
+                learn_floor(db, client, lock)
+                continue
+            if error.sqlstate == BELOW_FLOOR:
+                detail = error.diag.message_detail or "0"
+                raise Superseded(error.diag.message_primary or str(error), int(detail)) from None
+            raise
+    raise AssertionError("unreachable")
