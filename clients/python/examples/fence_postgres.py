@@ -18,7 +18,7 @@ with client.lock(f"report/{row_id}", ttl=10) as lease, psycopg.connect(dsn) as d
             "UPDATE report_result SET payload = %s, last_fence = %s"
             " WHERE id = %s AND last_fence < %s RETURNING id",
             (payload, lease.epoch, row_id, lease.epoch),
-        ).fetchone()  # committed as the block ends, before the lease is released
+        ).fetchone()  # committed by `execute`, before the lease is released
     except Superseded as why:
         sys.exit(f"refused: {why}; epoch {lease.epoch} is obsolete")
     fence = None if written else db.execute(

@@ -188,7 +188,10 @@ pub async fn run(args: EffectsBenchArgs, json: bool) -> anyhow::Result<()> {
         let store = RedbStore::open(&dir.path().join("effects.redb"))?;
         AnyLedger::Embedded(LocalLedger::new(store, verifier.clone()))
     } else {
-        AnyLedger::connect(&args.ledger, verifier.clone(), None).await?
+        // The benchmark's signer is its coordinator.
+        let floors: Arc<dyn palisade_fence::FloorSource> =
+            Arc::new(palisade_fence::StaticFloors::new());
+        AnyLedger::connect(&args.ledger, verifier.clone(), Some(floors), None).await?
     };
     let ledger = Arc::new(ledger);
     let run = format!(

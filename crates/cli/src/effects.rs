@@ -35,8 +35,16 @@ pub struct LedgerArgs {
     /// The coordinator's keys (the JSON of GET /v1/keys, or one key per line), to verify
     /// owners' tokens in a PostgreSQL ledger (`perform`; an embedded ledger verifies them
     /// itself).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "coordinator")]
     trust_key: Option<PathBuf>,
+    /// The coordinator (https:// with --coordinator-ca, or loopback) whose keys verify owners'
+    /// tokens in a PostgreSQL ledger, and whose lock floors it weighs: an owner the
+    /// coordinator superseded is refused even after the database was restored or put back.
+    #[arg(long, value_name = "URL")]
+    coordinator: Option<String>,
+    /// The CA (PEM) that signed the coordinator's certificate.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    coordinator_ca: Option<PathBuf>,
 }
 
 impl LedgerArgs {
@@ -48,13 +56,25 @@ impl LedgerArgs {
             .transpose()?;
         // Commands that take no token need no trusted key; over HTTP the ledger verifies
         // tokens itself, and on PostgreSQL this process does, with --trust-key.
+        if let Some(url) = &self.coordinator {
+            let verifier = Arc::new(Verifier::default());
+            let keys = palisade_resource::KeyRing::new(
+                palisade_resource::KeySource::Coordinator(url.clone()),
+                Vec::new(),
+                verifier.clone(),
+                self.coordinator_ca.as_deref(),
+            )?;
+            keys.load_initial().await?;
+            let floors: Arc<dyn palisade_fence::FloorSource> = Arc::new(keys);
+            return Ok(AnyLedger::connect(&self.ledger, verifier, Some(floors), secret).await?);
+        }
         let verifier = match &self.trust_key {
             Some(file) => Verifier::new(
                 palisade_resource::load_key_file(file).map_err(|e| anyhow::anyhow!(e))?,
             ),
             None => Verifier::default(),
         };
-        Ok(AnyLedger::connect(&self.ledger, Arc::new(verifier), secret).await?)
+        Ok(AnyLedger::connect(&self.ledger, Arc::new(verifier), None, secret).await?)
     }
 }
 

@@ -397,6 +397,7 @@ async fn run_capability(
     let admin = AnyLedger::connect(
         &ledger_url,
         Arc::new(palisade_fence::Verifier::default()),
+        None,
         Some(ADMIN_SECRET.into()),
     )
     .await?;
@@ -676,7 +677,10 @@ pub async fn worker(plan: WorkerPlan) -> anyhow::Result<()> {
     let verifier = palisade_fence::Verifier::new(
         palisade_resource_keys(&plan.trust_key).context("read the coordinator's keys")?,
     );
-    let ledger = AnyLedger::connect(&plan.ledger, Arc::new(verifier), None).await?;
+    // A PostgreSQL ledger weighs the coordinator's floor of each lock it has not learned since
+    // the database started or was restored.
+    let (_, floors) = crate::target::coordinator_keys(&plan.coordinator).await?;
+    let ledger = AnyLedger::connect(&plan.ledger, Arc::new(verifier), Some(floors), None).await?;
     let receiver = HttpReceiver::new(
         "drill",
         plan.capability,

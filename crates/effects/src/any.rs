@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use palisade_fence::Verifier;
+use palisade_fence::{FloorSource, Verifier};
 
 use crate::ledger::{Answer, Begin, BeginRequest, Ledger, LedgerError, ListFilter, Stats};
 use crate::model::{OpId, Record, SendResult, Settlement, Verdict};
@@ -22,14 +22,20 @@ pub enum AnyLedger {
 
 impl AnyLedger {
     /// Connects to the ledger at `url`. `verifier` checks owners' tokens for the PostgreSQL
-    /// ledger (an HTTP ledger checks them itself); `admin_secret` is sent to an HTTP ledger.
+    /// ledger, and `floors` (the coordinator's) lets it refuse owners the coordinator
+    /// superseded after the database went back ([`PostgresStore::with_floors`]); an HTTP
+    /// ledger checks both itself. `admin_secret` is sent to an HTTP ledger.
     pub async fn connect(
         url: &str,
         verifier: Arc<Verifier>,
+        floors: Option<Arc<dyn FloorSource>>,
         admin_secret: Option<String>,
     ) -> Result<Self, LedgerError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let store = PostgresStore::connect(url).await?;
+            let mut store = PostgresStore::connect(url).await?;
+            if let Some(floors) = floors {
+                store = store.with_floors(floors);
+            }
             Ok(AnyLedger::Postgres(LocalLedger::new(store, verifier)))
         } else if url.starts_with("http://") || url.starts_with("https://") {
             Ok(AnyLedger::Http(HttpLedger::new(url, admin_secret)?))

@@ -19,6 +19,9 @@ pub const POOL_SIZE: usize = 16;
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    /// Where each lock's floor is learned after the database restarted or was restored
+    /// (`palisade_lock_floors`, migration 8 of the fence adapter); `None`: no floor is weighed.
+    floors: Option<std::sync::Arc<dyn palisade_fence::FloorSource>>,
 }
 
 fn storage(error: impl std::fmt::Display) -> LedgerError {
@@ -78,8 +81,53 @@ impl PostgresStore {
             }
             txn.commit().await.map_err(db)?;
         }
-        Ok(Self { pool })
+        // The lock floors (palisade_known_floor, palisade_learn_floor) live in the fence
+        // adapter's migrations.
+        palisade_fence_postgres::migrations::apply(&mut client)
+            .await
+            .map_err(db)?;
+        Ok(Self { pool, floors: None })
     }
+
+    /// Weighs each lock's floor, learned from `floors` (the coordinator's) in each incarnation
+    /// of the database: an owner the coordinator superseded is refused even when the ledger's
+    /// fences went back with a restored database (P6, P8). Without it, a ledger whose keys
+    /// come from a file weighs only its own fences.
+    pub fn with_floors(mut self, floors: std::sync::Arc<dyn palisade_fence::FloorSource>) -> Self {
+        self.floors = Some(floors);
+        self
+    }
+
+    /// Learns `lock`'s floor from the floor source and records it in this incarnation.
+    async fn learn_floor(&self, lock: &palisade_core::LockName) -> Result<(), LedgerError> {
+        let Some(floors) = &self.floors else {
+            return Ok(());
+        };
+        let floor = floors.floor(lock).await.map_err(|why| {
+            LedgerError::Storage(format!(
+                "cannot learn the floor of lock {lock}: {why}; nothing was recorded"
+            ))
+        })?;
+        let floor = i64::try_from(floor.0)
+            .map_err(|_| LedgerError::Integrity(format!("floor {floor} out of range")))?;
+        let client = self.pool.get().await.map_err(storage)?;
+        client
+            .execute(
+                "SELECT palisade_learn_floor($1, $2)",
+                &[&lock.as_str(), &floor],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+}
+
+/// What a transaction found of the lock's floor.
+enum Floor {
+    /// Nothing to weigh (no floor source) or the floor learned in this incarnation.
+    Known(u64),
+    /// The database does not know it in this incarnation: learn it, then run again.
+    Unknown,
 }
 
 async fn schema_applied(client: &tokio_postgres::Client) -> Result<bool, LedgerError> {
@@ -104,12 +152,17 @@ async fn schema_applied(client: &tokio_postgres::Client) -> Result<bool, LedgerE
         .is_some())
 }
 
-impl Store for PostgresStore {
-    async fn transact<T: Send + 'static>(
+/// One transaction of [`Store::transact`]: `None` when the lock's floor must be learned first
+/// (nothing was changed and `step` did not run).
+impl PostgresStore {
+    async fn transact_once<T, S>(
         &self,
         id: &OpId,
-        step: impl FnOnce(&mut u64, &mut Option<Record>) -> T + Send + 'static,
-    ) -> Result<T, LedgerError> {
+        step: &mut Option<S>,
+    ) -> Result<Option<T>, LedgerError>
+    where
+        S: FnOnce(&mut u64, &mut Option<Record>) -> T,
+    {
         let mut client = self.pool.get().await.map_err(storage)?;
         let txn = client.transaction().await.map_err(db)?;
         let lock = id.lock.as_str();
@@ -141,7 +194,13 @@ impl Store for PostgresStore {
         };
         let fence_before = u64::try_from(fence_before)
             .map_err(|_| LedgerError::Integrity(format!("negative fence for {lock}")))?;
-        let mut fence = fence_before;
+        let floor = match self.known_floor(&txn, lock).await? {
+            Floor::Known(floor) => floor,
+            Floor::Unknown => return Ok(None), // rolled back as `txn` drops
+        };
+        let step = step.take().expect("a step runs once");
+        // An owner below the coordinator's floor is superseded, whatever this table says.
+        let mut fence = fence_before.max(floor);
         let mut record = record_before.clone();
         let out = step(&mut fence, &mut record);
         if fence != fence_before {
@@ -170,7 +229,50 @@ impl Store for PostgresStore {
             }
         }
         txn.commit().await.map_err(db)?;
-        Ok(out)
+        Ok(Some(out))
+    }
+
+    /// The lock's floor as this transaction sees it.
+    async fn known_floor(
+        &self,
+        txn: &tokio_postgres::Transaction<'_>,
+        lock: &str,
+    ) -> Result<Floor, LedgerError> {
+        if self.floors.is_none() {
+            return Ok(Floor::Known(0));
+        }
+        let known: Option<i64> = txn
+            .query_one("SELECT palisade_known_floor($1)", &[&lock])
+            .await
+            .map_err(db)?
+            .get(0);
+        match known {
+            None => Ok(Floor::Unknown),
+            Some(floor) => u64::try_from(floor)
+                .map(Floor::Known)
+                .map_err(|_| LedgerError::Integrity(format!("negative floor for {lock}"))),
+        }
+    }
+}
+
+impl Store for PostgresStore {
+    async fn transact<T: Send + 'static>(
+        &self,
+        id: &OpId,
+        step: impl FnOnce(&mut u64, &mut Option<Record>) -> T + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let mut step = Some(step);
+        for _ in 0..2 {
+            match self.transact_once(id, &mut step).await? {
+                Some(out) => return Ok(out),
+                None => self.learn_floor(&id.lock).await?,
+            }
+        }
+        Err(LedgerError::Storage(format!(
+            "the floor of lock {} changed twice under this request (was the database restored \
+             again?); nothing was recorded, retry",
+            id.lock
+        )))
     }
 
     async fn get(&self, id: &OpId) -> Result<Option<Record>, LedgerError> {

@@ -29,7 +29,7 @@ fn open(dir: &std::path::Path, h: &Harness) -> LocalLedger<RedbStore> {
     LocalLedger::new(store, h.verifier.clone())
 }
 
-async fn first_attempt(ledger: &LocalLedger<RedbStore>, h: &Harness, id: &OpId, epoch: u64) {
+async fn first_attempt(ledger: &impl Ledger, h: &Harness, id: &OpId, epoch: u64) {
     match ledger.begin(request(h, id, epoch)).await.unwrap() {
         Begin::Send { .. } => {}
         other => panic!("{other:?}"),
@@ -91,4 +91,70 @@ async fn a_ledger_that_moved_on_or_is_new_opens_normally() {
 
 fn palisade_effects_witness_interval() -> Duration {
     palisade_effects::WITNESS_INTERVAL
+}
+
+/// P6/P7 on PostgreSQL: the ledger's fences go back with its database (here the fence row is
+/// lowered by the owner with its trigger off, and the floors table is emptied, as a restore
+/// leaves them). A ledger that learns floors from the coordinator refuses the superseded
+/// owner anyway, with no operator step; one that has no coordinator to ask records it: the
+/// hole the floors close.
+#[tokio::test]
+async fn p6_p7_a_postgres_ledger_that_went_back_refuses_a_superseded_owner() {
+    use palisade_effects::PostgresStore;
+    use palisade_fence::StaticFloors;
+
+    let url = std::env::var("PALISADE_TEST_POSTGRES_URL").expect(
+        "PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test, which starts a throwaway \
+         PostgreSQL on loopback and sets it",
+    );
+    let h = Arc::new(Harness::new());
+    let lock = h.lock(&format!("ledger-put-back-{}", std::process::id()));
+    let floors = Arc::new(StaticFloors::new());
+    let store = PostgresStore::connect(&url).await.unwrap();
+    let ledger = LocalLedger::new(
+        store.clone().with_floors(floors.clone()),
+        h.verifier.clone(),
+    );
+    let op = |name: &str| OpId::new(lock.clone(), name).unwrap();
+    first_attempt(&ledger, &h, &op("a"), 5).await;
+    // Owner 5 is superseded by owner 7, who begins; then the database goes back.
+    floors.set(&lock, palisade_core::Epoch(7));
+    first_attempt(&ledger, &h, &op("b"), 7).await;
+    let (owner, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    owner
+        .batch_execute(&format!(
+            "BEGIN;
+             ALTER TABLE palisade_effect_fences DISABLE TRIGGER palisade_effect_fence_up;
+             UPDATE palisade_effect_fences SET epoch = 5 WHERE lock = '{lock}';
+             ALTER TABLE palisade_effect_fences ENABLE TRIGGER palisade_effect_fence_up;
+             DELETE FROM palisade_lock_floors WHERE lock = '{lock}';
+             COMMIT;"
+        ))
+        .await
+        .unwrap();
+
+    let asked = floors.asked();
+    match ledger.begin(request(&h, &op("c"), 5)).await.unwrap() {
+        Begin::Rejected { .. } => {}
+        other => panic!("the superseded owner was let in: {other:?}"),
+    }
+    assert!(floors.asked() > asked, "the floor was learned again");
+    first_attempt(&ledger, &h, &op("d"), 7).await; // the current owner goes on
+
+    // Without a floor source the same database lets owner 6 in: only its own fence weighs.
+    owner
+        .batch_execute(&format!(
+            "BEGIN;
+             ALTER TABLE palisade_effect_fences DISABLE TRIGGER palisade_effect_fence_up;
+             UPDATE palisade_effect_fences SET epoch = 5 WHERE lock = '{lock}';
+             ALTER TABLE palisade_effect_fences ENABLE TRIGGER palisade_effect_fence_up;
+             COMMIT;"
+        ))
+        .await
+        .unwrap();
+    let blind = LocalLedger::new(store, h.verifier.clone());
+    first_attempt(&blind, &h, &op("e"), 6).await;
 }

@@ -65,6 +65,16 @@ BEGIN
 END
 $$;
 
+-- The floor of `lock_name` learned in this incarnation (0 when floors are off); NULL when it
+-- must be learned again. For a ledger that weighs epochs itself (the effects ledger).
+CREATE OR REPLACE FUNCTION palisade_known_floor(lock_name text) RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER AS $$
+    SELECT CASE WHEN (SELECT source FROM palisade_floor_settings WHERE singleton) = 'off' THEN 0
+                ELSE (SELECT f.floor FROM palisade_lock_floors f
+                      WHERE f.lock = lock_name AND f.incarnation = palisade_incarnation())
+           END
+$$;
+
 -- Records the coordinator's floor for `lock_name` in this incarnation; a floor never goes down
 -- (one from an older incarnation is raised, not trusted). Returns the floor now in force.
 CREATE OR REPLACE FUNCTION palisade_learn_floor(lock_name text, learned bigint)
@@ -109,6 +119,8 @@ BEGIN
                    current_schema());
     EXECUTE format('ALTER FUNCTION palisade_learn_floor(text, bigint) SET search_path = pg_catalog, %I',
                    current_schema());
+    EXECUTE format('ALTER FUNCTION palisade_known_floor(text) SET search_path = pg_catalog, %I',
+                   current_schema());
 END
 $$;
 
@@ -146,6 +158,9 @@ $$;
 REVOKE EXECUTE ON FUNCTION palisade_install_guard_v6(regclass, text, boolean, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION palisade_install_guard(regclass, text, boolean, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION palisade_install_lock_floor(regclass, text, text, text) FROM PUBLIC;
+-- A floor only rises, so a role that may record one could stop a lock's writes: only the
+-- roles that write fenced rows get it (docs/enforcement.md, "Roles").
+REVOKE EXECUTE ON FUNCTION palisade_learn_floor(text, bigint) FROM PUBLIC;
 
 SELECT palisade_install_lock_floor(tbl, 'last_fence',
            CASE WHEN table_lock IS NOT NULL THEN 'lock' ELSE 'column' END,

@@ -767,11 +767,15 @@ async fn the_fence_role_the_docs_describe_can_write_through_the_adapter_and_noth
         ),
         format!(
             "GRANT SELECT ON palisade_schema_migrations, palisade_guarded_tables, \
-             palisade_row_fences TO {role}"
+             palisade_row_fences TO {role}",
         ),
+        format!("GRANT EXECUTE ON FUNCTION palisade_learn_floor(text, bigint) TO {role}"),
     ] {
         f.raw(&grant).await.unwrap();
     }
+    // The lock's floor forgotten, as after a restart: the fence role learns it itself.
+    let forget = format!("DELETE FROM palisade_lock_floors WHERE lock = '{}'", f.lock);
+    f.raw(&forget).await.unwrap();
     let url =
         common::postgres_url().replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
     let verifier = Arc::new(Verifier::new(TokenVerifier::new([f
