@@ -23,7 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let coordinator = args
         .next()
         .unwrap_or_else(|| "http://127.0.0.1:7420".into());
-    let client = palisade_client::Client::connect(&[coordinator.clone()]).await?;
+    let client = palisade_client::Client::connect(std::slice::from_ref(&coordinator)).await?;
     let lock = LockName::new("report/7")?;
     let lease = client
         .acquire(palisade_client::AcquireOptions::new(lock.as_str()))
