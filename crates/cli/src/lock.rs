@@ -1,4 +1,4 @@
-//! `palisade lock acquire|renew|release|list|show`.
+//! `palisade lock acquire|renew|release|list|show` (and `run`, in `lock_run.rs`).
 
 use palisade_client::proto::{LockClass as ProtoClass, LockInfo};
 use palisade_client::{AcquireOptions, Client};
@@ -96,6 +96,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                 );
             }
         }
+        LockCommand::Run(args) => crate::lock_run::run(args).await?,
         LockCommand::Show { name, endpoint } => {
             let info = connect(&endpoint).await?.describe(&name).await?;
             if json {

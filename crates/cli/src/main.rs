@@ -20,6 +20,7 @@ mod cluster;
 mod drill;
 mod effects;
 mod lock;
+mod lock_run;
 mod output;
 mod resource;
 mod serve;
@@ -380,6 +381,12 @@ enum LockCommand {
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
+    /// Run a command while holding the lock (flock-style): the lease is kept alive and given
+    /// to the command as PALISADE_LOCK, PALISADE_EPOCH, PALISADE_FENCE_TOKEN and
+    /// PALISADE_LEASE_ID. Exits with the command's code; with 75 when the lease was lost and
+    /// the command stopped (SIGTERM to its process group, SIGKILL after --grace); 3 when the
+    /// lock is held past --wait.
+    Run(lock_run::RunArgs),
 }
 
 #[derive(Subcommand)]
@@ -429,6 +436,13 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
+            if let Some(exit) = error.downcast_ref::<lock_run::Exit>() {
+                // The command's own code is passed on without a word.
+                if let Some(message) = &exit.message {
+                    eprintln!("error: {message}");
+                }
+                return ExitCode::from(exit.code);
+            }
             eprintln!("error: {error:#}");
             ExitCode::from(exit_code(&error))
         }

@@ -15,6 +15,7 @@ mod docs_blocks;
 mod drill;
 mod effects;
 mod hardening;
+mod lock_run;
 mod metrics_docs;
 mod peer_tls;
 mod resource_cli;
