@@ -6,6 +6,8 @@
 //! - `toml`: a lock policy that `palisade serve --policy` accepts;
 //! - `sql`: run, in order, against the test PostgreSQL (the Python client's README's by its tests);
 //! - `python`: run by the Python client's tests (`clients/python/tests`);
+//! - `ts`: line for line, part of an example the TypeScript client's tests compile and run
+//!   (`clients/typescript/examples/*.ts`);
 //! - `sh`: run as written by [`shell_blocks_run_as_written`], each command's exit status
 //!   checked (0, or the one its comment names: `# exits 3`), unless its info string says
 //!   `no-run:` and why (a production host, the test command itself, minutes of drills) and
@@ -37,6 +39,7 @@ fn pages() -> Vec<PathBuf> {
         root.join("README.md"),
         root.join("ARCHITECTURE.md"),
         root.join("clients/python/README.md"),
+        root.join("clients/typescript/README.md"),
     ];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .unwrap()
@@ -102,6 +105,17 @@ fn all_blocks() -> Vec<Block> {
     pages().iter().flat_map(|page| blocks(page)).collect()
 }
 
+/// The TypeScript client's examples (compiled and run by its tests), each as its lines with
+/// the indentation removed.
+fn typescript_examples() -> Vec<Vec<String>> {
+    let dir = root().join("clients/typescript/examples");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap())
+        .map(|text| text.lines().map(|l| l.trim().to_owned()).collect())
+        .collect()
+}
+
 /// The compiled examples, each as its lines with the indentation removed.
 fn examples() -> Vec<(PathBuf, Vec<String>)> {
     let mut out = Vec::new();
@@ -152,12 +166,24 @@ fn every_block_is_compiled_run_or_says_why_not() {
                 );
             }
             "sh" | "sql" | "text" => {}
+            "ts" => {
+                let lines: Vec<String> = block.text.lines().map(|l| l.trim().to_owned()).collect();
+                let found = typescript_examples().iter().any(|example| {
+                    example
+                        .windows(lines.len())
+                        .any(|window| window == lines.as_slice())
+                });
+                assert!(
+                    found,
+                    "{at}: this TypeScript block is in no example under clients/typescript/examples"
+                );
+            }
             "python" => assert_eq!(
                 block.page, "clients/python/README.md",
                 "{at}: Python blocks are run by the Python client's tests, which read its README"
             ),
             other => {
-                panic!("{at}: a block tagged {other:?}: tag it rust, toml, sh, sql, python or text")
+                panic!("{at}: a block tagged {other:?}: tag it rust, toml, sh, sql, python, ts or text")
             }
         }
         *counts.entry(block.lang()).or_default() += 1;

@@ -1,0 +1,80 @@
+/**
+ * Fenced writes to PostgreSQL, with the floors of a database that went back in time.
+ *
+ * A database restarted, restored or failed over may have forgotten fences it raised:
+ * Palisade's triggers (migration 8) then refuse each lock's first fenced write with SQLSTATE
+ * `P5008` until its floor — the coordinator's word on who is superseded — is recorded again.
+ * {@link fencedQuery} runs your statement, and on `P5008` asks the coordinator for the lock's
+ * floor, records it with `palisade_learn_floor` and runs the statement once more. A write
+ * below the floor throws {@link Superseded}: stop, do not retry.
+ */
+
+import { PalisadeError } from "./errors.js";
+import type { Client } from "./index.js";
+
+/** SQLSTATE: the database does not know the lock's floor since it started or was restored. */
+export const FLOOR_UNKNOWN = "P5008";
+/** SQLSTATE: the row's epoch is below its lock's floor (DETAIL: the floor). */
+export const BELOW_FLOOR = "P5009";
+
+/** What {@link fencedQuery} needs of a database client (`pg`'s `Client` or `Pool`). */
+export interface Queryable {
+  query(text: string, values?: unknown[]): Promise<unknown>;
+}
+
+/** The part of a query's result the helpers read (`pg`'s `QueryResult`). */
+export interface QueryResultLike {
+  rowCount: number | null;
+  rows: any[];
+}
+
+/** The owner's epoch is below the lock's floor: a newer owner exists. Nothing was written. */
+export class Superseded extends PalisadeError {
+  constructor(
+    message: string,
+    readonly floor: string,
+  ) {
+    super(message, "FAILED_PRECONDITION");
+  }
+}
+
+interface DatabaseError {
+  code?: string;
+  detail?: string;
+  message?: string;
+}
+
+/** Asks the coordinator for `lock`'s floor and records it in `db` (it never goes down); the
+ * floor now in force, a decimal string. */
+export async function learnFloor(db: Queryable, client: Client, lock: string): Promise<string> {
+  const floor = await client.floor(lock);
+  const sql = "SELECT palisade_learn_floor($1, $2)::text AS floor";
+  const result = (await db.query(sql, [lock, floor])) as QueryResultLike;
+  return String(result.rows[0].floor);
+}
+
+/** Runs `text` with `values` on `db` — outside a transaction, or inside one you protect with
+ * a savepoint — learning `lock`'s floor first when the database asks for it. */
+export async function fencedQuery<R = QueryResultLike>(
+  db: Queryable,
+  client: Client,
+  lock: string,
+  text: string,
+  values: unknown[] = [],
+): Promise<R> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return (await db.query(text, values)) as R;
+    } catch (error) {
+      const failure = error as DatabaseError;
+      if (failure.code === FLOOR_UNKNOWN && attempt === 0) {
+        await learnFloor(db, client, lock);
+        continue;
+      }
+      if (failure.code === BELOW_FLOOR) {
+        throw new Superseded(failure.message ?? "superseded", failure.detail ?? "0");
+      }
+      throw error;
+    }
+  }
+}
