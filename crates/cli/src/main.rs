@@ -113,8 +113,8 @@ struct ServeArgs {
     /// Cluster mode: this node's id in --cluster.
     #[arg(long, requires = "cluster")]
     node_id: Option<u64>,
-    /// Cluster mode: every member as ID=HOST:PORT, comma-separated (3 or 5 members; this
-    /// node's entry is its own address).
+    /// Cluster mode: every member as ID=HOST:PORT, comma-separated (1 to 7 members, 3 or 5 in
+    /// production; this node's entry is its own address).
     #[arg(long, requires = "node_id")]
     cluster: Option<String>,
     /// Cluster mode: do not initialise; wait to be added with `palisade cluster add`.

@@ -418,7 +418,22 @@ async fn metrics(State(api): State<Api>) -> impl IntoResponse {
     )
 }
 
+/// `GET /readyz`: a single node serves; a cluster member sees a leader (itself or another:
+/// a follower forwards nobody, but a client it names the leader to is served, so a load
+/// balancer or a Kubernetes Service may send clients to any ready member). `/healthz` is the
+/// process alone, and never depends on a leader.
 async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
+    if let Some(member) = &api.cluster {
+        let leader = member.raft.metrics().borrow().current_leader;
+        return match leader {
+            Some(_) => Ok("ready\n"),
+            None => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "this member sees no leader",
+            )),
+        };
+    }
     if api.coordinator.is_ready() {
         Ok("ready\n")
     } else if let Some(error @ CoordinatorError::NotLeader { .. }) = api.coordinator.not_serving() {

@@ -132,6 +132,21 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
 
     let (first_leader, status) = leader(&endpoints);
     assert_eq!(status["members"].as_array().unwrap().len(), 3);
+    // Readiness is "this member sees a leader": followers are ready too (a Kubernetes Service
+    // sends clients to any of them; they name the leader).
+    for port in &ports {
+        let address = format!("127.0.0.1:{port}");
+        let ready = (0..100).any(|_| {
+            let (code, _) = crate::common::http_request(&address, "GET", "/readyz", None, "");
+            code == 200 || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(ready, "member at {address} never ready");
+        let (health, _) = crate::common::http_request(&address, "GET", "/healthz", None, "");
+        assert_eq!(health, 200);
+    }
 
     let acquire = |lock: &str, request_id: &str| {
         json(&cli(
