@@ -18,10 +18,30 @@ function credentials() {
   token = sessionStorage.getItem("palisade-token");
 }
 
+// A cluster member that does not lead names the leader: the console follows it there, as the
+// clients do, carrying the secret in the fragment (never sent to a server).
+let following = false;
+
+function followLeader(leader) {
+  let target;
+  try {
+    target = new URL("/ui/", leader);
+  } catch {
+    return false;
+  }
+  if (following || target.origin === location.origin) return false;
+  following = true;
+  if (token) target.hash = "token=" + encodeURIComponent(token);
+  banner("This member does not lead: opening the console of the leader, " + target.origin);
+  location.replace(target.href);
+  return true;
+}
+
 async function get(path) {
   const headers = token ? { Authorization: "Bearer " + token } : {};
   const response = await fetch(path, { headers, cache: "no-store" });
   const body = await response.json().catch(() => ({}));
+  if (!response.ok && body.error === "not_leader" && body.leader) followLeader(body.leader);
   if (!response.ok) {
     const error = new Error(body.message || response.statusText);
     error.status = response.status;

@@ -317,3 +317,88 @@ fn console_needs_read_credentials_and_shows_only_readable_locks() {
         "the secret stays out of the page"
     );
 }
+
+/// The console opened on a follower of a 3-member cluster follows the leader, as the clients
+/// do: the page that loads is the leader's, with the lock held through the cluster and its
+/// epoch, and no error banner.
+#[test]
+fn the_console_opened_on_a_follower_follows_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
+    let cluster = (1..=3)
+        .map(|id| format!("{id}=127.0.0.1:{}", ports[id - 1]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let members: Vec<ServerProcess> = (1..=3)
+        .map(|id: usize| {
+            let id_text = id.to_string();
+            ServerProcess::start_with(
+                &[
+                    "serve",
+                    "--node-id",
+                    &id_text,
+                    "--cluster",
+                    &cluster,
+                    "--insecure-peers",
+                ],
+                &dir.path().join(format!("n{id}")),
+            )
+        })
+        .collect();
+    let endpoints = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    // A lock held through the cluster (the client follows the leader); bounded wait for one.
+    let granted = (0..200)
+        .find_map(|_| {
+            let out = Command::new(BINARY)
+                .args([
+                    "lock",
+                    "acquire",
+                    "console/follower",
+                    "--ttl",
+                    "60s",
+                    "--json",
+                ])
+                .args(["--endpoint", &endpoints])
+                .env("RUST_LOG", "error")
+                .output()
+                .unwrap();
+            if out.status.success() {
+                return Some(serde_json::from_slice::<Value>(&out.stdout).unwrap());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            None
+        })
+        .expect("no leader within 10 s");
+    let epoch = palisade_core::json::read(&granted["epoch"]).unwrap();
+    let status: Value =
+        serde_json::from_str(&members[0].http("GET", "/v1/cluster", None, "").1).unwrap();
+    let leader = status["leader"].as_u64().expect("a leader");
+    let follower = members
+        .iter()
+        .enumerate()
+        .find(|(i, _)| *i as u64 + 1 != leader)
+        .map(|(_, m)| m)
+        .unwrap();
+    let profile = tempfile::tempdir().unwrap();
+    let out = browse(
+        profile.path(),
+        &format!("{}/ui/", follower.url),
+        &["--dump-dom"],
+    );
+    assert!(out.status.success(), "chromium failed: {}", stderr(&out));
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains(&format!(
+            "data-lock=\"console/follower\" data-epoch=\"{epoch}\""
+        )),
+        "the leader's console with the lock was not shown:\n{dom}"
+    );
+    assert!(
+        !dom.contains("id=\"banner\">"),
+        "an error banner shows:\n{dom}"
+    );
+}

@@ -465,8 +465,18 @@ fn kill_groups(groups: &[i32]) {
 }
 
 /// What the pages' runnable blocks must print, beyond their exit statuses.
-const PRINTS: [(&str, &str, &str); 4] = [
+const PRINTS: [(&str, &str, &str); 6] = [
     ("README.md", "palisade resource get report/9", "from B"),
+    (
+        "README.md",
+        "palisade cluster add 4",
+        "voters now [1,2,3,4]",
+    ),
+    (
+        "README.md",
+        "palisade cluster remove 4",
+        "voters now [1,2,3]",
+    ),
     ("README.md", "jq .class", "\"efficiency\""),
     ("README.md", "palisade audit --probe", "refused after epoch"),
     (
