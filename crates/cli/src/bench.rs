@@ -58,7 +58,7 @@ pub struct AcquireBenchArgs {
     /// made for the run), right after the one without, in the same run.
     #[arg(long, requires = "cluster")]
     peer_tls: bool,
-    /// With --endpoint: the bearer secret to authenticate with (else PALISADE_TOKEN).
+    /// With --endpoint: the bearer secret to authenticate with (else PALISADE_AUTH_TOKEN).
     #[arg(long, requires = "endpoint")]
     token_file: Option<std::path::PathBuf>,
     /// Also run the same workload against another lock service, right after Palisade, in the

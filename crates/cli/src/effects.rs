@@ -155,7 +155,7 @@ pub enum EffectsCommand {
         #[arg(value_parser = parse_op)]
         op: OpId,
         /// The owner's token for LOCK.
-        #[arg(long, env = "PALISADE_TOKEN")]
+        #[arg(long, env = "PALISADE_FENCE_TOKEN")]
         token: String,
         /// The effect's payload.
         #[arg(long)]

@@ -184,7 +184,7 @@ struct EndpointArgs {
     )]
     endpoint: Vec<String>,
     /// File holding the bearer secret to authenticate with (else the environment variable
-    /// PALISADE_TOKEN, else none).
+    /// PALISADE_AUTH_TOKEN, else none).
     #[arg(long)]
     token_file: Option<PathBuf>,
     #[command(flatten)]
@@ -274,8 +274,32 @@ impl ClientTlsArgs {
     }
 }
 
-/// The bearer secret a client command sends: from `token_file`, else from PALISADE_TOKEN, else
-/// none.
+/// The environment variable of the bearer secret a client command sends.
+pub const AUTH_TOKEN_ENV: &str = "PALISADE_AUTH_TOKEN";
+/// The environment variable of an ownership (fencing) token: `resource put|activate`,
+/// `effects perform`, and what `lock run` gives its command.
+pub const FENCE_TOKEN_ENV: &str = "PALISADE_FENCE_TOKEN";
+
+/// `PALISADE_TOKEN` meant the bearer secret to some commands and the ownership token to others:
+/// it is refused, naming the two that replace it.
+fn refuse_ambiguous_token_variable() -> anyhow::Result<()> {
+    if std::env::var_os("PALISADE_TOKEN").is_some() {
+        anyhow::bail!(UsageError(format!(
+            "PALISADE_TOKEN is no longer read: it meant two things. Set {AUTH_TOKEN_ENV} (or \
+             --token-file) for the bearer secret that authenticates you to the coordinator, \
+             and {FENCE_TOKEN_ENV} (or --token) for an ownership token presented to a resource"
+        )));
+    }
+    Ok(())
+}
+
+/// Bad usage, as clap's own errors: exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// The bearer secret a client command sends: from `token_file`, else from PALISADE_AUTH_TOKEN,
+/// else none.
 fn bearer_secret(token_file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     if let Some(path) = token_file {
         let secret = std::fs::read_to_string(path)
@@ -288,14 +312,14 @@ fn bearer_secret(token_file: Option<&std::path::Path>) -> anyhow::Result<Option<
         );
         return Ok(Some(secret.to_owned()));
     }
-    Ok(std::env::var("PALISADE_TOKEN")
+    Ok(std::env::var(AUTH_TOKEN_ENV)
         .ok()
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty()))
 }
 
 impl EndpointArgs {
-    /// The bearer secret: from --token-file, else from PALISADE_TOKEN, else none.
+    /// The bearer secret: from --token-file, else from PALISADE_AUTH_TOKEN, else none.
     fn bearer(&self) -> anyhow::Result<Option<String>> {
         bearer_secret(self.token_file.as_deref())
     }
@@ -451,6 +475,9 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let json = cli.json;
+    if !matches!(cli.command, Command::Serve(_)) {
+        refuse_ambiguous_token_variable()?;
+    }
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Cluster(command) => cluster::run(command, json).await,
@@ -574,6 +601,9 @@ fn parse_wait(text: &str) -> Result<Duration, String> {
 fn exit_code(error: &anyhow::Error) -> u8 {
     if error.downcast_ref::<audit::CriticalFindings>().is_some() {
         return 8;
+    }
+    if error.downcast_ref::<UsageError>().is_some() {
+        return 2;
     }
     if let Some(failure) = error.downcast_ref::<resource::ResourceFailure>() {
         return failure.exit_code();

@@ -32,7 +32,7 @@ pub enum ResourceCommand {
         /// The value; `-` or absent reads standard input.
         value: Option<String>,
         /// The ownership token (from `palisade lock acquire`).
-        #[arg(long, env = "PALISADE_TOKEN", value_parser = parse_token)]
+        #[arg(long, env = "PALISADE_FENCE_TOKEN", value_parser = parse_token)]
         token: String,
         /// Sequence number (sequenced mode).
         #[arg(long)]
@@ -63,7 +63,7 @@ pub enum ResourceCommand {
         /// The lock.
         lock: String,
         /// The ownership token.
-        #[arg(long, env = "PALISADE_TOKEN", value_parser = parse_token)]
+        #[arg(long, env = "PALISADE_FENCE_TOKEN", value_parser = parse_token)]
         token: String,
         #[command(flatten)]
         target: Target,

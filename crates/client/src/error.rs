@@ -19,7 +19,7 @@ pub enum ClientError {
     #[error("{0}")]
     UnknownLease(String),
     /// No credentials, or credentials the coordinator does not know (`--token-file`,
-    /// `PALISADE_TOKEN`).
+    /// `PALISADE_AUTH_TOKEN`).
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
     /// The credentials are known but lack the right (the ACL), or the lease belongs to

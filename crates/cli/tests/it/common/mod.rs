@@ -98,6 +98,7 @@ impl ServerProcess {
             .args(["--endpoint", &self.url])
             .env("RUST_LOG", "warn")
             .env_remove("PALISADE_TOKEN")
+            .env_remove("PALISADE_AUTH_TOKEN")
             .output()
             .expect("run palisade")
     }
