@@ -440,13 +440,20 @@ enum BenchCommand {
     Effects(bench_effects::EffectsBenchArgs),
 }
 
+/// What is logged when RUST_LOG is not set.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=error,tokio_postgres=warn";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // openraft narrates every vote and ignored message at INFO and WARN, healthy elections
+    // included: only its errors by default (RUST_LOG=info,openraft=info shows the rest).
+    // Colour only on a terminal: a log file or journald gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tokio_postgres=warn".into()),
+                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Runtime::new() {

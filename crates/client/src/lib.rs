@@ -123,10 +123,15 @@ pub struct Client {
     inner: Arc<Endpoints>,
 }
 
+/// Most endpoints a client keeps: the ones given, and leaders named by members that were not
+/// among them.
+const MAX_TARGETS: usize = 16;
+
 #[derive(Debug)]
 struct Endpoints {
-    /// `(url, channel)` per endpoint, in the order given.
-    targets: Vec<(String, Channel)>,
+    /// `(url, channel)` per endpoint, in the order given, then each leader a member named that
+    /// was not given (at most [`MAX_TARGETS`]; never removed, so an index stays valid).
+    targets: std::sync::RwLock<Vec<(String, Channel)>>,
     /// Index of the endpoint requests go to.
     current: AtomicUsize,
     /// Sent with every call.
@@ -278,7 +283,7 @@ impl Client {
             .collect();
         Ok(Self {
             inner: Arc::new(Endpoints {
-                targets,
+                targets: std::sync::RwLock::new(targets),
                 current: AtomicUsize::new(first),
                 credentials,
                 counters: stats::Counters::default(),
@@ -296,13 +301,46 @@ impl Client {
     }
 
     /// The URL requests go to now.
-    pub fn current_endpoint(&self) -> &str {
-        &self.inner.targets[self.inner.current.load(Ordering::Relaxed)].0
+    pub fn current_endpoint(&self) -> String {
+        let targets = self.inner.targets.read().expect("not poisoned");
+        targets[self.inner.current.load(Ordering::Relaxed)]
+            .0
+            .clone()
+    }
+
+    /// The index of the target at `url`, adding it (a leader a member named that was not among
+    /// the endpoints given, over the same TLS and credentials) when there is room.
+    fn target_for(&self, url: &str) -> Option<usize> {
+        let url = url.trim_end_matches('/');
+        let mut targets = self.inner.targets.write().expect("not poisoned");
+        if let Some(index) = targets.iter().position(|(u, _)| u == url) {
+            return Some(index);
+        }
+        // Never from TLS to clear text: the bearer secret would follow the redirect.
+        let secure = targets.iter().any(|(u, _)| u.starts_with("https://"));
+        if targets.len() >= MAX_TARGETS || (secure && !url.starts_with("https://")) {
+            return None;
+        }
+        let mut endpoint = Endpoint::from_shared(url.to_owned()).ok()?;
+        if url.starts_with("https://") {
+            let tls = self.inner.credentials.tls.as_deref()?;
+            endpoint = endpoint.tls_config(tls.clone()).ok()?;
+        } else if !url.starts_with("http://") {
+            return None;
+        }
+        let channel = endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .connect_lazy();
+        targets.push((url.to_owned(), channel));
+        Some(targets.len() - 1)
     }
 
     /// Sends `call` to the current target; on `UNAVAILABLE` (not leader, unreachable,
-    /// stopping) moves to the leader named in the answer or the next endpoint, and tries
-    /// again, for up to [`FAILOVER_BUDGET`]. With one endpoint there is no retry.
+    /// stopping) moves to the leader named in the answer (added when it was not among the
+    /// endpoints) or the next endpoint, and tries again, for up to [`FAILOVER_BUDGET`]. With
+    /// one endpoint and no leader named there is no retry.
     async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
     where
         F: FnMut(Grpc) -> Fut,
@@ -319,20 +357,21 @@ impl Client {
                 Err(status) => status,
             };
             let retryable = matches!(status.code(), Code::Unavailable | Code::Unknown);
-            if !retryable || endpoints.targets.len() == 1 || started.elapsed() >= FAILOVER_BUDGET {
+            if !retryable || started.elapsed() >= FAILOVER_BUDGET {
                 return Err(status.into());
             }
             let hinted = status
                 .metadata()
                 .get(LEADER_METADATA)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|url| {
-                    let url = url.trim_end_matches('/');
-                    endpoints.targets.iter().position(|(u, _)| u == url)
-                })
+                .and_then(|url| self.target_for(url))
                 .filter(|hinted| *hinted != index);
-            let next = hinted.unwrap_or((index + 1) % endpoints.targets.len());
-            tracing::debug!(from = %endpoints.targets[index].0, to = %endpoints.targets[next].0, %status, "trying another endpoint");
+            let count = endpoints.targets.read().expect("not poisoned").len();
+            if hinted.is_none() && count == 1 {
+                return Err(status.into());
+            }
+            let next = hinted.unwrap_or((index + 1) % count);
+            tracing::debug!(from = index, to = next, %status, "trying another endpoint");
             endpoints.counters.count(Event::FailedOver);
             let _ = endpoints.current.compare_exchange(
                 index,
@@ -341,7 +380,7 @@ impl Client {
                 Ordering::Relaxed,
             );
             failures_in_round += 1;
-            if failures_in_round >= endpoints.targets.len() {
+            if failures_in_round >= count {
                 failures_in_round = 0;
                 tokio::time::sleep(ROUND_PAUSE).await;
             } else {
@@ -486,10 +525,10 @@ impl Client {
     }
 
     fn grpc_at(&self, index: usize) -> Grpc {
-        CoordinatorClient::with_interceptor(
-            self.inner.targets[index].1.clone(),
-            self.inner.credentials.clone(),
-        )
+        let channel = self.inner.targets.read().expect("not poisoned")[index]
+            .1
+            .clone();
+        CoordinatorClient::with_interceptor(channel, self.inner.credentials.clone())
     }
 }
 

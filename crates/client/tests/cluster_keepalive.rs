@@ -44,7 +44,7 @@ async fn keepalive_survives_a_leader_change() {
     let epoch = lease.epoch();
 
     // The client's target is the leader now (it answered the acquire): stop it.
-    let leader_url = client.current_endpoint().to_owned();
+    let leader_url = client.current_endpoint();
     servers
         .remove(&leader_url)
         .unwrap()

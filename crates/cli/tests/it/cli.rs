@@ -135,3 +135,35 @@ fn sigterm_stops_the_server_cleanly_and_keeps_leases() {
         0o600
     );
 }
+
+/// Logs written to a file or a pipe (journald, a log collector) are plain text: no colour
+/// escapes.
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    use std::io::{BufRead as _, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(BINARY)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut logged = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let done = line.starts_with("palisade coordinator listening on");
+        logged.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(logged.iter().any(|l| l.contains("INFO")), "{logged:#?}");
+    assert!(
+        logged.iter().all(|l| !l.contains('\u{1b}')),
+        "colour codes in a pipe: {logged:#?}"
+    );
+}

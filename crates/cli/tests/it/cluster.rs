@@ -146,6 +146,9 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
         assert!(ready, "member at {address} never ready");
         let (health, _) = crate::common::http_request(&address, "GET", "/healthz", None, "");
         assert_eq!(health, 200);
+        // A client given this member alone follows the leader it names.
+        let lock = format!("cluster/via-{port}");
+        acquired_epoch(&lock, &format!("http://{address}"));
     }
 
     let acquire = |lock: &str, request_id: &str| {
