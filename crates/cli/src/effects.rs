@@ -20,6 +20,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::lock::print_json;
 use crate::output::{millis, print_fields, print_table};
 
+/// Exit code of `effects perform` when the effect is in review or in doubt.
+pub const IN_DOUBT_EXIT: u8 = 9;
+
 /// Default ledger: the embedded ledger of a reference store on its default port.
 const DEFAULT_LEDGER: &str = "http://127.0.0.1:7421";
 
@@ -148,8 +151,9 @@ pub enum EffectsCommand {
         ledger: LedgerArgs,
     },
     /// Cause one effect under an owner's token: recorded before it is sent, resolved by the
-    /// receiver's capability. Exit 0 when performed, 1 when refused or failed, 3 when in
-    /// review or still in doubt.
+    /// receiver's capability. Exit 0 when performed, 5 when the ledger refuses the owner
+    /// (superseded, bad token), 1 when the receiver refused or failed, 9 when in review or
+    /// still in doubt.
     Perform {
         /// LOCK:OP, e.g. invoice/7:charge.
         #[arg(value_parser = parse_op)]
@@ -474,7 +478,14 @@ pub async fn run(command: EffectsCommand, json: bool) -> anyhow::Result<()> {
                     "not performed: {}",
                     record.detail.unwrap_or_else(|| "refused".into())
                 ),
-                Done::Review(_) | Done::InDoubt(_) => std::process::exit(3),
+                Done::Review(record) | Done::InDoubt(record) => Err(crate::lock_run::Exit {
+                    code: IN_DOUBT_EXIT,
+                    message: Some(format!(
+                        "{} is {}: a reconciler or a person settles it (palisade effects show {})",
+                        record.id, record.state, record.id
+                    )),
+                }
+                .into()),
             }
         }
         EffectsCommand::Reconcile {

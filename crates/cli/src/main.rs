@@ -463,19 +463,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = cli.json;
     let result = runtime.block_on(run(cli));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            if let Some(exit) = error.downcast_ref::<lock_run::Exit>() {
-                // The command's own code is passed on without a word.
-                if let Some(message) = &exit.message {
-                    eprintln!("error: {message}");
+            let (code, message) = match error.downcast_ref::<lock_run::Exit>() {
+                // A command's own code is passed on without a word.
+                Some(exit) => (exit.code, exit.message.clone()),
+                None => (exit_code(&error), Some(format!("{error:#}"))),
+            };
+            if let Some(message) = message {
+                if json {
+                    // Under --json an error is JSON too, on stdout where scripts read.
+                    lock::print_json(&serde_json::json!({
+                        "error": {"exit_code": code, "message": message}
+                    }));
                 }
-                return ExitCode::from(exit.code);
+                eprintln!("error: {message}");
             }
-            eprintln!("error: {error:#}");
-            ExitCode::from(exit_code(&error))
+            ExitCode::from(code)
         }
     }
 }
@@ -611,6 +618,12 @@ fn exit_code(error: &anyhow::Error) -> u8 {
     }
     if error.downcast_ref::<UsageError>().is_some() {
         return 2;
+    }
+    if let Some(failure) = error.downcast_ref::<palisade_effects::RunError>() {
+        return match failure {
+            palisade_effects::RunError::Rejected(_) => 5,
+            palisade_effects::RunError::Ledger(_) => 4,
+        };
     }
     if let Some(failure) = error.downcast_ref::<resource::ResourceFailure>() {
         return failure.exit_code();

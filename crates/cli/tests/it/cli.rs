@@ -111,6 +111,8 @@ fn bad_input_fails_with_a_message_and_the_server_keeps_serving() {
     assert!(server.cli(&["lock", "acquire", "ok"]).status.success());
 }
 
+/// An unreachable coordinator exits 4; with `--json` the error is JSON on stdout, with the same
+/// exit code inside.
 #[test]
 fn an_unreachable_coordinator_exits_with_4() {
     let output = std::process::Command::new(BINARY)
@@ -118,6 +120,17 @@ fn an_unreachable_coordinator_exits_with_4() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(4));
+    let output = std::process::Command::new(BINARY)
+        .args(["lock", "list", "--json", "--endpoint", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(4));
+    let error: Value = serde_json::from_slice(&output.stdout).expect("stdout is JSON");
+    assert_eq!(error["error"]["exit_code"], 4, "{error}");
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("127.0.0.1:1"));
 }
 
 #[test]

@@ -199,7 +199,7 @@ fn p7_perform_records_before_sending_and_never_twice() {
         &receiver,
         "idempotent",
     );
-    assert_eq!(other.status.code(), Some(1));
+    assert_eq!(other.status.code(), Some(5), "refused by the ledger");
     assert!(
         stderr(&other).contains("another payload"),
         "{}",
@@ -220,7 +220,7 @@ fn p7_perform_records_before_sending_and_never_twice() {
     );
     assert!(refund.status.success(), "{}", stderr(&refund));
     let stale = s.perform("invoice/7:note", &token, "x", &receiver, "idempotent");
-    assert_eq!(stale.status.code(), Some(1));
+    assert_eq!(stale.status.code(), Some(5));
     assert!(stderr(&stale).contains("stale epoch"), "{}", stderr(&stale));
     let missing = s.effects(&["show", "invoice/7:note"], false);
     assert!(!missing.status.success());
@@ -228,7 +228,7 @@ fn p7_perform_records_before_sending_and_never_twice() {
     assert_eq!(receiver.performed("invoice/7:note"), 0);
     // A forged token begins nothing either.
     let forged = s.perform("invoice/7:forged", "pt1.AAAA", "x", &receiver, "idempotent");
-    assert_eq!(forged.status.code(), Some(1));
+    assert_eq!(forged.status.code(), Some(5));
     assert!(
         stderr(&forged).contains("invalid token"),
         "{}",
@@ -250,13 +250,13 @@ fn p7_an_unknown_outcome_without_dedup_goes_to_review_and_a_person_resolves() {
     );
     let token = s.token("mail/3");
     let output = s.perform("mail/3:welcome", &token, "hello", &receiver, "none");
-    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(9), "{}", stderr(&output));
     let listed = s.effects(&["list", "--state", "needs_review", "--json"], false);
     let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
     // Running it again does not send it again.
     let again = s.perform("mail/3:welcome", &token, "hello", &receiver, "none");
-    assert_eq!(again.status.code(), Some(3));
+    assert_eq!(again.status.code(), Some(9));
     std::thread::sleep(Duration::from_millis(1_200)); // the hung answer arrives nowhere
     assert_eq!(receiver.performed("mail/3:welcome"), 1);
     let args = [
@@ -300,7 +300,7 @@ fn p7_reconcile_finishes_an_operation_left_in_doubt() {
     };
     let token = s.token("order/5");
     let output = s.perform("order/5:ship", &token, "parcel", &absent, "idempotent");
-    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(9), "{}", stderr(&output));
     assert_eq!(s.show("order/5:ship")["state"], "unknown");
     let receiver = Receiver::start(&dir, port, "idempotent", &[]);
     let reconcile = |admin| {
