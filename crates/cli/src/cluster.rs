@@ -169,14 +169,26 @@ async fn status(endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()
             continue;
         };
         let view = views.get(&id);
+        // A member the membership names that holds no membership itself started on an empty
+        // data directory: its peers refuse it (its store is not the one named), and the
+        // leader's progress for it is from before. It counts nowhere until removed and added
+        // back.
+        let lost_its_data = view.is_some_and(|v| {
+            v["members"].as_array().is_some_and(Vec::is_empty) && v["last_applied"].is_null()
+        });
+        let role = match view {
+            None => json!("unreachable"),
+            Some(_) if lost_its_data => json!("refused: lost its data (remove, add back)"),
+            Some(v) => v["role"].clone(),
+        };
         members.push(json!({
             "id": id,
             "addr": member["addr"],
             "kind": member["kind"],
-            "role": view.map_or(json!("unreachable"), |v| v["role"].clone()),
+            "role": role,
             "term": view.map_or(Value::Null, |v| v["term"].clone()),
             "last_applied": view.map_or(Value::Null, |v| v["last_applied"].clone()),
-            "lag": member["lag"],
+            "lag": if lost_its_data { Value::Null } else { member["lag"].clone() },
         }));
     }
     let mode = reference["mode"].clone();

@@ -381,6 +381,23 @@ fn a_member_that_lost_its_data_is_refused_until_added_back() {
     std::fs::remove_dir_all(data(wiped)).unwrap();
     nodes[wiped as usize - 1] = Some(start(wiped, cluster, &data(wiped)));
     std::thread::sleep(std::time::Duration::from_millis(500));
+    // `cluster status` says so, with no lag (the leader's progress for it is from before).
+    let (_, status) = leader(endpoints);
+    let shown = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == wiped)
+        .cloned()
+        .unwrap();
+    assert!(
+        shown["role"]
+            .as_str()
+            .unwrap()
+            .starts_with("refused: lost its data"),
+        "{status}"
+    );
+    assert!(shown["lag"].is_null(), "{status}");
     // The other follower stops: the leader and the emptied member alone must not commit.
     nodes[other as usize - 1].take().unwrap().kill9();
     let refused = cli(
