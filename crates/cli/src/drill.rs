@@ -44,7 +44,7 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
         iterations: args.iterations,
         ttl_ms: args.ttl_ms.max(palisade_core::limits::MIN_TTL_MS),
         keys: args.keys,
-        progress: !json,
+        progress: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
     let reports = palisade_drill::run(config, &scenarios).await?;
     let passed = reports.iter().all(|r| r.passed);
@@ -298,6 +298,17 @@ pub struct SimulateArgs {
     threads: Option<usize>,
 }
 
+/// `done of total seeds, about N s left`, on one line of a terminal; nothing into a pipe or a
+/// file (a log gets the summary only).
+fn progress(done: u64, total: u64, started: std::time::Instant) {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) || done == 0 {
+        return;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let left = elapsed / done as f64 * total.saturating_sub(done) as f64;
+    eprint!("\r{done} of {total} seeds, about {left:.0} s left   ");
+}
+
 pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
     if let Some(members) = args.cluster {
         anyhow::ensure!(
@@ -326,7 +337,7 @@ pub fn run_simulate(args: SimulateArgs, json: bool) -> anyhow::Result<()> {
             }
         }
         if !json && done % 1_000 == 999 {
-            eprint!("\r{} seeds…", done + 1);
+            progress(done as u64 + 1, args.seeds, started);
         }
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -433,7 +444,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
                 ..outcome
             });
             if !json && outcomes.len() % 10 == 0 {
-                eprint!("\r{} seeds…", outcomes.len());
+                progress(outcomes.len() as u64, args.seeds, started);
             }
         }
     });
