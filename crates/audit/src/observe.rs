@@ -356,7 +356,7 @@ pub async fn probe_postgres(url: &str, table: &str) -> Probe {
 pub fn unpredictable() -> String {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).expect("the operating system's random source");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    palisade_core::hex(&bytes)
 }
 
 /// The lock the probe of a boundary uses: the boundary's `pattern` with each `*` replaced by

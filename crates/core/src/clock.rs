@@ -44,6 +44,12 @@ pub trait WallClock: Send + Sync + std::fmt::Debug {
     fn now_ms(&self) -> u64;
 }
 
+/// Milliseconds since the Unix epoch on the operating system's clock (0 before 1970, `u64::MAX`
+/// past its range): the one place Palisade reads the wall clock outside a [`WallClock`].
+pub fn now_ms() -> u64 {
+    SystemClock.now_ms()
+}
+
 /// The operating system's real-time clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

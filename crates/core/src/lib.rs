@@ -21,7 +21,26 @@ pub use lease_table::{
     AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseTable, LockSummary,
     ReleaseOutcome, WaiterId,
 };
+/// Lower-case hexadecimal of `bytes` (digests, store ids).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
 pub use token::{FloorClaims, KeyId, TokenClaims, TokenError, TokenSigner, TokenVerifier};
 pub use types::{
     Epoch, HolderId, InvalidInput, LeaseId, LockClass, LockName, Millis, Principal, RequestId,
 };
+
+#[cfg(test)]
+mod hex_tests {
+    #[test]
+    fn hex_is_two_lower_case_digits_per_byte() {
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xab, 0xff]), "000fabff");
+        assert_eq!(super::hex(&[]), "");
+    }
+}

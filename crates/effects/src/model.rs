@@ -228,10 +228,7 @@ impl fmt::Display for OpId {
     }
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use palisade_core::hex;
 
 /// SHA-256 of a payload, in hex: how the ledger tells a retry from a reuse of an operation id
 /// for another effect.
@@ -838,13 +835,7 @@ pub fn apply_resolve(record: &mut Record, review: Review) -> Result<(), LedgerRe
     Ok(())
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use palisade_core::clock::now_ms;
 
 #[cfg(test)]
 #[path = "model_tests.rs"]

@@ -77,11 +77,8 @@ impl RedbFence {
         let db = Arc::new(Database::create(path).map_err(storage)?);
         if created {
             // A power cut must not make the new store vanish with the fences it accepted.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| FenceError::Storage(Box::new(e)))?;
-            }
+            palisade_durable::sync_parent_dir(path)
+                .map_err(|e| FenceError::Storage(Box::new(e)))?;
         }
         let meta = records::initialize(&db, mode)?;
         let (witness, restore_required) = match witness {

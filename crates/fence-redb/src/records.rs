@@ -115,7 +115,7 @@ pub fn initialize(db: &Database, mode: FenceMode) -> Result<Meta, FenceError> {
 fn new_store_id() -> Result<String, FenceError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| FenceError::Storage(e.to_string().into()))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(palisade_core::hex(&bytes))
 }
 
 /// A number kept in `meta`.

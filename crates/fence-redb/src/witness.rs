@@ -2,7 +2,7 @@
 //! that follows the store's highest epoch, so that a store copied back or restored from an
 //! older copy is detected at open and accepts nothing until a restore floor is applied (P6).
 
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -85,7 +85,7 @@ impl StoreWitness {
     }
 
     fn write(&self) -> io::Result<()> {
-        write_durably(&self.path, &self.seen.render())
+        palisade_durable::write_file(&self.path, self.seen.render().as_bytes())
     }
 }
 
@@ -107,23 +107,7 @@ pub fn read(path: &Path) -> Result<Option<WitnessRecord>, FenceError> {
 
 /// Records `record` at `path` (after a restore).
 pub fn record(path: &Path, record: &WitnessRecord) -> Result<(), FenceError> {
-    write_durably(path, &record.render()).map_err(|e| witness_io(path, e))
-}
-
-/// A temporary file, fsync, rename, fsync the directory.
-fn write_durably(path: &Path, text: &str) -> io::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    let mut file = std::fs::File::create(&temporary)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&temporary, path)?;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::File::open(dir)?.sync_all()
+    palisade_durable::write_file(path, record.render().as_bytes()).map_err(|e| witness_io(path, e))
 }
 
 fn witness_io(path: &Path, error: io::Error) -> FenceError {

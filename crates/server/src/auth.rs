@@ -572,8 +572,7 @@ impl Auth {
 /// The auth-file line for a bearer `secret`: its SHA-256 as `sha256:HEX`.
 pub fn hash_secret(secret: &str) -> String {
     let digest = Sha256::digest(secret.trim().as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    format!("sha256:{}", palisade_core::hex(&digest))
 }
 
 fn read_limited(path: &Path) -> Result<String, AuthConfigError> {

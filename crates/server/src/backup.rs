@@ -23,7 +23,6 @@
 //! 23rd century.
 
 use std::fmt;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use palisade_core::{Changes, Epoch};
@@ -90,10 +89,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BackupError + '_ {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The bytes of a backup file: a header line (format, SHA-256 and length of the body) and the
 /// body, JSON.
 pub fn encode(backup: &Backup) -> Vec<u8> {
@@ -104,7 +99,7 @@ pub fn encode(backup: &Backup) -> Vec<u8> {
 fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = format!(
         "{MAGIC} v{FORMAT} sha256={} bytes={}\n",
-        hex(&Sha256::digest(body)),
+        palisade_core::hex(&Sha256::digest(body)),
         body.len()
     )
     .into_bytes();
@@ -146,7 +141,7 @@ pub fn decode(bytes: &[u8]) -> Result<Backup, BackupError> {
     if rest[length..].iter().any(|b| !b.is_ascii_whitespace()) {
         return Err(invalid("bytes after the body"));
     }
-    if hex(&Sha256::digest(body)) != digest {
+    if palisade_core::hex(&Sha256::digest(body)) != digest {
         return Err(invalid(
             "the checksum does not match: the file was changed or damaged",
         ));
@@ -174,23 +169,10 @@ pub fn read(path: &Path) -> Result<Backup, BackupError> {
 /// Writes `backup` to `path` durably (a temporary file, fsync, rename, fsync of the directory):
 /// an interrupted backup never leaves a half-written file under the name.
 pub fn write(backup: &Backup, path: &Path) -> Result<(), BackupError> {
-    let temporary = path.with_extension("partial");
-    let result = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(&encode(backup))?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, path)?;
-        crate::keys::sync_parent_dir(path)
-    })();
-    result.map_err(io(path))
+    palisade_durable::write_file(path, &encode(backup)).map_err(io(path))
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub use palisade_core::clock::now_ms;
 
 /// A backup of a stopped single node's or cluster member's data directory (a member's is the
 /// counter it applied).
@@ -398,10 +380,7 @@ pub fn restore(
     };
     let path = data_dir.join(RESTORE_RECORD);
     let json = serde_json::to_vec_pretty(&record).expect("a record serializes");
-    std::fs::write(&path, json)
-        .and_then(|()| std::fs::File::open(&path)?.sync_all())
-        .and_then(|()| crate::keys::sync_parent_dir(&path))
-        .map_err(io(&path))?;
+    palisade_durable::write_file(&path, &json).map_err(io(&path))?;
     Ok(record)
 }
 

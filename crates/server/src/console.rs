@@ -277,8 +277,4 @@ async fn probe_tokens(
     Ok((older, newer))
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use palisade_core::clock::now_ms;

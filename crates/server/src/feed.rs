@@ -38,11 +38,7 @@ pub struct Feed {
     entries: Mutex<(u64, VecDeque<FeedEntry>)>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use palisade_core::clock::now_ms;
 
 impl Feed {
     fn push(&self, make: impl FnOnce(u64) -> FeedEntry) {

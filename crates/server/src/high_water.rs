@@ -15,7 +15,7 @@
 //! data directory's sibling `DIR.high-water`, which a copy of the directory does not overwrite.
 
 use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use palisade_core::{Changes, Epoch};
@@ -38,18 +38,6 @@ pub fn default_path(data_dir: &Path) -> PathBuf {
 /// copy of the directory does not carry it).
 pub fn sibling(data_dir: &Path, suffix: &str) -> PathBuf {
     palisade_core::witness::beside(data_dir, suffix)
-}
-
-/// Writes `text` to `path` durably: a temporary file, fsync, rename, fsync the directory.
-pub(crate) fn write_durably(path: &Path, text: &str) -> io::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    let mut file = fs::File::create(&temporary)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    fs::rename(&temporary, path)?;
-    crate::keys::sync_parent_dir(path)
 }
 
 /// The bound and its file.
@@ -110,7 +98,7 @@ impl HighWater {
         if bound <= self.bound {
             return Ok(());
         }
-        write_durably(&self.path, &format!("{MAGIC} {bound}\n"))
+        palisade_durable::write_file(&self.path, format!("{MAGIC} {bound}\n").as_bytes())
             .map_err(|e| io_error(&self.path, e))?;
         self.bound = bound;
         Ok(())

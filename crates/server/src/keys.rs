@@ -69,24 +69,10 @@ pub fn load_or_create_signer(data_dir: &Path) -> Result<TokenSigner, KeyError> {
                 .map_err(io_error)?;
             file.write_all(&secret).map_err(io_error)?;
             file.sync_all().map_err(io_error)?;
-            sync_dir(data_dir).map_err(io_error)?;
+            palisade_durable::sync_dir(data_dir).map_err(io_error)?;
             Ok(TokenSigner::from_secret_bytes(&secret))
         }
         Err(error) => Err(io_error(error)),
-    }
-}
-
-/// fsyncs a directory, so that the files created in it survive a power cut (a file's own
-/// fsync does not make its directory entry durable).
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// fsyncs the directory holding `path`, so a file just created there survives a power cut.
-pub fn sync_parent_dir(path: &Path) -> io::Result<()> {
-    match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-        Some(dir) => sync_dir(dir),
-        None => sync_dir(Path::new(".")),
     }
 }
 

@@ -131,7 +131,7 @@ impl LogLeaseStore {
             compact_at: COMPACT_AT_BYTES,
             syncs: None,
             failed: None,
-            sync_dir: crate::keys::sync_parent_dir,
+            sync_dir: palisade_durable::sync_parent_dir,
         }
     }
 
@@ -153,7 +153,7 @@ impl LogLeaseStore {
             store.initialise(&store.file, None)?;
             store.capacity = HEADER_BYTES + PREALLOCATE_BYTES;
             if created {
-                crate::keys::sync_parent_dir(path).map_err(io_error)?;
+                palisade_durable::sync_parent_dir(path).map_err(io_error)?;
             }
         } else {
             store.replay(length, true)?;
@@ -480,9 +480,9 @@ pub fn open_in(dir: &Path) -> Result<LogLeaseStore, StoreError> {
             })?;
         }
         std::fs::rename(&migrating, &path).map_err(io_error)?;
-        crate::keys::sync_parent_dir(&path).map_err(io_error)?;
+        palisade_durable::sync_parent_dir(&path).map_err(io_error)?;
         std::fs::remove_file(&legacy).map_err(io_error)?;
-        crate::keys::sync_parent_dir(&path).map_err(io_error)?;
+        palisade_durable::sync_parent_dir(&path).map_err(io_error)?;
         tracing::info!(
             from = %legacy.display(),
             to = %path.display(),

@@ -257,7 +257,7 @@ impl RedbLeaseStore {
         let db = Database::create(path)?;
         if created {
             // The file's entry in its directory must survive a power cut too.
-            crate::keys::sync_parent_dir(path)
+            palisade_durable::sync_parent_dir(path)
                 .map_err(|e| StoreError::Storage(redb::StorageError::Io(e).into()))?;
         }
         let store = Self { db };

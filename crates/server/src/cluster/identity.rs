@@ -633,7 +633,7 @@ impl Identity {
 fn new_store_id() -> Result<String, ClusterError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| ClusterError::Randomness(e.to_string()))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(palisade_core::hex(&bytes))
 }
 
 #[cfg(test)]

@@ -150,7 +150,7 @@ pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), Cluste
         .map_err(|e| ClusterError::Store(format!("open {}: {e}", path.display())))?;
     if created {
         // The file's entry in its directory must survive a power cut too.
-        crate::keys::sync_parent_dir(path).map_err(|e| {
+        palisade_durable::sync_parent_dir(path).map_err(|e| {
             ClusterError::Store(format!("fsync the directory of {}: {e}", path.display()))
         })?;
     }

@@ -105,7 +105,7 @@ impl Witness {
     }
 
     fn write(&self) -> Result<(), ClusterError> {
-        crate::high_water::write_durably(&self.path, &self.seen.render())
+        palisade_durable::write_file(&self.path, self.seen.render().as_bytes())
             .map_err(|e| witness_io(&self.path, e))
     }
 
@@ -127,7 +127,7 @@ impl Witness {
                 self.seen.mark = index;
                 let (path, text) = (self.path.clone(), self.seen.render());
                 let written = tokio::task::spawn_blocking(move || {
-                    crate::high_water::write_durably(&path, &text)
+                    palisade_durable::write_file(&path, text.as_bytes())
                 })
                 .await;
                 if let Ok(Err(error)) = written {
