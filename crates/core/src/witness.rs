@@ -24,6 +24,13 @@ pub fn beside(data_dir: &Path, suffix: &str) -> PathBuf {
     }
 }
 
+/// Longest time a witness lags behind its store while the store moves: every store that keeps
+/// one (a cluster member, the embedded fenced store, the embedded effects ledger) writes it at
+/// most this long after the mark it records became durable. A copy of the directory taken
+/// within this window of the original's last change is not told apart from the original
+/// (docs/operations.md).
+pub const FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The first word of a witness file (the format).
 pub const MAGIC: &str = "palisade-witness v1";
 

@@ -25,7 +25,7 @@ use crate::redb_writer::{self as writer, decode, storage, FENCES, META, OPS};
 /// The kind of store the ledger's witness speaks of.
 pub const WITNESS_KIND: &str = "effects-ledger";
 /// How often the witness catches up with the committed changes (it may lag by this much).
-pub const WITNESS_INTERVAL: Duration = Duration::from_millis(200);
+pub const WITNESS_INTERVAL: Duration = palisade_core::witness::FOLLOW_INTERVAL;
 
 /// The embedded ledger's storage (one process opens the file at a time; other processes reach
 /// it through the reference store's HTTP routes, see `palisade resource serve`).

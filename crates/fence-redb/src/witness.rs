@@ -14,7 +14,7 @@ pub const KIND: &str = "fenced-store";
 
 /// Longest time the writer waits between two writes of the witness while the highest epoch
 /// moves (the witness may lag by this much, and by what an idle writer has not recorded yet).
-pub const INTERVAL: Duration = Duration::from_millis(200);
+pub const INTERVAL: Duration = palisade_core::witness::FOLLOW_INTERVAL;
 
 /// What opening found.
 pub enum Opened {

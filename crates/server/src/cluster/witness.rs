@@ -29,7 +29,7 @@ use super::{ClusterError, NodeId};
 const KIND: &str = "member";
 
 /// Longest time between two writes of the witness while the member applies entries.
-pub const INTERVAL: Duration = Duration::from_millis(200);
+pub const INTERVAL: Duration = palisade_core::witness::FOLLOW_INTERVAL;
 
 /// The default place of the witness of data directory `data_dir`: its sibling `NAME.witness`.
 pub fn default_path(data_dir: &Path) -> PathBuf {
