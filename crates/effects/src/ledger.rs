@@ -298,6 +298,42 @@ pub trait Ledger: Send + Sync {
     fn stats(&self) -> impl Future<Output = Result<Stats, LedgerError>> + Send;
 }
 
+/// What a transaction must write back after a step ([`apply_step`]).
+#[derive(Debug, PartialEq)]
+pub struct StepWrites {
+    /// The lock's new fence, when it moved (only up).
+    pub fence: Option<u64>,
+    /// The operation's new record, when it changed.
+    pub record: Option<Record>,
+}
+
+/// The fence rule of every ledger store, in one place: `step` runs on the lock's fence — raised
+/// first to `floor`, the coordinator's floor when the store learns one (0 otherwise) — and the
+/// operation's record; a fence that would move down is an integrity error (nothing is
+/// written); the rest is what changed. Pure: the store reads `fence` and `record` and writes
+/// [`StepWrites`] in one transaction.
+pub fn apply_step<T>(
+    lock: &str,
+    fence: u64,
+    floor: u64,
+    record: Option<Record>,
+    step: impl FnOnce(&mut u64, &mut Option<Record>) -> T,
+) -> Result<(T, StepWrites), LedgerError> {
+    let mut fence_after = fence.max(floor);
+    let mut record_after = record.clone();
+    let out = step(&mut fence_after, &mut record_after);
+    if fence_after < fence {
+        return Err(LedgerError::Integrity(format!(
+            "the fence of {lock} would move down from {fence} to {fence_after}"
+        )));
+    }
+    let writes = StepWrites {
+        fence: (fence_after != fence).then_some(fence_after),
+        record: record_after.filter(|after| Some(after) != record.as_ref()),
+    };
+    Ok((out, writes))
+}
+
 /// The storage under a [`LocalLedger`]: one lock's fence and one operation's record, read,
 /// changed by `step` and written back in **one** durable transaction that excludes every other
 /// transaction on the same lock (P3). `step` is pure; when it changes neither, nothing is
@@ -594,5 +630,41 @@ impl<S: Store> Ledger for LocalLedger<S> {
 
     async fn stats(&self) -> Result<Stats, LedgerError> {
         self.store.stats(now_ms()).await
+    }
+}
+
+#[cfg(test)]
+mod apply_step_tests {
+    use super::*;
+
+    #[test]
+    fn p7_a_fence_never_moves_down_in_any_store() {
+        let down = apply_step("l", 5, 0, None, |fence, _| *fence = 3);
+        assert!(matches!(down, Err(LedgerError::Integrity(_))), "{down:?}");
+    }
+
+    #[test]
+    fn p6_the_floor_raises_the_fence_the_step_sees_and_is_written() {
+        let (seen, writes) = apply_step("l", 5, 7, None, |fence, _| *fence).unwrap();
+        assert_eq!(seen, 7);
+        assert_eq!(
+            writes,
+            StepWrites {
+                fence: Some(7),
+                record: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_step_that_changes_nothing_writes_nothing() {
+        let ((), writes) = apply_step("l", 5, 3, None, |_, _| ()).unwrap();
+        assert_eq!(
+            writes,
+            StepWrites {
+                fence: None,
+                record: None
+            }
+        );
     }
 }

@@ -200,10 +200,9 @@ impl PostgresStore {
         };
         let step = step.take().expect("a step runs once");
         // An owner below the coordinator's floor is superseded, whatever this table says.
-        let mut fence = fence_before.max(floor);
-        let mut record = record_before.clone();
-        let out = step(&mut fence, &mut record);
-        if fence != fence_before {
+        let (out, writes) =
+            crate::ledger::apply_step(lock, fence_before, floor, record_before, step)?;
+        if let Some(fence) = writes.fence {
             let epoch = i64::try_from(fence)
                 .map_err(|_| LedgerError::Integrity(format!("fence {fence} out of range")))?;
             txn.execute(
@@ -213,20 +212,18 @@ impl PostgresStore {
             .await
             .map_err(db)?;
         }
-        if record != record_before {
-            if let Some(record) = &record {
-                let text = serde_json::to_string(record).map_err(storage)?;
-                let updated = record.updated_ms as i64;
-                txn.execute(
-                    "INSERT INTO palisade_effect_ops (lock, op, state, updated_ms, record) \
-                     VALUES ($1, $2, $3, $4, $5::text::jsonb) \
-                     ON CONFLICT (lock, op) DO UPDATE SET state = EXCLUDED.state, \
-                     updated_ms = EXCLUDED.updated_ms, record = EXCLUDED.record",
-                    &[&lock, &id.op, &record.state.as_str(), &updated, &text],
-                )
-                .await
-                .map_err(db)?;
-            }
+        if let Some(record) = &writes.record {
+            let text = serde_json::to_string(record).map_err(storage)?;
+            let updated = record.updated_ms as i64;
+            txn.execute(
+                "INSERT INTO palisade_effect_ops (lock, op, state, updated_ms, record) \
+                 VALUES ($1, $2, $3, $4, $5::text::jsonb) \
+                 ON CONFLICT (lock, op) DO UPDATE SET state = EXCLUDED.state, \
+                 updated_ms = EXCLUDED.updated_ms, record = EXCLUDED.record",
+                &[&lock, &id.op, &record.state.as_str(), &updated, &text],
+            )
+            .await
+            .map_err(db)?;
         }
         txn.commit().await.map_err(db)?;
         Ok(Some(out))

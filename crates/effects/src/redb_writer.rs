@@ -87,28 +87,19 @@ fn apply<T>(
         Some(value) => Some(decode(value.value())?),
         None => None,
     };
-    let mut fence = fence_before;
-    let mut record = record_before.clone();
-    let out = step(&mut fence, &mut record);
-    if fence < fence_before {
-        return Err(LedgerError::Integrity(format!(
-            "the fence of {lock} would move down from {fence_before} to {fence}"
-        )));
-    }
+    let (out, writes) = crate::ledger::apply_step(lock, fence_before, 0, record_before, step)?;
     let mut changed = false;
-    if fence != fence_before {
+    if let Some(fence) = writes.fence {
         tables.fences.insert(lock, fence).map_err(storage)?;
         changed = true;
     }
-    if record != record_before {
-        if let Some(record) = &record {
-            let bytes = serde_json::to_vec(record).map_err(storage)?;
-            tables
-                .ops
-                .insert((lock, id.op.as_str()), bytes.as_slice())
-                .map_err(storage)?;
-            changed = true;
-        }
+    if let Some(record) = &writes.record {
+        let bytes = serde_json::to_vec(record).map_err(storage)?;
+        tables
+            .ops
+            .insert((lock, id.op.as_str()), bytes.as_slice())
+            .map_err(storage)?;
+        changed = true;
     }
     Ok((out, changed))
 }
