@@ -29,29 +29,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                 options.holder = holder;
             }
             let grant = connect(&endpoint).await?.acquire_once(&options).await?;
-            if json {
-                print_json(&json!({
-                    "lock": grant.lock,
-                    "epoch": palisade_core::json::value(grant.epoch),
-                    "lease_id": grant.lease_id,
-                    "ttl_ms": grant.ttl_ms,
-                    "holder": grant.holder,
-                    "principal": grant.principal,
-                    "class": grant.class,
-                    "token": grant.token,
-                }));
-            } else {
-                print_fields(&[
-                    ("lock", grant.lock),
-                    ("epoch", grant.epoch.to_string()),
-                    ("lease_id", grant.lease_id),
-                    ("ttl", millis(grant.ttl_ms)),
-                    ("holder", grant.holder),
-                    ("principal", grant.principal),
-                    ("class", grant.class.to_string()),
-                    ("token", grant.token),
-                ]);
-            }
+            print_grant(grant, json);
         }
         LockCommand::Renew { lease_id, endpoint } => {
             let renewed = connect(&endpoint).await?.renew(&lease_id).await?;
@@ -73,55 +51,87 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
                 println!("released lease {lease_id}");
             }
         }
-        LockCommand::List { endpoint } => {
-            let locks = connect(&endpoint).await?.list().await?;
-            if json {
-                let locks: Vec<_> = locks.iter().map(lock_json).collect();
-                print_json(&json!({ "locks": locks }));
-            } else if locks.is_empty() {
-                println!("no locks are held");
-            } else {
-                let rows: Vec<Vec<String>> = locks.iter().map(lock_row).collect();
-                print_table(
-                    &[
-                        "LOCK",
-                        "EPOCH",
-                        "HOLDER",
-                        "PRINCIPAL",
-                        "CLASS",
-                        "REMAINING",
-                        "WAITERS",
-                    ],
-                    &rows,
-                );
-            }
-        }
+        LockCommand::List { endpoint } => list(&endpoint, json).await?,
         LockCommand::Run(args) => crate::lock_run::run(args).await?,
-        LockCommand::Show { name, endpoint } => {
-            let info = connect(&endpoint).await?.describe(&name).await?;
-            if json {
-                print_json(&lock_json(&info));
-            } else if info.held {
-                let row = lock_row(&info);
-                let keys = [
-                    "lock",
-                    "epoch",
-                    "holder",
-                    "principal",
-                    "class",
-                    "remaining",
-                    "waiters",
-                ];
-                let mut fields: Vec<(&str, String)> = keys.into_iter().zip(row).collect();
-                // Shown only to the lease's principal or an admin.
-                if !info.lease_id.is_empty() {
-                    fields.insert(2, ("lease_id", info.lease_id.clone()));
-                }
-                print_fields(&fields);
-            } else {
-                println!("{name} is free ({} waiting)", info.waiters);
-            }
+        LockCommand::Show { name, endpoint } => show(&name, &endpoint, json).await?,
+    }
+    Ok(())
+}
+
+fn print_grant(grant: palisade_client::Grant, json: bool) {
+    if json {
+        print_json(&json!({
+            "lock": grant.lock,
+            "epoch": palisade_core::json::value(grant.epoch),
+            "lease_id": grant.lease_id,
+            "ttl_ms": grant.ttl_ms,
+            "holder": grant.holder,
+            "principal": grant.principal,
+            "class": grant.class,
+            "token": grant.token,
+        }));
+    } else {
+        print_fields(&[
+            ("lock", grant.lock),
+            ("epoch", grant.epoch.to_string()),
+            ("lease_id", grant.lease_id),
+            ("ttl", millis(grant.ttl_ms)),
+            ("holder", grant.holder),
+            ("principal", grant.principal),
+            ("class", grant.class.to_string()),
+            ("token", grant.token),
+        ]);
+    }
+}
+
+async fn list(endpoint: &EndpointArgs, json: bool) -> anyhow::Result<()> {
+    let locks = connect(endpoint).await?.list().await?;
+    if json {
+        let locks: Vec<_> = locks.iter().map(lock_json).collect();
+        print_json(&json!({ "locks": locks }));
+    } else if locks.is_empty() {
+        println!("no locks are held");
+    } else {
+        let rows: Vec<Vec<String>> = locks.iter().map(lock_row).collect();
+        print_table(
+            &[
+                "LOCK",
+                "EPOCH",
+                "HOLDER",
+                "PRINCIPAL",
+                "CLASS",
+                "REMAINING",
+                "WAITERS",
+            ],
+            &rows,
+        );
+    }
+    Ok(())
+}
+
+async fn show(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result<()> {
+    let info = connect(endpoint).await?.describe(name).await?;
+    if json {
+        print_json(&lock_json(&info));
+    } else if info.held {
+        let row = lock_row(&info);
+        let keys = [
+            "lock",
+            "epoch",
+            "holder",
+            "principal",
+            "class",
+            "remaining",
+            "waiters",
+        ];
+        let mut fields: Vec<(&str, String)> = keys.into_iter().zip(row).collect();
+        // Shown only to the lease's principal or an admin.
+        if !info.lease_id.is_empty() {
+            fields.insert(2, ("lease_id", info.lease_id.clone()));
         }
+        print_fields(&fields);
+    } else {
+        println!("{name} is free ({} waiting)", info.waiters);
     }
     Ok(())
 }
