@@ -358,50 +358,7 @@ pub async fn run(command: EffectsCommand, json: bool) -> anyhow::Result<()> {
             lock,
             limit,
             ledger,
-        } => {
-            let states = match state.as_deref() {
-                None => Vec::new(),
-                Some(text) => text
-                    .split(',')
-                    .map(|s| OpState::parse(s.trim()).map_err(|e| anyhow::anyhow!(e.0)))
-                    .collect::<anyhow::Result<_>>()?,
-            };
-            let filter = ListFilter {
-                states,
-                lock,
-                limit: Some(limit),
-            };
-            let records = ledger.connect().await?.list(&filter).await?;
-            if json {
-                print_json(&serde_json::to_value(&records)?);
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = records
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.id.to_string(),
-                        state_cell(r),
-                        format!("{}@{}", r.attempt, r.epoch),
-                        format!("{} ({})", r.receiver, r.capability),
-                        age(r.updated_ms),
-                        short(r.detail.as_deref().or(r.reference.as_deref()), 60),
-                    ]
-                })
-                .collect();
-            print_table(
-                &[
-                    "OPERATION",
-                    "STATE",
-                    "ATTEMPT@EPOCH",
-                    "RECEIVER",
-                    "UPDATED",
-                    "DETAIL",
-                ],
-                &rows,
-            );
-            Ok(())
-        }
+        } => list(state, lock, limit, ledger, json).await,
         EffectsCommand::Show { op, ledger } => {
             let Some(record) = ledger.connect().await?.get(&op).await? else {
                 bail!("no operation {op} in the ledger");
@@ -413,26 +370,7 @@ pub async fn run(command: EffectsCommand, json: bool) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        EffectsCommand::Stats { ledger } => {
-            let stats = ledger.connect().await?.stats().await?;
-            if json {
-                print_json(&serde_json::to_value(&stats)?);
-                return Ok(());
-            }
-            let mut fields: Vec<(&str, String)> = stats
-                .by_state
-                .iter()
-                .map(|(state, n)| (state.as_str(), n.to_string()))
-                .collect();
-            fields.push((
-                "oldest in doubt",
-                stats
-                    .oldest_in_doubt_ms
-                    .map_or("none".into(), |at| format!("{} ago", age(at))),
-            ));
-            print_fields(&fields);
-            Ok(())
-        }
+        EffectsCommand::Stats { ledger } => stats(ledger, json).await,
         EffectsCommand::Perform {
             op,
             token,
@@ -441,52 +379,16 @@ pub async fn run(command: EffectsCommand, json: bool) -> anyhow::Result<()> {
             receiver,
             ledger,
         } => {
-            let ledger = ledger.connect().await?;
-            let receiver = receiver.receiver()?;
-            let options = RunOptions {
-                attempt_timeout: Duration::from_millis(attempt_timeout_ms),
-                ..RunOptions::default()
-            };
-            let done = perform(
-                &ledger,
-                &receiver,
-                &token,
-                &op,
-                payload.as_bytes(),
-                &options,
-                |_, _| {},
+            perform_one(
+                op,
+                token,
+                payload,
+                attempt_timeout_ms,
+                receiver,
+                ledger,
+                json,
             )
-            .await?;
-            let record = done.record();
-            if json {
-                print_json(&serde_json::to_value(record)?);
-            } else {
-                println!(
-                    "{} {}{}",
-                    record.id,
-                    record.state,
-                    record
-                        .reference
-                        .as_deref()
-                        .map(|r| format!(" (reference {r})"))
-                        .unwrap_or_default()
-                );
-            }
-            match done {
-                Done::Performed(_) => Ok(()),
-                Done::Failed(record) => bail!(
-                    "not performed: {}",
-                    record.detail.unwrap_or_else(|| "refused".into())
-                ),
-                Done::Review(record) | Done::InDoubt(record) => Err(crate::lock_run::Exit {
-                    code: IN_DOUBT_EXIT,
-                    message: Some(format!(
-                        "{} is {}: a reconciler or a person settles it (palisade effects show {})",
-                        record.id, record.state, record.id
-                    )),
-                }
-                .into()),
-            }
+            .await
         }
         EffectsCommand::Reconcile {
             every,
@@ -517,31 +419,172 @@ pub async fn run(command: EffectsCommand, json: bool) -> anyhow::Result<()> {
             ledger,
         } => {
             let ledger = ledger.connect().await?;
-            let mut why = why;
-            if compensate {
-                if verdict != Verdict::Compensated {
-                    bail!("--compensate goes with --verdict compensated");
-                }
-                let url = receiver_url.context("--compensate needs --receiver-url")?;
-                let Some(record) = ledger.get(&op).await? else {
-                    bail!("no operation {op} in the ledger");
-                };
-                let receiver = HttpReceiver::new(
-                    &record.receiver,
-                    record.capability,
-                    url,
-                    Duration::from_secs(10),
-                )?;
-                let reference = receiver
-                    .compensate(&record.key)
-                    .await
-                    .context("the receiver did not compensate")?;
-                why = format!("{why} (compensation {reference})");
-            }
-            let answer = ledger.resolve(&op, verdict, &by, &why).await?;
-            print_answer(&answer, json)
+            let why = if compensate {
+                compensate_first(&ledger, &op, verdict, receiver_url, why).await?
+            } else {
+                why
+            };
+            print_answer(&ledger.resolve(&op, verdict, &by, &why).await?, json)
         }
     }
+}
+
+async fn list(
+    state: Option<String>,
+    lock: Option<String>,
+    limit: usize,
+    ledger: LedgerArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    let states = match state.as_deref() {
+        None => Vec::new(),
+        Some(text) => text
+            .split(',')
+            .map(|s| OpState::parse(s.trim()).map_err(|e| anyhow::anyhow!(e.0)))
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let filter = ListFilter {
+        states,
+        lock,
+        limit: Some(limit),
+    };
+    let records = ledger.connect().await?.list(&filter).await?;
+    if json {
+        print_json(&serde_json::to_value(&records)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.to_string(),
+                state_cell(r),
+                format!("{}@{}", r.attempt, r.epoch),
+                format!("{} ({})", r.receiver, r.capability),
+                age(r.updated_ms),
+                short(r.detail.as_deref().or(r.reference.as_deref()), 60),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "OPERATION",
+            "STATE",
+            "ATTEMPT@EPOCH",
+            "RECEIVER",
+            "UPDATED",
+            "DETAIL",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+async fn stats(ledger: LedgerArgs, json: bool) -> anyhow::Result<()> {
+    let stats = ledger.connect().await?.stats().await?;
+    if json {
+        print_json(&serde_json::to_value(&stats)?);
+        return Ok(());
+    }
+    let mut fields: Vec<(&str, String)> = stats
+        .by_state
+        .iter()
+        .map(|(state, n)| (state.as_str(), n.to_string()))
+        .collect();
+    fields.push((
+        "oldest in doubt",
+        stats
+            .oldest_in_doubt_ms
+            .map_or("none".into(), |at| format!("{} ago", age(at))),
+    ));
+    print_fields(&fields);
+    Ok(())
+}
+
+async fn perform_one(
+    op: OpId,
+    token: String,
+    payload: String,
+    attempt_timeout_ms: u64,
+    receiver: ReceiverArgs,
+    ledger: LedgerArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    let ledger = ledger.connect().await?;
+    let receiver = receiver.receiver()?;
+    let options = RunOptions {
+        attempt_timeout: Duration::from_millis(attempt_timeout_ms),
+        ..RunOptions::default()
+    };
+    let done = perform(
+        &ledger,
+        &receiver,
+        &token,
+        &op,
+        payload.as_bytes(),
+        &options,
+        |_, _| {},
+    )
+    .await?;
+    let record = done.record();
+    if json {
+        print_json(&serde_json::to_value(record)?);
+    } else {
+        println!(
+            "{} {}{}",
+            record.id,
+            record.state,
+            record
+                .reference
+                .as_deref()
+                .map(|r| format!(" (reference {r})"))
+                .unwrap_or_default()
+        );
+    }
+    match done {
+        Done::Performed(_) => Ok(()),
+        Done::Failed(record) => bail!(
+            "not performed: {}",
+            record.detail.unwrap_or_else(|| "refused".into())
+        ),
+        Done::Review(record) | Done::InDoubt(record) => Err(crate::lock_run::Exit {
+            code: IN_DOUBT_EXIT,
+            message: Some(format!(
+                "{} is {}: a reconciler or a person settles it (palisade effects show {})",
+                record.id, record.state, record.id
+            )),
+        }
+        .into()),
+    }
+}
+
+/// `--compensate`: asks the receiver to undo the operation's effect first; the reason to record,
+/// with the receiver's reference for the compensation.
+async fn compensate_first(
+    ledger: &AnyLedger,
+    op: &OpId,
+    verdict: Verdict,
+    receiver_url: Option<String>,
+    why: String,
+) -> anyhow::Result<String> {
+    if verdict != Verdict::Compensated {
+        bail!("--compensate goes with --verdict compensated");
+    }
+    let url = receiver_url.context("--compensate needs --receiver-url")?;
+    let Some(record) = ledger.get(op).await? else {
+        bail!("no operation {op} in the ledger");
+    };
+    let receiver = HttpReceiver::new(
+        &record.receiver,
+        record.capability,
+        url,
+        Duration::from_secs(10),
+    )?;
+    let reference = receiver
+        .compensate(&record.key)
+        .await
+        .context("the receiver did not compensate")?;
+    Ok(format!("{why} (compensation {reference})"))
 }
 
 async fn reconcile(
