@@ -74,246 +74,17 @@ pub fn assess(
         .rules
         .iter()
         .map(|rule| {
-            let subject = rule.pattern.as_str();
-            if rule.class == LockClass::Critical && rule.boundary.is_none() {
-                findings.push(finding(
-                    Severity::Critical,
-                    "no_boundary",
-                    subject,
-                    format!(
-                        "locks matching {subject} are critical but the policy names no boundary: \
-                         nothing is known to reject their obsolete owners' writes"
-                    ),
-                ));
-            }
-            if let Some(Boundary::Effects {
-                capability: Capability::None,
-                ..
-            }) = &rule.boundary
-            {
-                if rule.fallback.is_none() {
-                    findings.push(finding(
-                        Severity::Critical,
-                        "no_fallback",
-                        subject,
-                        format!(
-                            "the receiver of {subject} cannot enforce (capability none) and the \
-                             rule declares no fallback: say review, compensate, or \
-                             accept-duplicates with a reason"
-                        ),
-                    ));
-                }
-            }
-            if rule.fallback == Some(Fallback::AcceptDuplicates) {
-                findings.push(finding(
-                    Severity::Info,
-                    "accepts_duplicates",
-                    subject,
-                    format!(
-                        "duplicates are accepted for {subject}: {}",
-                        rule.reason.as_deref().unwrap_or("")
-                    ),
-                ));
-            }
-            PatternReport {
-                pattern: subject.to_owned(),
-                class: rule.class,
-                boundary: rule.boundary.as_ref().map(Boundary::describe),
-                fallback: rule.fallback.map(|f| {
-                    serde_json::to_value(f)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default()
-                }),
-                live_locks: locks
-                    .iter()
-                    .filter(|l| {
-                        policy
-                            .rule_for(&l.lock)
-                            .is_some_and(|r| std::ptr::eq(r, rule))
-                    })
-                    .count(),
-            }
+            rule_findings(rule, &mut findings);
+            pattern_report(policy, rule, locks)
         })
         .collect();
-
     for report in &observed {
-        let subject = report.target.as_str();
-        if !report.reachable {
-            findings.push(finding(
-                Severity::Critical,
-                "boundary_unreachable",
-                subject,
-                format!(
-                    "{subject} does not answer ({}): its fences cannot be checked",
-                    report.error.as_deref().unwrap_or("no answer")
-                ),
-            ));
-        }
-        if report.restore_required == Some(true) {
-            findings.push(finding(
-                Severity::Critical,
-                "restore_required",
-                subject,
-                format!(
-                    "{subject} was copied back from an old state and refuses writes until it is \
-                     repaired (docs/operations.md)"
-                ),
-            ));
-        }
-        if report.guard_installed == Some(false) {
-            findings.push(finding(
-                Severity::Critical,
-                "guard_missing",
-                subject,
-                format!(
-                    "{subject} has no Palisade guard: plain SQL can overwrite rows without the \
-                     fence (install it: `palisade resource guard --postgres URL --table T \
-                     --lock NAME` or GuardedTable::install_guard)"
-                ),
-            ));
-        }
-        for problem in &report.problems {
-            findings.push(Finding {
-                proof: Some(problem.proof.clone()),
-                ..finding(
-                    problem.severity,
-                    &problem.code,
-                    subject,
-                    format!("{subject}: {}", problem.message),
-                )
-            });
-        }
-        match &report.probe {
-            Some(Probe::Accepted { detail }) => findings.push(finding(
-                Severity::Critical,
-                "probe_accepted",
-                subject,
-                format!("{subject} ACCEPTED an obsolete write: {detail}"),
-            )),
-            // A boundary that makes the probe fail has not shown that it fences: as bad as one
-            // that accepts, for the audit's verdict (a liar would otherwise choose to fail).
-            Some(Probe::Failed { detail }) => findings.push(finding(
-                Severity::Critical,
-                "probe_failed",
-                subject,
-                format!(
-                    "the probe of {subject} did not show that it refuses obsolete owners: \
-                     {detail}"
-                ),
-            )),
-            _ => {}
-        }
-        for (state, what) in [
-            ("needs_review", "operations wait for a person's review"),
-            ("unknown", "operations' outcomes are in doubt"),
-        ] {
-            if let Some(&count) = report.operations.get(state).filter(|&&n| n > 0) {
-                findings.push(finding(
-                    Severity::Warning,
-                    "effects_in_doubt",
-                    subject,
-                    format!("{count} {what} at {subject} (palisade effects list --state {state})"),
-                ));
-            }
-        }
+        boundary_findings(report, &mut findings);
     }
-
     let lock_reports = locks
         .iter()
-        .map(|live| {
-            let rule = policy.rule_for(&live.lock);
-            let class = rule.map_or(live.class, |r| r.class);
-            let boundary = rule.and_then(|r| r.boundary.as_ref());
-            let at = boundary.and_then(|b| known.iter().position(|(k, _)| k == b));
-            let fence = at
-                .and_then(|i| observed.get(i))
-                .and_then(|report| report.fences.get(&live.lock).copied());
-            if class == LockClass::Critical && boundary.is_none() {
-                findings.push(finding(
-                    Severity::Critical,
-                    "no_boundary",
-                    &live.lock,
-                    format!(
-                        "{} is held as critical (epoch {}) and the policy names no boundary for \
-                         it",
-                        live.lock, live.epoch
-                    ),
-                ));
-            }
-            if let Some(fence) = fence {
-                if fence > live.epoch {
-                    findings.push(finding(
-                        Severity::Critical,
-                        "fence_ahead",
-                        &live.lock,
-                        format!(
-                            "{} is fenced at {fence} by {} but the coordinator's epoch is {}: \
-                             the coordinator was restored from an old backup, or someone else \
-                             signs tokens. Its holder's writes are refused until the epoch \
-                             passes {fence} (palisade restore --floor-from)",
-                            live.lock,
-                            boundary.map(Boundary::describe).unwrap_or_default(),
-                            live.epoch
-                        ),
-                    ));
-                } else if fence < live.epoch {
-                    // Epochs come from one counter for every lock, so the gap says nothing
-                    // about how many owners came and went; only that this holder has not
-                    // written (or activated) there yet.
-                    findings.push(finding(
-                        Severity::Info,
-                        "fence_lags",
-                        &live.lock,
-                        format!(
-                            "{} is at epoch {} and its boundary's fence at {fence}: until the \
-                             holder writes or activates there, an earlier owner's write above \
-                             {fence} is still accepted (activated mode closes that window)",
-                            live.lock, live.epoch
-                        ),
-                    ));
-                }
-            }
-            if class == LockClass::Efficiency {
-                for (i, report) in observed.iter().enumerate() {
-                    if let Some(&fence) = report.fences.get(&live.lock).filter(|&&f| f > 0) {
-                        let target = known.get(i).map(|(b, _)| b.describe()).unwrap_or_default();
-                        findings.push(finding(
-                            Severity::Warning,
-                            "efficiency_fenced",
-                            &live.lock,
-                            format!(
-                                "{} is classed efficiency but {target} fences its writes (fence \
-                                 {fence}): if those writes matter, class it critical",
-                                live.lock
-                            ),
-                        ));
-                    }
-                }
-            }
-            let stale_rejections = at.and_then(|i| observed.get(i)).map_or(0, |report| {
-                report
-                    .recent_rejections
-                    .iter()
-                    .filter(|r| r["lock"] == live.lock.as_str() && r["reason"] == "stale_epoch")
-                    .count()
-            });
-            LockReport {
-                lock: live.lock.clone(),
-                class,
-                epoch: live.epoch,
-                holder: live.holder.clone(),
-                remaining_ms: live.remaining_ms,
-                waiters: live.waiters,
-                pattern: rule.map(|r| r.pattern.as_str().to_owned()),
-                boundary: boundary.map(Boundary::describe),
-                fence,
-                lag: fence.filter(|&f| f <= live.epoch).map(|f| live.epoch - f),
-                stale_rejections,
-            }
-        })
+        .map(|live| lock_report(policy, &known, &observed, live, &mut findings))
         .collect();
-
     findings
         .sort_by(|a, b| (a.severity, &a.code, &a.subject).cmp(&(b.severity, &b.code, &b.subject)));
     Report {
@@ -325,6 +96,281 @@ pub fn assess(
         locks: lock_reports,
         boundaries: observed,
         findings,
+    }
+}
+
+/// What a rule of the policy says about itself: critical with no boundary, a receiver that
+/// cannot enforce with no fallback, duplicates accepted.
+fn rule_findings(rule: &crate::policy::Rule, findings: &mut Vec<Finding>) {
+    let subject = rule.pattern.as_str();
+    if rule.class == LockClass::Critical && rule.boundary.is_none() {
+        findings.push(finding(
+            Severity::Critical,
+            "no_boundary",
+            subject,
+            format!(
+                "locks matching {subject} are critical but the policy names no boundary: \
+                 nothing is known to reject their obsolete owners' writes"
+            ),
+        ));
+    }
+    if let Some(Boundary::Effects {
+        capability: Capability::None,
+        ..
+    }) = &rule.boundary
+    {
+        if rule.fallback.is_none() {
+            findings.push(finding(
+                Severity::Critical,
+                "no_fallback",
+                subject,
+                format!(
+                    "the receiver of {subject} cannot enforce (capability none) and the \
+                     rule declares no fallback: say review, compensate, or \
+                     accept-duplicates with a reason"
+                ),
+            ));
+        }
+    }
+    if rule.fallback == Some(Fallback::AcceptDuplicates) {
+        findings.push(finding(
+            Severity::Info,
+            "accepts_duplicates",
+            subject,
+            format!(
+                "duplicates are accepted for {subject}: {}",
+                rule.reason.as_deref().unwrap_or("")
+            ),
+        ));
+    }
+}
+
+fn pattern_report(
+    policy: &Policy,
+    rule: &crate::policy::Rule,
+    locks: &[LiveLock],
+) -> PatternReport {
+    let subject = rule.pattern.as_str();
+    PatternReport {
+        pattern: subject.to_owned(),
+        class: rule.class,
+        boundary: rule.boundary.as_ref().map(Boundary::describe),
+        fallback: rule.fallback.map(|f| {
+            serde_json::to_value(f)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        }),
+        live_locks: locks
+            .iter()
+            .filter(|l| {
+                policy
+                    .rule_for(&l.lock)
+                    .is_some_and(|r| std::ptr::eq(r, rule))
+            })
+            .count(),
+    }
+}
+
+/// What a boundary's observation shows: unreachable, copied back, unguarded, its own problems,
+/// its probe, effects in doubt.
+fn boundary_findings(report: &BoundaryReport, findings: &mut Vec<Finding>) {
+    let subject = report.target.as_str();
+    if !report.reachable {
+        findings.push(finding(
+            Severity::Critical,
+            "boundary_unreachable",
+            subject,
+            format!(
+                "{subject} does not answer ({}): its fences cannot be checked",
+                report.error.as_deref().unwrap_or("no answer")
+            ),
+        ));
+    }
+    if report.restore_required == Some(true) {
+        findings.push(finding(
+            Severity::Critical,
+            "restore_required",
+            subject,
+            format!(
+                "{subject} was copied back from an old state and refuses writes until it is \
+                 repaired (docs/operations.md)"
+            ),
+        ));
+    }
+    if report.guard_installed == Some(false) {
+        findings.push(finding(
+            Severity::Critical,
+            "guard_missing",
+            subject,
+            format!(
+                "{subject} has no Palisade guard: plain SQL can overwrite rows without the \
+                 fence (install it: `palisade resource guard --postgres URL --table T \
+                 --lock NAME` or GuardedTable::install_guard)"
+            ),
+        ));
+    }
+    for problem in &report.problems {
+        findings.push(Finding {
+            proof: Some(problem.proof.clone()),
+            ..finding(
+                problem.severity,
+                &problem.code,
+                subject,
+                format!("{subject}: {}", problem.message),
+            )
+        });
+    }
+    probe_and_effects_findings(report, subject, findings);
+}
+
+/// A probe that did not show a refusal, and effects waiting for a decision.
+fn probe_and_effects_findings(report: &BoundaryReport, subject: &str, findings: &mut Vec<Finding>) {
+    match &report.probe {
+        Some(Probe::Accepted { detail }) => findings.push(finding(
+            Severity::Critical,
+            "probe_accepted",
+            subject,
+            format!("{subject} ACCEPTED an obsolete write: {detail}"),
+        )),
+        // A boundary that makes the probe fail has not shown that it fences: as bad as one
+        // that accepts, for the audit's verdict (a liar would otherwise choose to fail).
+        Some(Probe::Failed { detail }) => findings.push(finding(
+            Severity::Critical,
+            "probe_failed",
+            subject,
+            format!(
+                "the probe of {subject} did not show that it refuses obsolete owners: \
+                 {detail}"
+            ),
+        )),
+        _ => {}
+    }
+    for (state, what) in [
+        ("needs_review", "operations wait for a person's review"),
+        ("unknown", "operations' outcomes are in doubt"),
+    ] {
+        if let Some(&count) = report.operations.get(state).filter(|&&n| n > 0) {
+            findings.push(finding(
+                Severity::Warning,
+                "effects_in_doubt",
+                subject,
+                format!("{count} {what} at {subject} (palisade effects list --state {state})"),
+            ));
+        }
+    }
+}
+
+/// One live lock against its rule and its boundary's fence.
+fn lock_report(
+    policy: &Policy,
+    known: &[(Boundary, Vec<String>)],
+    observed: &[BoundaryReport],
+    live: &LiveLock,
+    findings: &mut Vec<Finding>,
+) -> LockReport {
+    let rule = policy.rule_for(&live.lock);
+    let class = rule.map_or(live.class, |r| r.class);
+    let boundary = rule.and_then(|r| r.boundary.as_ref());
+    let at = boundary.and_then(|b| known.iter().position(|(k, _)| k == b));
+    let fence = at
+        .and_then(|i| observed.get(i))
+        .and_then(|report| report.fences.get(&live.lock).copied());
+    lock_findings(live, class, boundary, fence, known, observed, findings);
+    let stale_rejections = at.and_then(|i| observed.get(i)).map_or(0, |report| {
+        report
+            .recent_rejections
+            .iter()
+            .filter(|r| r["lock"] == live.lock.as_str() && r["reason"] == "stale_epoch")
+            .count()
+    });
+    LockReport {
+        lock: live.lock.clone(),
+        class,
+        epoch: live.epoch,
+        holder: live.holder.clone(),
+        remaining_ms: live.remaining_ms,
+        waiters: live.waiters,
+        pattern: rule.map(|r| r.pattern.as_str().to_owned()),
+        boundary: boundary.map(Boundary::describe),
+        fence,
+        lag: fence.filter(|&f| f <= live.epoch).map(|f| live.epoch - f),
+        stale_rejections,
+    }
+}
+
+/// A live lock's findings: critical with no boundary, a fence ahead of or behind its epoch,
+/// efficiency locks that a boundary fences.
+fn lock_findings(
+    live: &LiveLock,
+    class: LockClass,
+    boundary: Option<&Boundary>,
+    fence: Option<u64>,
+    known: &[(Boundary, Vec<String>)],
+    observed: &[BoundaryReport],
+    findings: &mut Vec<Finding>,
+) {
+    if class == LockClass::Critical && boundary.is_none() {
+        findings.push(finding(
+            Severity::Critical,
+            "no_boundary",
+            &live.lock,
+            format!(
+                "{} is held as critical (epoch {}) and the policy names no boundary for \
+                 it",
+                live.lock, live.epoch
+            ),
+        ));
+    }
+    if let Some(fence) = fence {
+        if fence > live.epoch {
+            findings.push(finding(
+                Severity::Critical,
+                "fence_ahead",
+                &live.lock,
+                format!(
+                    "{} is fenced at {fence} by {} but the coordinator's epoch is {}: \
+                     the coordinator was restored from an old backup, or someone else \
+                     signs tokens. Its holder's writes are refused until the epoch \
+                     passes {fence} (palisade restore --floor-from)",
+                    live.lock,
+                    boundary.map(Boundary::describe).unwrap_or_default(),
+                    live.epoch
+                ),
+            ));
+        } else if fence < live.epoch {
+            // Epochs come from one counter for every lock, so the gap says nothing
+            // about how many owners came and went; only that this holder has not
+            // written (or activated) there yet.
+            findings.push(finding(
+                Severity::Info,
+                "fence_lags",
+                &live.lock,
+                format!(
+                    "{} is at epoch {} and its boundary's fence at {fence}: until the \
+                     holder writes or activates there, an earlier owner's write above \
+                     {fence} is still accepted (activated mode closes that window)",
+                    live.lock, live.epoch
+                ),
+            ));
+        }
+    }
+    if class == LockClass::Efficiency {
+        for (i, report) in observed.iter().enumerate() {
+            if let Some(&fence) = report.fences.get(&live.lock).filter(|&&f| f > 0) {
+                let target = known.get(i).map(|(b, _)| b.describe()).unwrap_or_default();
+                findings.push(finding(
+                    Severity::Warning,
+                    "efficiency_fenced",
+                    &live.lock,
+                    format!(
+                        "{} is classed efficiency but {target} fences its writes (fence \
+                         {fence}): if those writes matter, class it critical",
+                        live.lock
+                    ),
+                ));
+            }
+        }
     }
 }
 
