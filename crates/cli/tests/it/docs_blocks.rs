@@ -28,12 +28,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Every Markdown page with code: the root's, the docs' and the Python client's.
-fn pages() -> Vec<PathBuf> {
+/// Every Markdown page with code: the root's, the docs', the Python and TypeScript clients'.
+pub(crate) fn pages() -> Vec<PathBuf> {
     let root = root();
     let mut pages = vec![
         root.join("README.md"),

@@ -12,6 +12,7 @@ mod cluster;
 mod console_browser;
 mod crash_churn;
 mod docs_blocks;
+mod docs_names;
 mod drill;
 mod effects;
 mod hardening;
