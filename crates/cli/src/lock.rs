@@ -182,7 +182,12 @@ fn lock_json(info: &LockInfo) -> serde_json::Value {
     value
 }
 
+/// Set once a command printed its JSON document: an error after it is not printed as a second
+/// one (stdout stays one document).
+pub static PRINTED_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 pub fn print_json(value: &serde_json::Value) {
+    PRINTED_JSON.store(true, std::sync::atomic::Ordering::Relaxed);
     println!(
         "{}",
         serde_json::to_string_pretty(value).expect("JSON values serialize")

@@ -473,8 +473,11 @@ fn main() -> ExitCode {
                 Some(exit) => (exit.code, exit.message.clone()),
                 None => (exit_code(&error), Some(format!("{error:#}"))),
             };
+            // A command that printed its document (the audit's findings, a drill's report, an
+            // effect's record) keeps stdout to that one document.
+            let reported = lock::PRINTED_JSON.load(std::sync::atomic::Ordering::Relaxed);
             if let Some(message) = message {
-                if json {
+                if json && !reported {
                     // Under --json an error is JSON too, on stdout where scripts read.
                     lock::print_json(&serde_json::json!({
                         "error": {"exit_code": code, "message": message}
