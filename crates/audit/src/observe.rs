@@ -80,7 +80,7 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
         .await
         .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
     let status = response.status();
-    let body = read_limited(response)
+    let body = read_body_limited(response)
         .await
         .map_err(|e| format!("GET {url}: {e}"))?;
     let body: Value =
@@ -92,7 +92,7 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
 }
 
 /// The answer's body, at most [`MAX_ANSWER_BYTES`].
-async fn read_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+async fn read_body_limited(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| without_url(&e))? {
         if body.len() + chunk.len() > MAX_ANSWER_BYTES {
@@ -323,17 +323,45 @@ pub async fn probe_postgres(url: &str, table: &str) -> Probe {
         Ok(t) => t,
         Err(detail) => return Probe::Failed { detail },
     };
-    let statement = format!(
-        "UPDATE {t} SET last_fence = last_fence WHERE ctid = \
-         (SELECT ctid FROM {t} LIMIT 1 FOR UPDATE SKIP LOCKED)"
-    );
-    let outcome = transaction.execute(&statement, &[]).await;
+    // The row's lock floor is recorded first (0: nothing superseded), inside the transaction
+    // that is rolled back: the refusal must then come from the guard itself (P5001), not from a
+    // floor this database has not learned yet (P5008), which would pass a table whose guard
+    // trigger is gone.
+    let row = match learn_probe_floor(&transaction, table, &t).await {
+        Ok(row) => row,
+        Err(detail) => {
+            let _ = transaction.rollback().await;
+            return Probe::Failed { detail };
+        }
+    };
+    let outcome = match row {
+        // The row whose lock's floor was just recorded (locked by that read).
+        Some(ctid) => {
+            let statement =
+                format!("UPDATE {t} SET last_fence = last_fence WHERE ctid = $1::text::tid");
+            transaction.execute(&statement, &[&ctid]).await
+        }
+        None => {
+            let statement = format!(
+                "UPDATE {t} SET last_fence = last_fence WHERE ctid = \
+                 (SELECT ctid FROM {t} LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            );
+            transaction.execute(&statement, &[]).await
+        }
+    };
     // Dropping the transaction rolls it back; say so explicitly.
     let _ = transaction.rollback().await;
     match outcome {
-        Err(e) if e.code().is_some_and(|c| c.code().starts_with("P5")) => Probe::Refused {
+        Err(e) if e.code().is_some_and(|c| c.code() == GUARD_UPDATE_SQLSTATE) => Probe::Refused {
             detail: format!(
                 "an UPDATE of {table} that does not raise last_fence was refused: {} (rolled back)",
+                pg_text(&e)
+            ),
+        },
+        Err(e) if e.code().is_some_and(|c| c.code().starts_with("P5")) => Probe::Failed {
+            detail: format!(
+                "an UPDATE of {table} that does not raise last_fence was refused, but not by the \
+                 guard ({}): that proves nothing about the guard",
                 pg_text(&e)
             ),
         },
@@ -350,6 +378,66 @@ pub async fn probe_postgres(url: &str, table: &str) -> Probe {
             ),
         },
     }
+}
+
+/// SQLSTATE of the guard refusing an UPDATE that does not raise `last_fence`.
+const GUARD_UPDATE_SQLSTATE: &str = "P5001";
+
+/// Records floor 0 for the lock of the row the probe will update (when the database has lock
+/// floors, migration 8), in the probe's transaction; with a lock column, the row it chose and
+/// locked (its `ctid`), which the probe then updates.
+async fn learn_probe_floor(
+    transaction: &tokio_postgres::Transaction<'_>,
+    table: &str,
+    quoted: &str,
+) -> Result<Option<String>, String> {
+    let has_floors: bool = transaction
+        .query_one("SELECT to_regproc('palisade_learn_floor') IS NOT NULL", &[])
+        .await
+        .map_err(|e| pg_text(&e))?
+        .get(0);
+    if !has_floors {
+        return Ok(None);
+    }
+    let binding = transaction
+        .query_opt(
+            "SELECT table_lock, lock_column FROM palisade_guarded_tables \
+             WHERE tbl = $1::text::regclass",
+            &[&table],
+        )
+        .await
+        .map_err(|e| pg_text(&e))?;
+    // A table never guarded has no floor trigger either: nothing to learn.
+    let Some(binding) = binding else {
+        return Ok(None);
+    };
+    let (table_lock, lock_column): (Option<String>, Option<String>) =
+        (binding.get(0), binding.get(1));
+    let (lock, row) = match (table_lock, lock_column) {
+        (Some(lock), _) => (Some(lock), None),
+        (None, Some(column)) => {
+            let column = quote(&column)?;
+            let select = format!(
+                "SELECT ctid::text, {column}::text FROM {quoted} LIMIT 1 FOR UPDATE SKIP LOCKED"
+            );
+            match transaction
+                .query_opt(&select, &[])
+                .await
+                .map_err(|e| pg_text(&e))?
+            {
+                Some(found) => (Some(found.get(1)), Some(found.get(0))),
+                None => (None, None),
+            }
+        }
+        (None, None) => (None, None),
+    };
+    if let Some(lock) = lock {
+        transaction
+            .execute("SELECT palisade_learn_floor($1, 0)", &[&lock])
+            .await
+            .map_err(|e| pg_text(&e))?;
+    }
+    Ok(row)
 }
 
 /// A name no boundary can predict: 16 random hex digits.
@@ -405,7 +493,7 @@ pub async fn probe_resource(
         async move {
             let response = request.send().await.map_err(|e| without_url(&e))?;
             let status = response.status();
-            let body = read_limited(response).await.unwrap_or_default();
+            let body = read_body_limited(response).await.unwrap_or_default();
             let body = serde_json::from_slice(&body).unwrap_or_else(|_| {
                 Value::String(String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned())
             });

@@ -69,6 +69,26 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
     );
     let probe = probe_postgres(&url, &guarded).await;
     assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
+    // A floor this database has not learned refuses every fenced row too (P5008): that must
+    // not pass for the guard. With the guard's update trigger off and no floor learned, the
+    // probe still sees the update go through.
+    client
+        .batch_execute(&format!(
+            "DELETE FROM palisade_lock_floors WHERE lock = '{lock}';
+             ALTER TABLE {guarded} DISABLE TRIGGER palisade_guard_update"
+        ))
+        .await
+        .unwrap();
+    let probe = probe_postgres(&url, &guarded).await;
+    assert!(matches!(probe, Probe::Accepted { .. }), "{probe:?}");
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {guarded} ENABLE ALWAYS TRIGGER palisade_guard_update"
+        ))
+        .await
+        .unwrap();
+    let probe = probe_postgres(&url, &guarded).await;
+    assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
 
     let report = observe(
         &http,

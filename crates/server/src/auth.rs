@@ -575,7 +575,7 @@ pub fn hash_secret(secret: &str) -> String {
     format!("sha256:{}", palisade_core::hex(&digest))
 }
 
-fn read_limited(path: &Path) -> Result<String, AuthConfigError> {
+fn read_config_file(path: &Path) -> Result<String, AuthConfigError> {
     let io = |source| AuthConfigError::Io {
         path: path.to_owned(),
         source,
@@ -607,7 +607,7 @@ fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigE
         message,
     };
     let auth_text = match auth_file {
-        Some(path) => read_limited(path)?,
+        Some(path) => read_config_file(path)?,
         None => String::new(),
     };
     let auth_file = auth_file.unwrap_or(Path::new("(no auth file)"));
@@ -640,7 +640,7 @@ fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigE
         }
     }
     let mut count = 0;
-    for (line, fields) in lines(&read_limited(acl_file)?) {
+    for (line, fields) in lines(&read_config_file(acl_file)?) {
         let [name, right, scope] = fields[..] else {
             return Err(syntax(
                 acl_file,

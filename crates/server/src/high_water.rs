@@ -132,19 +132,19 @@ fn io_error(path: &Path, error: io::Error) -> StoreError {
 
 /// A [`LeaseStore`] whose epochs never pass the high-water bound: it covers each commit's
 /// epoch counter before committing, and loads a counter raised to the bound.
-pub struct Witnessed<S> {
+pub struct Bounded<S> {
     inner: S,
     high_water: HighWater,
 }
 
-impl<S> Witnessed<S> {
+impl<S> Bounded<S> {
     /// `inner`, bounded by `high_water`.
     pub fn new(inner: S, high_water: HighWater) -> Self {
         Self { inner, high_water }
     }
 }
 
-impl<S: LeaseStore> LeaseStore for Witnessed<S> {
+impl<S: LeaseStore> LeaseStore for Bounded<S> {
     fn load(&self) -> Result<DurableState, StoreError> {
         let mut state = self.inner.load()?;
         let bound = Epoch(self.high_water.bound());
@@ -169,7 +169,7 @@ impl<S: LeaseStore> LeaseStore for Witnessed<S> {
         self.inner.dedicated_thread()
     }
 
-    /// Only local stores are witnessed: their commit runs (on a blocking thread) through
+    /// Only local stores are bounded: their commit runs (on a blocking thread) through
     /// [`Self::commit`], which covers the epochs first.
     fn commit_async(&mut self, _changes: &Changes) -> Option<PendingCommit> {
         None
@@ -215,14 +215,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hw");
         let store = MemoryLeaseStore::default();
-        let mut witnessed = Witnessed::new(store.clone(), HighWater::open(&path).unwrap());
-        witnessed.commit(&changes(10)).unwrap();
+        let mut bounded = Bounded::new(store.clone(), HighWater::open(&path).unwrap());
+        bounded.commit(&changes(10)).unwrap();
         // The directory is "copied back" to an older state (epoch 3): the bound still covers
         // epoch 10.
         let older = MemoryLeaseStore::default();
         let mut older_writer = older.clone();
         older_writer.commit(&changes(3)).unwrap();
-        let restored = Witnessed::new(older, HighWater::open(&path).unwrap());
+        let restored = Bounded::new(older, HighWater::open(&path).unwrap());
         assert!(restored.load().unwrap().last_epoch > Epoch(10));
     }
 

@@ -431,7 +431,7 @@ fn start_single(
             "this data directory was made by palisade restore"
         );
     }
-    let store = high_water::Witnessed::new(store, bound);
+    let store = high_water::Bounded::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
     let (handle, engine) = engine::start_with(
         store,
