@@ -51,110 +51,11 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
     if json {
         print_json(&json!({"scenarios": reports, "passed": passed}));
     } else {
-        let rows: Vec<Vec<String>> = reports
-            .iter()
-            .map(|r| {
-                let points = r
-                    .pause_points
-                    .iter()
-                    .map(|(p, n)| format!("{p}×{n}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                vec![
-                    r.scenario.to_string(),
-                    r.resource.to_string(),
-                    r.iterations.to_string(),
-                    r.stale_attempted.to_string(),
-                    r.stale_accepted.to_string(),
-                    r.bypass_attempted.to_string(),
-                    points,
-                    if r.passed {
-                        "PASS".into()
-                    } else {
-                        "FAIL".into()
-                    },
-                ]
-            })
-            .collect();
-        print_table(
-            &[
-                "SCENARIO",
-                "RESOURCE",
-                "ITER",
-                "STALE TRIED",
-                "STALE ACCEPTED",
-                "BYPASS TRIED",
-                "PAUSE POINTS",
-                "VERDICT",
-            ],
-            &rows,
-        );
+        print_drill_table(&reports);
         for report in &reports {
-            if let Some(f) = &report.failover {
-                println!(
-                    "\n{}: {} leader kills survived, {} grants, unavailability after a kill \
-                     p50 {} ms, max {} ms",
-                    report.scenario,
-                    f.leader_kills,
-                    f.grants,
-                    f.unavailable_p50_ms,
-                    f.unavailable_max_ms
-                );
-            }
-            for f in report.effects.iter().flatten() {
-                let faults = f
-                    .faults
-                    .iter()
-                    .map(|(kind, n)| format!("{kind}×{n}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                println!(
-                    "\neffects ({}, {}): {} operations; owners stopped {:?}, {} killed, {} \
-                     resumed ({} stale begins refused); receiver faults {faults}, {} restarts; \
-                     {} effects performed, {} deduplicated retries, {} late sends refused; \
-                     {} duplicates, {} review items ({} done, {} not done), {} lost, {} sends \
-                     unrecorded",
-                    f.ledger,
-                    f.capability,
-                    f.operations,
-                    f.owner_stops,
-                    f.owner_kills,
-                    f.owner_resumes,
-                    f.stale_begins_refused,
-                    f.receiver_restarts,
-                    f.effects_performed,
-                    f.replays,
-                    f.late_refused,
-                    f.duplicates,
-                    f.review_items,
-                    f.resolved_done,
-                    f.resolved_not_done,
-                    f.lost,
-                    f.unrecorded_sends
-                );
-            }
-            if let Some(f) = &report.restore {
-                let orders = f
-                    .orders
-                    .iter()
-                    .map(|(order, n)| format!("{order}×{n}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                println!(
-                    "\n{}: {} restores ({orders}), {} grants after them, {} epochs reused, \
-                     obsolete writes {} tried / {} accepted, {} refused until the floor, \
-                     progress after {}; restore to the next write p50 {} ms",
-                    report.scenario,
-                    f.restores,
-                    f.grants_after_restore,
-                    f.epochs_reused,
-                    f.obsolete_attempted,
-                    f.obsolete_accepted,
-                    f.refused_until_floor,
-                    f.progressed,
-                    f.restore_to_write_p50_ms
-                );
-            }
+            print_failover(report);
+            print_effects(report);
+            print_restore(report);
         }
         for report in reports.iter().filter(|r| !r.passed) {
             eprintln!(
@@ -166,6 +67,117 @@ pub async fn run_drill(args: DrillArgs, json: bool) -> anyhow::Result<()> {
     }
     anyhow::ensure!(passed, "a drill found a violation");
     Ok(())
+}
+
+fn print_drill_table(reports: &[palisade_drill::ScenarioReport]) {
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            let points = r
+                .pause_points
+                .iter()
+                .map(|(p, n)| format!("{p}×{n}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            vec![
+                r.scenario.to_string(),
+                r.resource.to_string(),
+                r.iterations.to_string(),
+                r.stale_attempted.to_string(),
+                r.stale_accepted.to_string(),
+                r.bypass_attempted.to_string(),
+                points,
+                if r.passed {
+                    "PASS".into()
+                } else {
+                    "FAIL".into()
+                },
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "SCENARIO",
+            "RESOURCE",
+            "ITER",
+            "STALE TRIED",
+            "STALE ACCEPTED",
+            "BYPASS TRIED",
+            "PAUSE POINTS",
+            "VERDICT",
+        ],
+        &rows,
+    );
+}
+
+fn print_failover(report: &palisade_drill::ScenarioReport) {
+    if let Some(f) = &report.failover {
+        println!(
+            "\n{}: {} leader kills survived, {} grants, unavailability after a kill \
+             p50 {} ms, max {} ms",
+            report.scenario, f.leader_kills, f.grants, f.unavailable_p50_ms, f.unavailable_max_ms
+        );
+    }
+}
+
+fn print_effects(report: &palisade_drill::ScenarioReport) {
+    for f in report.effects.iter().flatten() {
+        let faults = f
+            .faults
+            .iter()
+            .map(|(kind, n)| format!("{kind}×{n}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "\neffects ({}, {}): {} operations; owners stopped {:?}, {} killed, {} \
+             resumed ({} stale begins refused); receiver faults {faults}, {} restarts; \
+             {} effects performed, {} deduplicated retries, {} late sends refused; \
+             {} duplicates, {} review items ({} done, {} not done), {} lost, {} sends \
+             unrecorded",
+            f.ledger,
+            f.capability,
+            f.operations,
+            f.owner_stops,
+            f.owner_kills,
+            f.owner_resumes,
+            f.stale_begins_refused,
+            f.receiver_restarts,
+            f.effects_performed,
+            f.replays,
+            f.late_refused,
+            f.duplicates,
+            f.review_items,
+            f.resolved_done,
+            f.resolved_not_done,
+            f.lost,
+            f.unrecorded_sends
+        );
+    }
+}
+
+fn print_restore(report: &palisade_drill::ScenarioReport) {
+    if let Some(f) = &report.restore {
+        let orders = f
+            .orders
+            .iter()
+            .map(|(order, n)| format!("{order}×{n}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "\n{}: {} restores ({orders}), {} grants after them, {} epochs reused, \
+             obsolete writes {} tried / {} accepted, {} refused until the floor, \
+             progress after {}; restore to the next write p50 {} ms",
+            report.scenario,
+            f.restores,
+            f.grants_after_restore,
+            f.epochs_reused,
+            f.obsolete_attempted,
+            f.obsolete_accepted,
+            f.refused_until_floor,
+            f.progressed,
+            f.restore_to_write_p50_ms
+        );
+    }
 }
 
 #[derive(Args)]

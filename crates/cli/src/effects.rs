@@ -359,17 +359,7 @@ pub async fn run(command: EffectsCommand, json: bool) -> anyhow::Result<()> {
             limit,
             ledger,
         } => list(state, lock, limit, ledger, json).await,
-        EffectsCommand::Show { op, ledger } => {
-            let Some(record) = ledger.connect().await?.get(&op).await? else {
-                bail!("no operation {op} in the ledger");
-            };
-            if json {
-                print_json(&serde_json::to_value(&record)?);
-            } else {
-                print_record(&record);
-            }
-            Ok(())
-        }
+        EffectsCommand::Show { op, ledger } => show(&op, ledger, json).await,
         EffectsCommand::Stats { ledger } => stats(ledger, json).await,
         EffectsCommand::Perform {
             op,
@@ -477,6 +467,18 @@ async fn list(
         ],
         &rows,
     );
+    Ok(())
+}
+
+async fn show(op: &OpId, ledger: LedgerArgs, json: bool) -> anyhow::Result<()> {
+    let Some(record) = ledger.connect().await?.get(op).await? else {
+        bail!("no operation {op} in the ledger");
+    };
+    if json {
+        print_json(&serde_json::to_value(&record)?);
+    } else {
+        print_record(&record);
+    }
     Ok(())
 }
 
