@@ -133,126 +133,10 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register(
-            "leases_granted",
-            "Leases granted",
-            metrics.leases_granted.clone(),
-        );
-        r.register(
-            "leases_renewed",
-            "Lease renewals",
-            metrics.leases_renewed.clone(),
-        );
-        r.register(
-            "leases_released",
-            "Leases released",
-            metrics.leases_released.clone(),
-        );
-        r.register(
-            "leases_expired",
-            "Leases expired",
-            metrics.leases_expired.clone(),
-        );
-        r.register(
-            "renewal_failures",
-            "Renewals of unknown, released or expired leases",
-            metrics.renewal_failures.clone(),
-        );
-        r.register(
-            "ownership_transitions",
-            "Ownership transitions by lock class",
-            metrics.transitions.clone(),
-        );
-        r.register(
-            "leases_active",
-            "Live leases",
-            metrics.leases_active.clone(),
-        );
-        r.register(
-            "waiters",
-            "Acquires waiting for a held lock",
-            metrics.waiters.clone(),
-        );
-        r.register(
-            "acquire_duration_seconds",
-            "Time from receiving an acquire to granting it",
-            metrics.acquire_latency.clone(),
-        );
-        r.register(
-            "commit_batch_size",
-            "Requests answered by one durable commit",
-            metrics.commit_batch_size.clone(),
-        );
-        r.register(
-            "commit_duration_seconds",
-            "Duration of one durable commit (fsync included)",
-            metrics.commit_duration.clone(),
-        );
-        r.register(
-            "store_syncs",
-            "fdatasync and fsync calls of a single node's lease log",
-            metrics.store_syncs.clone(),
-        );
-        r.register(
-            "clock_waits",
-            "Commits that waited for the wall clock to pass the epoch counter",
-            metrics.clock_waits.clone(),
-        );
-        r.register(
-            "process_cpu_seconds",
-            "CPU time (user and system) of the coordinator's process, in seconds",
-            metrics.process_cpu.clone(),
-        );
-        r.register(
-            "acquires_refused",
-            "Acquires refused, by reason",
-            metrics.acquires_refused.clone(),
-        );
-        r.register(
-            "epoch",
-            "The highest epoch granted since this coordinator started",
-            metrics.epoch.clone(),
-        );
-        r.register(
-            "policy_rules",
-            "Rules in the lock policy in force",
-            metrics.policy_rules.clone(),
-        );
-        r.register(
-            "policy_reloads",
-            "Lock policy reloads, by result (a failed reload keeps the policy in force)",
-            metrics.policy_reloads.clone(),
-        );
-        r.register(
-            "raft_term",
-            "Cluster: this member's Raft term",
-            metrics.raft_term.clone(),
-        );
-        r.register(
-            "raft_leader_changes",
-            "Cluster: times the leader this member knows of changed",
-            metrics.raft_leader_changes.clone(),
-        );
-        r.register(
-            "raft_is_leader",
-            "Cluster: 1 while this member leads",
-            metrics.raft_is_leader.clone(),
-        );
-        r.register(
-            "raft_members",
-            "Cluster: voters and learners in the membership",
-            metrics.raft_members.clone(),
-        );
-        r.register(
-            "raft_last_log_index",
-            "Cluster: this member's last log index",
-            metrics.raft_last_log_index.clone(),
-        );
-        r.register(
-            "raft_last_applied_index",
-            "Cluster: this member's last applied log index",
-            metrics.raft_last_applied_index.clone(),
-        );
+        metrics.register_leases(r);
+        metrics.register_commits(r);
+        metrics.register_policy(r);
+        metrics.register_raft(r);
         // Every known label value is exported from the start (at 0), so a dashboard's rate()
         // has a series before the first event.
         for reason in REFUSAL_REASONS {
@@ -276,6 +160,138 @@ impl Metrics {
             registry,
             ..metrics
         }
+    }
+
+    /// Leases, transitions and waiters.
+    fn register_leases(&self, r: &mut Registry) {
+        r.register(
+            "leases_granted",
+            "Leases granted",
+            self.leases_granted.clone(),
+        );
+        r.register(
+            "leases_renewed",
+            "Lease renewals",
+            self.leases_renewed.clone(),
+        );
+        r.register(
+            "leases_released",
+            "Leases released",
+            self.leases_released.clone(),
+        );
+        r.register(
+            "leases_expired",
+            "Leases expired",
+            self.leases_expired.clone(),
+        );
+        r.register(
+            "renewal_failures",
+            "Renewals of unknown, released or expired leases",
+            self.renewal_failures.clone(),
+        );
+        r.register(
+            "ownership_transitions",
+            "Ownership transitions by lock class",
+            self.transitions.clone(),
+        );
+        r.register("leases_active", "Live leases", self.leases_active.clone());
+        r.register(
+            "waiters",
+            "Acquires waiting for a held lock",
+            self.waiters.clone(),
+        );
+    }
+
+    /// Acquire latency, commits, the clock, the process, refusals.
+    fn register_commits(&self, r: &mut Registry) {
+        r.register(
+            "acquire_duration_seconds",
+            "Time from receiving an acquire to granting it",
+            self.acquire_latency.clone(),
+        );
+        r.register(
+            "commit_batch_size",
+            "Requests answered by one durable commit",
+            self.commit_batch_size.clone(),
+        );
+        r.register(
+            "commit_duration_seconds",
+            "Duration of one durable commit (fsync included)",
+            self.commit_duration.clone(),
+        );
+        r.register(
+            "store_syncs",
+            "fdatasync and fsync calls of a single node's lease log",
+            self.store_syncs.clone(),
+        );
+        r.register(
+            "clock_waits",
+            "Commits that waited for the wall clock to pass the epoch counter",
+            self.clock_waits.clone(),
+        );
+        r.register(
+            "process_cpu_seconds",
+            "CPU time (user and system) of the coordinator's process, in seconds",
+            self.process_cpu.clone(),
+        );
+        r.register(
+            "acquires_refused",
+            "Acquires refused, by reason",
+            self.acquires_refused.clone(),
+        );
+    }
+
+    /// The epoch and the lock policy.
+    fn register_policy(&self, r: &mut Registry) {
+        r.register(
+            "epoch",
+            "The highest epoch granted since this coordinator started",
+            self.epoch.clone(),
+        );
+        r.register(
+            "policy_rules",
+            "Rules in the lock policy in force",
+            self.policy_rules.clone(),
+        );
+        r.register(
+            "policy_reloads",
+            "Lock policy reloads, by result (a failed reload keeps the policy in force)",
+            self.policy_reloads.clone(),
+        );
+    }
+
+    /// Cluster mode: Raft's term, leadership, members and indexes.
+    fn register_raft(&self, r: &mut Registry) {
+        r.register(
+            "raft_term",
+            "Cluster: this member's Raft term",
+            self.raft_term.clone(),
+        );
+        r.register(
+            "raft_leader_changes",
+            "Cluster: times the leader this member knows of changed",
+            self.raft_leader_changes.clone(),
+        );
+        r.register(
+            "raft_is_leader",
+            "Cluster: 1 while this member leads",
+            self.raft_is_leader.clone(),
+        );
+        r.register(
+            "raft_members",
+            "Cluster: voters and learners in the membership",
+            self.raft_members.clone(),
+        );
+        r.register(
+            "raft_last_log_index",
+            "Cluster: this member's last log index",
+            self.raft_last_log_index.clone(),
+        );
+        r.register(
+            "raft_last_applied_index",
+            "Cluster: this member's last applied log index",
+            self.raft_last_applied_index.clone(),
+        );
     }
 
     fn refused_by(&self, reason: &'static str, n: u64) {
