@@ -16,6 +16,9 @@ try {
     if (written.rowCount === 0) throw new Error(`refused: row ${id} is missing or fenced above epoch ${lease.epoch}`);
     console.log(`row ${id} written at epoch ${lease.epoch}`);
   });
+} catch (error) {
+  console.error((error as Error).message);
+  process.exitCode = 1;
 } finally {
   await db.end();
   client.close();
