@@ -118,37 +118,7 @@ async fn get_status(client: &reqwest::Client, base: &str) -> Result<Value, Strin
 async fn status(endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()> {
     let endpoints = &endpoint.endpoint;
     let scheme = scheme(endpoints);
-    let client = endpoint.http(STATUS_TIMEOUT)?;
-    // Every node's own view: role, term, last applied. Members found in any view are asked too.
-    let mut views: BTreeMap<u64, Value> = BTreeMap::new();
-    let mut addrs: BTreeMap<u64, String> = BTreeMap::new();
-    let mut errors = Vec::new();
-    let mut to_ask: Vec<String> = endpoints.to_vec();
-    let mut asked = std::collections::BTreeSet::new();
-    while let Some(base) = to_ask.pop() {
-        let base = base.trim_end_matches('/').to_owned();
-        if !asked.insert(base.clone()) {
-            continue;
-        }
-        match get_status(&client, &base).await {
-            Ok(view) => {
-                if let Some(members) = view["members"].as_array() {
-                    for member in members {
-                        if let (Some(id), Some(addr)) =
-                            (member["id"].as_u64(), member["addr"].as_str())
-                        {
-                            addrs.insert(id, addr.to_owned());
-                            to_ask.push(format!("{scheme}://{addr}"));
-                        }
-                    }
-                }
-                if let Some(id) = view["node_id"].as_u64() {
-                    views.insert(id, view);
-                }
-            }
-            Err(error) => errors.push(format!("{base}: {error}")),
-        }
-    }
+    let (views, errors) = gather_views(endpoint, scheme).await?;
     if views.is_empty() {
         return Err(anyhow::Error::new(ClientError::Unavailable(
             errors.join("; "),
@@ -163,6 +133,55 @@ async fn status(endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()
     let reference = leader_view
         .or_else(|| views.values().next())
         .expect("one view at least");
+    let members = member_rows(reference, &views);
+    let mode = reference["mode"].clone();
+    let document = json!({"mode": mode, "leader": leader, "term": term, "members": members});
+    if json_output {
+        print_json(&document);
+        return Ok(());
+    }
+    print_status(leader, term, &members);
+    Ok(())
+}
+
+/// Every member's own view, by node id: the endpoints given, then every member a view names.
+async fn gather_views(
+    endpoint: &EndpointArgs,
+    scheme: &str,
+) -> anyhow::Result<(BTreeMap<u64, Value>, Vec<String>)> {
+    let endpoints = &endpoint.endpoint;
+    let client = endpoint.http(STATUS_TIMEOUT)?;
+    // Every node's own view: role, term, last applied. Members found in any view are asked too.
+    let mut views: BTreeMap<u64, Value> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut to_ask: Vec<String> = endpoints.to_vec();
+    let mut asked = std::collections::BTreeSet::new();
+    while let Some(base) = to_ask.pop() {
+        let base = base.trim_end_matches('/').to_owned();
+        if !asked.insert(base.clone()) {
+            continue;
+        }
+        match get_status(&client, &base).await {
+            Ok(view) => {
+                if let Some(members) = view["members"].as_array() {
+                    for member in members {
+                        if let Some(addr) = member["addr"].as_str() {
+                            to_ask.push(format!("{scheme}://{addr}"));
+                        }
+                    }
+                }
+                if let Some(id) = view["node_id"].as_u64() {
+                    views.insert(id, view);
+                }
+            }
+            Err(error) => errors.push(format!("{base}: {error}")),
+        }
+    }
+    Ok((views, errors))
+}
+
+/// The members as the reference view lists them, each with its own view's role and progress.
+fn member_rows(reference: &Value, views: &BTreeMap<u64, Value>) -> Vec<Value> {
     let mut members = Vec::new();
     for member in reference["members"].as_array().into_iter().flatten() {
         let Some(id) = member["id"].as_u64() else {
@@ -191,12 +210,10 @@ async fn status(endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()
             "lag": if lost_its_data { Value::Null } else { member["lag"].clone() },
         }));
     }
-    let mode = reference["mode"].clone();
-    let document = json!({"mode": mode, "leader": leader, "term": term, "members": members});
-    if json_output {
-        print_json(&document);
-        return Ok(());
-    }
+    members
+}
+
+fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
     match leader {
         Some(id) => println!("leader: node {id} (term {})", term.unwrap_or(0)),
         None => println!("leader: none (election under way, or no majority)"),
@@ -223,7 +240,6 @@ async fn status(endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()
         &["ID", "ADDRESS", "KIND", "ROLE", "LAST APPLIED", "LAG"],
         &rows,
     );
-    Ok(())
 }
 
 /// Sends a membership change to the leader; while there is none (or it changes under the
