@@ -86,6 +86,13 @@ async fn fetch(endpoint: &EndpointArgs, probe: bool) -> anyhow::Result<Report> {
 }
 
 fn print(report: &Report) {
+    print_policy(report);
+    print_locks(report);
+    print_boundaries(report);
+    print_findings(report);
+}
+
+fn print_policy(report: &Report) {
     match &report.policy_file {
         Some(file) => println!(
             "policy {file}: {} rule(s), default class {}{}",
@@ -116,6 +123,9 @@ fn print(report: &Report) {
             .collect();
         print_table(&["PATTERN", "CLASS", "BOUNDARY", "FALLBACK", "LIVE"], &rows);
     }
+}
+
+fn print_locks(report: &Report) {
     println!();
     if report.locks.is_empty() {
         println!("no lock is held");
@@ -150,6 +160,9 @@ fn print(report: &Report) {
             &rows,
         );
     }
+}
+
+fn print_boundaries(report: &Report) {
     if !report.boundaries.is_empty() {
         println!();
         let rows: Vec<Vec<String>> = report
@@ -187,6 +200,9 @@ fn print(report: &Report) {
             }
         }
     }
+}
+
+fn print_findings(report: &Report) {
     println!();
     if report.findings.is_empty() {
         println!("no findings");
