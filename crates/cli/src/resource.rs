@@ -239,82 +239,8 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             token,
             seq,
             target,
-        } => {
-            let value = match value.as_deref() {
-                None | Some("-") => {
-                    let mut buffer = Vec::new();
-                    std::io::stdin()
-                        .read_to_end(&mut buffer)
-                        .context("read standard input")?;
-                    buffer
-                }
-                Some(text) => text.as_bytes().to_vec(),
-            };
-            let url = format!(
-                "{}/v1/kv/{}/{}",
-                target.resource,
-                encode_path_segment(&lock),
-                encode_path_segment(&key)
-            );
-            let mut request = target
-                .http()?
-                .put(url)
-                .header("Palisade-Token", token)
-                .body(value);
-            if let Some(seq) = seq {
-                request = request.header("Palisade-Seq", seq.to_string());
-            }
-            let body = expect_json(request.send().await).await?;
-            if json {
-                print_json(&body);
-            } else {
-                let replay = if body["replay"] == true {
-                    " (replay: nothing applied)"
-                } else {
-                    ""
-                };
-                println!("accepted at epoch {}{replay}", shown(&body["epoch"]));
-            }
-            Ok(())
-        }
-        ResourceCommand::Get { lock, key, target } => {
-            let url = format!(
-                "{}/v1/kv/{}/{}",
-                target.resource,
-                encode_path_segment(&lock),
-                encode_path_segment(&key)
-            );
-            let response = target.http()?.get(url).send().await.map_err(unreachable)?;
-            if !response.status().is_success() {
-                return Err(failure(response).await.into());
-            }
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned)
-            };
-            let (epoch, seq) = (header("Palisade-Epoch"), header("Palisade-Seq"));
-            let value = response.bytes().await.map_err(unreachable)?;
-            if json {
-                let epoch = epoch.and_then(|e| e.parse::<u64>().ok());
-                let mut body = json!({"lock": lock, "key": key, "epoch": epoch.map(palisade_core::json::value)});
-                if let Some(seq) = seq {
-                    body["seq"] = json!(seq.parse::<u64>().ok());
-                }
-                match std::str::from_utf8(&value) {
-                    Ok(text) => body["value"] = json!(text),
-                    Err(_) => body["value_base64"] = json!(STANDARD.encode(&value)),
-                }
-                print_json(&body);
-            } else {
-                use std::io::Write as _;
-                std::io::stdout().write_all(&value)?;
-                eprintln!("(epoch {})", epoch.unwrap_or_default());
-            }
-            Ok(())
-        }
+        } => put(lock, key, value, token, seq, target, json).await,
+        ResourceCommand::Get { lock, key, target } => get(lock, key, target, json).await,
         ResourceCommand::Activate {
             lock,
             token,
@@ -335,6 +261,93 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+async fn put(
+    lock: String,
+    key: String,
+    value: Option<String>,
+    token: String,
+    seq: Option<u64>,
+    target: Target,
+    json: bool,
+) -> anyhow::Result<()> {
+    let value = match value.as_deref() {
+        None | Some("-") => {
+            let mut buffer = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buffer)
+                .context("read standard input")?;
+            buffer
+        }
+        Some(text) => text.as_bytes().to_vec(),
+    };
+    let url = format!(
+        "{}/v1/kv/{}/{}",
+        target.resource,
+        encode_path_segment(&lock),
+        encode_path_segment(&key)
+    );
+    let mut request = target
+        .http()?
+        .put(url)
+        .header("Palisade-Token", token)
+        .body(value);
+    if let Some(seq) = seq {
+        request = request.header("Palisade-Seq", seq.to_string());
+    }
+    let body = expect_json(request.send().await).await?;
+    if json {
+        print_json(&body);
+    } else {
+        let replay = if body["replay"] == true {
+            " (replay: nothing applied)"
+        } else {
+            ""
+        };
+        println!("accepted at epoch {}{replay}", shown(&body["epoch"]));
+    }
+    Ok(())
+}
+
+async fn get(lock: String, key: String, target: Target, json: bool) -> anyhow::Result<()> {
+    let url = format!(
+        "{}/v1/kv/{}/{}",
+        target.resource,
+        encode_path_segment(&lock),
+        encode_path_segment(&key)
+    );
+    let response = target.http()?.get(url).send().await.map_err(unreachable)?;
+    if !response.status().is_success() {
+        return Err(failure(response).await.into());
+    }
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (epoch, seq) = (header("Palisade-Epoch"), header("Palisade-Seq"));
+    let value = response.bytes().await.map_err(unreachable)?;
+    if json {
+        let epoch = epoch.and_then(|e| e.parse::<u64>().ok());
+        let mut body =
+            json!({"lock": lock, "key": key, "epoch": epoch.map(palisade_core::json::value)});
+        if let Some(seq) = seq {
+            body["seq"] = json!(seq.parse::<u64>().ok());
+        }
+        match std::str::from_utf8(&value) {
+            Ok(text) => body["value"] = json!(text),
+            Err(_) => body["value_base64"] = json!(STANDARD.encode(&value)),
+        }
+        print_json(&body);
+    } else {
+        use std::io::Write as _;
+        std::io::stdout().write_all(&value)?;
+        eprintln!("(epoch {})", epoch.unwrap_or_default());
+    }
+    Ok(())
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
