@@ -27,23 +27,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .parse()
             .expect("a valid default address"),
     };
-    let auth = match (&args.auth_file, &args.acl_file) {
-        (None, Some(_)) if args.client_ca.is_none() => anyhow::bail!(
-            "--acl-file names principals, but nothing would authenticate them: give \
-             --auth-file (bearer secrets), --client-ca (client certificates), or both"
-        ),
-        (auth_file, Some(acl_file)) => Auth::load(auth_file.as_deref(), acl_file)
-            .context("cannot load the auth and ACL files")?,
-        _ => Auth::open(),
-    };
-    let client_tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(Arc::new(
-            ClientTls::load(cert, key, args.client_ca.as_deref())
-                .context("cannot load the TLS files")?,
-        )),
-        _ => None,
-    };
-    let auth = Arc::new(auth);
+    let auth = Arc::new(load_auth(&args)?);
+    let client_tls = load_client_tls(&args)?;
     let policy = Arc::new(
         PolicyState::load(args.policy.as_deref(), args.require_policy)
             .context("cannot load the lock policy")?,
@@ -83,27 +68,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = hangup.recv() => {
-                match auth.reload() {
-                    Ok((principals, rules)) => tracing::info!(
-                        principals, rules, "SIGHUP: auth and ACL files reloaded"
-                    ),
-                    Err(error) => tracing::error!(
-                        %error, "SIGHUP: the files were not reloaded; the previous policy stays"
-                    ),
-                }
-                match policy.reload() {
-                    Ok(rules) if policy.file().is_some() => {
-                        tracing::info!(rules, "SIGHUP: lock policy reloaded");
-                        server.policy_reloaded(Ok(rules));
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::error!(
-                            %error, "SIGHUP: the lock policy was not reloaded; the previous one stays"
-                        );
-                        server.policy_reloaded(Err(()));
-                    }
-                }
+                reload(&auth, &policy, &server);
                 continue;
             }
             _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
@@ -117,6 +82,56 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .shutdown()
         .await
         .context("the coordinator stopped with an error")
+}
+
+/// The principals and their rights: from the auth and ACL files, or open (no files).
+fn load_auth(args: &ServeArgs) -> anyhow::Result<Auth> {
+    Ok(match (&args.auth_file, &args.acl_file) {
+        (None, Some(_)) if args.client_ca.is_none() => anyhow::bail!(
+            "--acl-file names principals, but nothing would authenticate them: give \
+             --auth-file (bearer secrets), --client-ca (client certificates), or both"
+        ),
+        (auth_file, Some(acl_file)) => Auth::load(auth_file.as_deref(), acl_file)
+            .context("cannot load the auth and ACL files")?,
+        _ => Auth::open(),
+    })
+}
+
+/// TLS for clients, when --tls-cert and --tls-key are given.
+fn load_client_tls(args: &ServeArgs) -> anyhow::Result<Option<Arc<ClientTls>>> {
+    Ok(match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            ClientTls::load(cert, key, args.client_ca.as_deref())
+                .context("cannot load the TLS files")?,
+        )),
+        _ => None,
+    })
+}
+
+/// SIGHUP: the auth, ACL and policy files read again; a file that does not load leaves the
+/// one in force.
+fn reload(auth: &Auth, policy: &PolicyState, server: &palisade_server::RunningServer) {
+    match auth.reload() {
+        Ok((principals, rules)) => {
+            tracing::info!(principals, rules, "SIGHUP: auth and ACL files reloaded")
+        }
+        Err(error) => tracing::error!(
+            %error, "SIGHUP: the files were not reloaded; the previous policy stays"
+        ),
+    }
+    match policy.reload() {
+        Ok(rules) if policy.file().is_some() => {
+            tracing::info!(rules, "SIGHUP: lock policy reloaded");
+            server.policy_reloaded(Ok(rules));
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::error!(
+                %error, "SIGHUP: the lock policy was not reloaded; the previous one stays"
+            );
+            server.policy_reloaded(Err(()));
+        }
+    }
 }
 
 async fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
