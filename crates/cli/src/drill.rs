@@ -414,7 +414,6 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
 /// seed with what it violated, and fails if any did.
 fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyhow::Result<()> {
     use palisade_cluster_sim::ClusterSimConfig;
-    use std::sync::atomic::{AtomicU64, Ordering};
     let config = ClusterSimConfig {
         wipe_on_crash: args.wipe,
         copy_back_on_crash: args.copy_back || args.rollback,
@@ -426,6 +425,19 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, 64);
+    let (outcomes, seconds) = run_cluster_seeds(args, config, threads, json);
+    summarize_cluster_seeds(args, members, threads, &outcomes, seconds, json)
+}
+
+/// Runs the seeds on `threads` threads, printing failures (and traces) as they come; the
+/// outcomes in seed order and the seconds it took.
+fn run_cluster_seeds(
+    args: &SimulateArgs,
+    config: palisade_cluster_sim::ClusterSimConfig,
+    threads: usize,
+    json: bool,
+) -> (Vec<SeedOutcome>, f64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
     let end = args.from.saturating_add(args.seeds);
     let next = AtomicU64::new(args.from);
     let started = std::time::Instant::now();
@@ -461,7 +473,18 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         }
     });
     outcomes.sort_by_key(|o| o.seed);
-    let seconds = started.elapsed().as_secs_f64();
+    (outcomes, started.elapsed().as_secs_f64())
+}
+
+/// The figures of a cluster simulation run, and an error naming the seeds that failed.
+fn summarize_cluster_seeds(
+    args: &SimulateArgs,
+    members: usize,
+    threads: usize,
+    outcomes: &[SeedOutcome],
+    seconds: f64,
+    json: bool,
+) -> anyhow::Result<()> {
     let failed: Vec<u64> = outcomes
         .iter()
         .filter(|o| o.problems.is_some())
