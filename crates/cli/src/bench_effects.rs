@@ -200,39 +200,8 @@ pub async fn run(args: EffectsBenchArgs, json: bool) -> anyhow::Result<()> {
         palisade_effects::model::now_ms()
     );
     let max_clients = *args.clients.iter().max().expect("not empty");
-    let holder = HolderId::new("bench").expect("valid");
-    let tokens: Vec<(LockName, String)> = (0..max_clients)
-        .map(|client| {
-            let lock = LockName::new(format!("bench-effects/{run}/{client}")).expect("valid");
-            let token = signer.sign(
-                &lock,
-                Epoch(1),
-                &holder,
-                &palisade_core::Principal::anonymous(),
-                0,
-            );
-            (lock, token)
-        })
-        .collect();
-    let tokens = Arc::new(tokens);
-    // The fake receiver, in this process on loopback, no faults.
-    let fake = Fake::open(
-        &dir.path().join("receiver"),
-        Capability::Idempotent,
-        Faults::default(),
-    )
-    .context("open the fake receiver's record")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, palisade_effects::fake::router(fake)).await;
-    });
-    let fake = Arc::new(HttpReceiver::new(
-        "fake",
-        Capability::Idempotent,
-        format!("http://{address}"),
-        Duration::from_secs(10),
-    )?);
+    let tokens = Arc::new(client_tokens(&signer, &run, max_clients));
+    let fake = Arc::new(start_fake_receiver(dir.path()).await?);
     let noop = Arc::new(Noop);
     let probe = dir.path().to_owned();
     let fsync = tokio::task::spawn_blocking(move || measure_fdatasync(&probe)).await??;
@@ -269,6 +238,52 @@ pub async fn run(args: EffectsBenchArgs, json: bool) -> anyhow::Result<()> {
         }));
         return Ok(());
     }
+    print_rows(&rows);
+    println!("\nfdatasync on this disk: {fsync:.0}/s");
+    Ok(())
+}
+
+/// One token per client, each for a lock of its own, at epoch 1 (signed by the benchmark,
+/// its own coordinator).
+fn client_tokens(signer: &TokenSigner, run: &str, clients: usize) -> Vec<(LockName, String)> {
+    let holder = HolderId::new("bench").expect("valid");
+    (0..clients)
+        .map(|client| {
+            let lock = LockName::new(format!("bench-effects/{run}/{client}")).expect("valid");
+            let token = signer.sign(
+                &lock,
+                Epoch(1),
+                &holder,
+                &palisade_core::Principal::anonymous(),
+                0,
+            );
+            (lock, token)
+        })
+        .collect()
+}
+
+/// The fake receiver, in this process on loopback, with no faults.
+async fn start_fake_receiver(dir: &std::path::Path) -> anyhow::Result<HttpReceiver> {
+    let fake = Fake::open(
+        &dir.join("receiver"),
+        Capability::Idempotent,
+        Faults::default(),
+    )
+    .context("open the fake receiver's record")?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, palisade_effects::fake::router(fake)).await;
+    });
+    Ok(HttpReceiver::new(
+        "fake",
+        Capability::Idempotent,
+        format!("http://{address}"),
+        Duration::from_secs(10),
+    )?)
+}
+
+fn print_rows(rows: &[Row]) {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -293,6 +308,4 @@ pub async fn run(args: EffectsBenchArgs, json: bool) -> anyhow::Result<()> {
         ],
         &table,
     );
-    println!("\nfdatasync on this disk: {fsync:.0}/s");
-    Ok(())
 }
