@@ -413,33 +413,7 @@ async fn check_writers(
     writers: &[String],
     problems: &mut Vec<Problem>,
 ) -> Result<(), String> {
-    let quoted = format!("'{}'", table.replace('\'', "''"));
-    let owners: Vec<String> = client
-        .query(OWNERS, &[&table, &binding.schema])
-        .await
-        .map_err(pg)?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let me: String = client
-        .query_one("SELECT current_user::text", &[])
-        .await
-        .map_err(pg)?
-        .get(0);
-    let mut trusted: Vec<String> = owners.clone();
-    trusted.push(me);
-    trusted.extend(writers.iter().cloned());
-    trusted.sort();
-    trusted.dedup();
-    let trusted_list = format!(
-        "ARRAY[{}]",
-        trusted
-            .iter()
-            .map(|r| format!("'{}'", r.replace('\'', "''")))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-
+    let (owners, trusted) = trusted_roles(client, table, binding, writers).await?;
     let views: Vec<String> = client
         .query(VIEWS, &[&table])
         .await
@@ -467,39 +441,10 @@ async fn check_writers(
                 continue;
             }
             listed += 1;
-            if listed > MAX_LISTED {
-                continue;
+            if listed <= MAX_LISTED {
+                let writer = (role.as_str(), privileges.as_slice());
+                problems.push(unfenced_writer(table, &relation, &allowed, how, writer));
             }
-            let mut message = format!(
-                "role {role} may {} {relation} {how} without the fence",
-                privileges.join(", ")
-            );
-            if relation == table {
-                let _ = write!(
-                    message,
-                    " (e.g. UPDATE {table} SET last_fence = last_fence + 1, …): revoke it, or \
-                     name the role in the boundary's writers if it is the fence role"
-                );
-            }
-            let proof = WRITERS
-                .replace("$1", &format!("'{}'", relation.replace('\'', "''")))
-                .replace(
-                    "$2::text[]",
-                    &format!(
-                        "ARRAY[{}]",
-                        allowed
-                            .iter()
-                            .map(|r| format!("'{}'", r.replace('\'', "''")))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
-            problems.push(problem(
-                Severity::Critical,
-                "unfenced_writer",
-                message,
-                &proof,
-            ));
         }
     }
     if listed > MAX_LISTED {
@@ -510,10 +455,86 @@ async fn check_writers(
                 "{} more role/relation pairs may write without the fence",
                 listed - MAX_LISTED
             ),
-            &WRITERS.replace("$1", &quoted),
+            &WRITERS.replace("$1", &sql_text(table)),
         ));
     }
-    for row in client.query(MEMBERS, &[&trusted]).await.map_err(pg)? {
+    check_members(client, table, &trusted, problems).await
+}
+
+/// A quoted SQL string literal.
+fn sql_text(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// An SQL array of role names, for a proof.
+fn sql_roles(roles: &[String]) -> String {
+    let items: Vec<String> = roles.iter().map(|r| sql_text(r)).collect();
+    format!("ARRAY[{}]", items.join(", "))
+}
+
+/// The table's owners, and every role trusted to write it: the owners, the role the audit
+/// connects as, and the boundary's declared writers.
+async fn trusted_roles(
+    client: &Client,
+    table: &str,
+    binding: &Binding,
+    writers: &[String],
+) -> Result<(Vec<String>, Vec<String>), String> {
+    let owners: Vec<String> = client
+        .query(OWNERS, &[&table, &binding.schema])
+        .await
+        .map_err(pg)?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let me: String = client
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    let mut trusted: Vec<String> = owners.clone();
+    trusted.push(me);
+    trusted.extend(writers.iter().cloned());
+    trusted.sort();
+    trusted.dedup();
+    Ok((owners, trusted))
+}
+
+/// The finding for a role (`writer`: its name and privileges) that may write `relation`
+/// around the fence.
+fn unfenced_writer(
+    table: &str,
+    relation: &str,
+    allowed: &[String],
+    how: &str,
+    (role, privileges): (&str, &[String]),
+) -> Problem {
+    let mut message = format!(
+        "role {role} may {} {relation} {how} without the fence",
+        privileges.join(", ")
+    );
+    if relation == table {
+        let _ = write!(
+            message,
+            " (e.g. UPDATE {table} SET last_fence = last_fence + 1, …): revoke it, or \
+             name the role in the boundary's writers if it is the fence role"
+        );
+    }
+    let proof = WRITERS
+        .replace("$1", &sql_text(relation))
+        .replace("$2::text[]", &sql_roles(allowed));
+    problem(Severity::Critical, "unfenced_writer", message, &proof)
+}
+
+/// Roles that can become a trusted role (SET ROLE) write as it does.
+async fn check_members(
+    client: &Client,
+    table: &str,
+    trusted: &[String],
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let trusted_vec = trusted.to_vec();
+    for row in client.query(MEMBERS, &[&trusted_vec]).await.map_err(pg)? {
         let (role, of): (String, String) = (row.get(0), row.get(1));
         problems.push(problem(
             Severity::Critical,
@@ -522,7 +543,7 @@ async fn check_writers(
                 "role {role} is a member of {of} and can SET ROLE {of}: it writes {table} (or \
                  drops its guard) as {of} does"
             ),
-            &MEMBERS.replace("$1::text[]", &trusted_list),
+            &MEMBERS.replace("$1::text[]", &sql_roles(trusted)),
         ));
     }
     Ok(())
