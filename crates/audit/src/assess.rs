@@ -299,6 +299,30 @@ fn lock_report(
     }
 }
 
+/// An efficiency lock that a boundary fences anyway: its writes probably matter.
+fn efficiency_findings(
+    live: &LiveLock,
+    known: &[(Boundary, Vec<String>)],
+    observed: &[BoundaryReport],
+    findings: &mut Vec<Finding>,
+) {
+    for (i, report) in observed.iter().enumerate() {
+        if let Some(&fence) = report.fences.get(&live.lock).filter(|&&f| f > 0) {
+            let target = known.get(i).map(|(b, _)| b.describe()).unwrap_or_default();
+            findings.push(finding(
+                Severity::Warning,
+                "efficiency_fenced",
+                &live.lock,
+                format!(
+                    "{} is classed efficiency but {target} fences its writes (fence \
+                     {fence}): if those writes matter, class it critical",
+                    live.lock
+                ),
+            ));
+        }
+    }
+}
+
 /// A live lock's findings: critical with no boundary, a fence ahead of or behind its epoch,
 /// efficiency locks that a boundary fences.
 fn lock_findings(
@@ -356,21 +380,7 @@ fn lock_findings(
         }
     }
     if class == LockClass::Efficiency {
-        for (i, report) in observed.iter().enumerate() {
-            if let Some(&fence) = report.fences.get(&live.lock).filter(|&&f| f > 0) {
-                let target = known.get(i).map(|(b, _)| b.describe()).unwrap_or_default();
-                findings.push(finding(
-                    Severity::Warning,
-                    "efficiency_fenced",
-                    &live.lock,
-                    format!(
-                        "{} is classed efficiency but {target} fences its writes (fence \
-                         {fence}): if those writes matter, class it critical",
-                        live.lock
-                    ),
-                ));
-            }
-        }
+        efficiency_findings(live, known, observed, findings);
     }
 }
 

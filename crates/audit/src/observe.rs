@@ -351,6 +351,11 @@ pub async fn probe_postgres(url: &str, table: &str) -> Probe {
     };
     // Dropping the transaction rolls it back; say so explicitly.
     let _ = transaction.rollback().await;
+    probe_outcome(table, outcome)
+}
+
+/// What the probe's UPDATE showed.
+fn probe_outcome(table: &str, outcome: Result<u64, tokio_postgres::Error>) -> Probe {
     match outcome {
         Err(e) if e.code().is_some_and(|c| c.code() == GUARD_UPDATE_SQLSTATE) => Probe::Refused {
             detail: format!(

@@ -526,12 +526,7 @@ fn summarize_cluster_seeds(
              older copy, {copy_backs_refused} refused; {seconds:.1} s on {threads} threads",
             args.seeds,
             args.from,
-            match (args.wipe, args.join) {
-                (true, true) => " with --join members and lost data directories",
-                (true, false) => " with lost data directories",
-                (false, true) => " with --join members",
-                (false, false) => "",
-            },
+            mode_label(args),
             outcomes.len() - failed.len(),
             failed.len(),
             faults as f64 / args.seeds.max(1) as f64,
@@ -548,6 +543,16 @@ fn summarize_cluster_seeds(
         );
     }
     Ok(())
+}
+
+/// How the members were treated, for the summary line.
+fn mode_label(args: &SimulateArgs) -> &'static str {
+    match (args.wipe, args.join) {
+        (true, true) => " with --join members and lost data directories",
+        (true, false) => " with lost data directories",
+        (false, true) => " with --join members",
+        (false, false) => "",
+    }
 }
 
 /// The median and the maximum (0 and 0 when empty).

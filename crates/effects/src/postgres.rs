@@ -122,6 +122,32 @@ impl PostgresStore {
     }
 }
 
+/// Writes the operation's record (its state and time copied out for queries).
+async fn write_record(
+    txn: &tokio_postgres::Transaction<'_>,
+    id: &OpId,
+    record: &Record,
+) -> Result<(), LedgerError> {
+    let text = serde_json::to_string(record).map_err(storage)?;
+    let updated = record.updated_ms as i64;
+    txn.execute(
+        "INSERT INTO palisade_effect_ops (lock, op, state, updated_ms, record) \
+         VALUES ($1, $2, $3, $4, $5::text::jsonb) \
+         ON CONFLICT (lock, op) DO UPDATE SET state = EXCLUDED.state, \
+         updated_ms = EXCLUDED.updated_ms, record = EXCLUDED.record",
+        &[
+            &id.lock.as_str(),
+            &id.op,
+            &record.state.as_str(),
+            &updated,
+            &text,
+        ],
+    )
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
 /// What a transaction found of the lock's floor.
 enum Floor {
     /// Nothing to weigh (no floor source) or the floor learned in this incarnation.
@@ -213,17 +239,7 @@ impl PostgresStore {
             .map_err(db)?;
         }
         if let Some(record) = &writes.record {
-            let text = serde_json::to_string(record).map_err(storage)?;
-            let updated = record.updated_ms as i64;
-            txn.execute(
-                "INSERT INTO palisade_effect_ops (lock, op, state, updated_ms, record) \
-                 VALUES ($1, $2, $3, $4, $5::text::jsonb) \
-                 ON CONFLICT (lock, op) DO UPDATE SET state = EXCLUDED.state, \
-                 updated_ms = EXCLUDED.updated_ms, record = EXCLUDED.record",
-                &[&lock, &id.op, &record.state.as_str(), &updated, &text],
-            )
-            .await
-            .map_err(db)?;
+            write_record(&txn, id, record).await?;
         }
         txn.commit().await.map_err(db)?;
         Ok(Some(out))
