@@ -164,155 +164,25 @@ pub async fn run(
     report: &mut ScenarioReport,
 ) -> anyhow::Result<FailoverFigures> {
     let dir = tempfile::tempdir()?;
-    let mut nodes = Vec::new();
-    for id in 1..=MEMBERS {
-        nodes.push(Node {
-            id,
-            addr: format!("127.0.0.1:{}", free_port()?),
-            dir: dir.path().join(format!("node{id}")),
-            process: None,
-        });
-    }
-    let cluster = nodes
-        .iter()
-        .map(|n| format!("{}={}", n.id, n.addr))
-        .collect::<Vec<_>>()
-        .join(",");
-    let pki = dir.path().join("pki");
-    crate::certs::peer_credentials(&pki, 1..=MEMBERS)?;
-    crate::certs::client_credentials(&pki, &["churn"])?;
-    std::fs::write(pki.join("acl"), "churn acquire failover/\nchurn read *\n")?;
-    for node in &mut nodes {
-        node.start(binary, &cluster, &pki)?;
-    }
-    let urls: Vec<String> = nodes.iter().map(Node::url).collect();
-    let (ca, cert, key) = (
-        std::fs::read(pki.join("server-ca.pem"))?,
-        std::fs::read(pki.join("client-churn.pem"))?,
-        std::fs::read(pki.join("client-churn.key"))?,
-    );
-    let credentials = Credentials::default()
-        .with_ca_pem(&ca)
-        .with_identity_pem(&cert, &key);
-    let client = Client::connect_with(&urls, credentials).await?;
-    let identity = reqwest::Identity::from_pem(&[key.as_slice(), b"\n", cert.as_slice()].concat())?;
-    let http = reqwest::Client::builder()
-        .use_rustls_tls()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
-        .identity(identity)
-        .timeout(Duration::from_millis(500))
-        .build()?;
-    wait_for("a first leader", || leader(&http, &nodes)).await?;
-
-    let origin = Instant::now();
-    let now_us = move || origin.elapsed().as_micros() as u64;
+    let mut drill = Failover::start(binary, dir.path()).await?;
     let history = Arc::new(Mutex::new(History::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut churn = Vec::new();
-    for worker in 0..WORKERS {
-        let client = client.clone();
-        let history = history.clone();
-        let stop = stop.clone();
-        churn.push(tokio::spawn(async move {
-            let mut round = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                round += 1;
-                let lock = format!("failover/{}", (worker + round) % LOCKS);
-                let mut options = AcquireOptions::new(lock.clone());
-                options.ttl = CHURN_TTL;
-                options.holder = format!("w{worker}");
-                let invoked = now_us();
-                let result = client.acquire_once(&options).await;
-                let outcome = match &result {
-                    Ok(grant) => Outcome::Granted { epoch: grant.epoch },
-                    Err(ClientError::Held(_)) => {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        continue;
-                    }
-                    Err(_) => Outcome::Unknown,
-                };
-                history.lock().expect("not poisoned").push(Entry {
-                    process: format!("w{worker}"),
-                    lock,
-                    op: Op::Acquire,
-                    invoked,
-                    completed: now_us(),
-                    outcome,
-                });
-                if let Ok(grant) = result {
-                    let _ = client.release(&grant.lease_id).await;
-                }
-            }
-        }));
-    }
-
+    let churn = spawn_churn(&drill.client, &history, &stop, drill.origin);
     let mut figures = FailoverFigures::default();
     let mut outcome = Ok(());
     for kill in 0..kills {
         if progress {
             eprint!("\rcoordinator-failover: kill {}/{kills}   ", kill + 1);
         }
-        let step = async {
-            let leader_id = wait_for("a leader", || leader(&http, &nodes)).await?;
-            tokio::time::sleep(Duration::from_millis(150)).await; // churn under this leader
-            let node = nodes
-                .iter_mut()
-                .find(|n| n.id == leader_id)
-                .expect("the leader is a member");
-            node.kill9();
-            let killed_at = Instant::now();
-            // The first acquire that succeeds after the kill, on a lock nobody holds.
-            let mut options = AcquireOptions::new(format!("failover/probe-{kill}"));
-            options.ttl = CHURN_TTL;
-            options.holder = "probe".into();
-            let invoked = now_us();
-            let grant = wait_for("an acquire after the kill", || {
-                let client = client.clone();
-                let options = options.clone();
-                async move { client.acquire_once(&options).await.ok() }
-            })
-            .await?;
-            let unavailable = killed_at.elapsed();
-            history.lock().expect("not poisoned").push(Entry {
-                process: "probe".into(),
-                lock: options.lock.clone(),
-                op: Op::Acquire,
-                invoked,
-                completed: now_us(),
-                outcome: Outcome::Granted { epoch: grant.epoch },
-            });
-            let _ = client.release(&grant.lease_id).await;
-            figures.unavailable_ms.push(unavailable.as_millis() as u64);
-            // Restart the killed member; it must rejoin before the next kill.
-            let node = nodes
-                .iter_mut()
-                .find(|n| n.id == leader_id)
-                .expect("the leader is a member");
-            node.start(binary, &cluster, &pki)?;
-            let url = node.url();
-            wait_for("the restarted member to follow", || {
-                let http = http.clone();
-                let url = url.clone();
-                async move {
-                    let view: Value = http
-                        .get(format!("{url}/v1/cluster"))
-                        .send()
-                        .await
-                        .ok()?
-                        .json()
-                        .await
-                        .ok()?;
-                    (view["leader"].is_u64() && view["last_applied"].is_u64()).then_some(())
-                }
-            })
-            .await?;
-            tokio::time::sleep(SETTLE).await;
-            figures.leader_kills += 1;
-            anyhow::Ok(())
-        };
-        if let Err(error) = step.await {
-            outcome = Err(error);
-            break;
+        match drill.kill_the_leader(kill, &history).await {
+            Ok(unavailable_ms) => {
+                figures.unavailable_ms.push(unavailable_ms);
+                figures.leader_kills += 1;
+            }
+            Err(error) => {
+                outcome = Err(error);
+                break;
+            }
         }
     }
     if progress {
@@ -336,4 +206,196 @@ pub async fn run(
     figures.unavailable_p50_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
     figures.unavailable_max_ms = sorted.last().copied().unwrap_or(0);
     Ok(figures)
+}
+
+/// The drill's cluster: its members, their credentials, and clients of it.
+struct Failover {
+    binary: PathBuf,
+    nodes: Vec<Node>,
+    cluster: String,
+    pki: PathBuf,
+    client: Client,
+    http: reqwest::Client,
+    origin: Instant,
+}
+
+impl Failover {
+    /// Three members over mutual TLS (certificates made for the run), clients over TLS with a
+    /// client certificate and an ACL, once a first leader is elected.
+    async fn start(binary: &Path, dir: &Path) -> anyhow::Result<Self> {
+        let mut nodes = Vec::new();
+        for id in 1..=MEMBERS {
+            nodes.push(Node {
+                id,
+                addr: format!("127.0.0.1:{}", free_port()?),
+                dir: dir.join(format!("node{id}")),
+                process: None,
+            });
+        }
+        let cluster = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let pki = dir.join("pki");
+        crate::certs::peer_credentials(&pki, 1..=MEMBERS)?;
+        crate::certs::client_credentials(&pki, &["churn"])?;
+        std::fs::write(pki.join("acl"), "churn acquire failover/\nchurn read *\n")?;
+        for node in &mut nodes {
+            node.start(binary, &cluster, &pki)?;
+        }
+        let urls: Vec<String> = nodes.iter().map(Node::url).collect();
+        let (client, http) = tls_clients(&pki, &urls).await?;
+        wait_for("a first leader", || leader(&http, &nodes)).await?;
+        Ok(Self {
+            binary: binary.to_owned(),
+            nodes,
+            cluster,
+            pki,
+            client,
+            http,
+            origin: Instant::now(),
+        })
+    }
+
+    /// kill -9 of the leader under churn; the milliseconds until an acquire is granted again
+    /// (recorded in `history`); then the member restarted and caught up.
+    async fn kill_the_leader(
+        &mut self,
+        kill: usize,
+        history: &Mutex<History>,
+    ) -> anyhow::Result<u64> {
+        let leader_id = wait_for("a leader", || leader(&self.http, &self.nodes)).await?;
+        tokio::time::sleep(Duration::from_millis(150)).await; // churn under this leader
+        self.node(leader_id).kill9();
+        let killed_at = Instant::now();
+        // The first acquire that succeeds after the kill, on a lock nobody holds.
+        let mut options = AcquireOptions::new(format!("failover/probe-{kill}"));
+        options.ttl = CHURN_TTL;
+        options.holder = "probe".into();
+        let invoked = self.now_us();
+        let grant = wait_for("an acquire after the kill", || {
+            let client = self.client.clone();
+            let options = options.clone();
+            async move { client.acquire_once(&options).await.ok() }
+        })
+        .await?;
+        let unavailable = killed_at.elapsed();
+        history.lock().expect("not poisoned").push(Entry {
+            process: "probe".into(),
+            lock: options.lock.clone(),
+            op: Op::Acquire,
+            invoked,
+            completed: self.now_us(),
+            outcome: Outcome::Granted { epoch: grant.epoch },
+        });
+        let _ = self.client.release(&grant.lease_id).await;
+        self.restart(leader_id).await?;
+        tokio::time::sleep(SETTLE).await;
+        Ok(unavailable.as_millis() as u64)
+    }
+
+    /// Restarts member `id`; it must follow a leader again before the next kill.
+    async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        let (binary, cluster, pki) = (self.binary.clone(), self.cluster.clone(), self.pki.clone());
+        let node = self.node(id);
+        node.start(&binary, &cluster, &pki)?;
+        let url = node.url();
+        let http = self.http.clone();
+        wait_for("the restarted member to follow", || {
+            let http = http.clone();
+            let url = url.clone();
+            async move {
+                let view: Value = http
+                    .get(format!("{url}/v1/cluster"))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                (view["leader"].is_u64() && view["last_applied"].is_u64()).then_some(())
+            }
+        })
+        .await
+    }
+
+    fn node(&mut self, id: u64) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .expect("a member of the drill")
+    }
+
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+}
+
+/// The gRPC client (every member, the client certificate) and an HTTP client for the members'
+/// status.
+async fn tls_clients(pki: &Path, urls: &[String]) -> anyhow::Result<(Client, reqwest::Client)> {
+    let (ca, cert, key) = (
+        std::fs::read(pki.join("server-ca.pem"))?,
+        std::fs::read(pki.join("client-churn.pem"))?,
+        std::fs::read(pki.join("client-churn.key"))?,
+    );
+    let credentials = Credentials::default()
+        .with_ca_pem(&ca)
+        .with_identity_pem(&cert, &key);
+    let client = Client::connect_with(urls, credentials).await?;
+    let identity = reqwest::Identity::from_pem(&[key.as_slice(), b"\n", cert.as_slice()].concat())?;
+    let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+        .identity(identity)
+        .timeout(Duration::from_millis(500))
+        .build()?;
+    Ok((client, http))
+}
+
+/// Workers acquiring and releasing the drill's locks until `stop`, each acquire recorded.
+fn spawn_churn(
+    client: &Client,
+    history: &Arc<Mutex<History>>,
+    stop: &Arc<AtomicBool>,
+    origin: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let now_us = move || origin.elapsed().as_micros() as u64;
+    (0..WORKERS)
+        .map(|worker| {
+            let (client, history, stop) = (client.clone(), history.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut round = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    let lock = format!("failover/{}", (worker + round) % LOCKS);
+                    let mut options = AcquireOptions::new(lock.clone());
+                    options.ttl = CHURN_TTL;
+                    options.holder = format!("w{worker}");
+                    let invoked = now_us();
+                    let result = client.acquire_once(&options).await;
+                    let outcome = match &result {
+                        Ok(grant) => Outcome::Granted { epoch: grant.epoch },
+                        Err(ClientError::Held(_)) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            continue;
+                        }
+                        Err(_) => Outcome::Unknown,
+                    };
+                    history.lock().expect("not poisoned").push(Entry {
+                        process: format!("w{worker}"),
+                        lock,
+                        op: Op::Acquire,
+                        invoked,
+                        completed: now_us(),
+                        outcome,
+                    });
+                    if let Ok(grant) = result {
+                        let _ = client.release(&grant.lease_id).await;
+                    }
+                }
+            })
+        })
+        .collect()
 }
