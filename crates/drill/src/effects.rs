@@ -278,21 +278,7 @@ async fn run_capability(
     let mut services = vec![coordinator];
     let ledger_url = match ledger {
         ResourceSpec::Embedded => {
-            let store = Service::start(
-                binary,
-                &[
-                    "resource",
-                    "serve",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--coordinator",
-                    &coordinator_url,
-                    "--data-dir",
-                    &path("store"),
-                    "--effects-admin-secret-file",
-                    &secret_file.display().to_string(),
-                ],
-            )?;
+            let store = start_store(binary, &coordinator_url, &path("store"), &secret_file)?;
             let url = format!("http://{}", store.address);
             services.push(store);
             url
@@ -302,6 +288,77 @@ async fn run_capability(
     let port = free_port()?;
     let receiver_url = format!("http://127.0.0.1:{port}");
     let receiver_dir = dir.path().join("receiver");
+    let receiver = start_receiver(binary, capability, &receiver_dir, port)?;
+    wait_healthy(&receiver_url).await?;
+    let _reconciler =
+        start_reconciler(binary, &ledger_url, &secret_file, &receiver_url, capability)?;
+    let setup = Setup {
+        binary,
+        coordinator: coordinator_url,
+        ledger_url: ledger_url.clone(),
+        keys_file,
+        receiver_url: receiver_url.clone(),
+        capability,
+    };
+    let mut figures = EffectsFigures {
+        ledger: ledger.kind(),
+        capability: capability.as_str(),
+        iterations,
+        operations: iterations * OPS,
+        ..EffectsFigures::default()
+    };
+    let locks = run_iterations(&setup, &run, progress, &mut figures).await?;
+    let admin = AnyLedger::connect(
+        &ledger_url,
+        Arc::new(palisade_fence::Verifier::default()),
+        None,
+        Some(ADMIN_SECRET.into()),
+    )
+    .await?;
+    settle_everything(&setup, &admin, &locks, &receiver_url, &mut figures).await?;
+    figures.receiver_restarts = receiver.restarts.load(Ordering::SeqCst);
+    drop(receiver);
+    let events = palisade_effects::fake::read_record(&receiver_dir)?;
+    judge(&admin, &locks, &events, &mut figures).await?;
+    drop(services);
+    if let ResourceSpec::Postgres(url) = ledger {
+        forget_drill_operations(url, &run).await?;
+    }
+    Ok(figures)
+}
+
+/// The reference store hosting the embedded ledger, with the drill's admin secret.
+fn start_store(
+    binary: &Path,
+    coordinator_url: &str,
+    data_dir: &str,
+    secret_file: &Path,
+) -> anyhow::Result<Service> {
+    Service::start(
+        binary,
+        &[
+            "resource",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--coordinator",
+            coordinator_url,
+            "--data-dir",
+            data_dir,
+            "--effects-admin-secret-file",
+            &secret_file.display().to_string(),
+        ],
+    )
+}
+
+/// The fake receiver with its faults (lost answers, timeouts, crashes, hangs; duplicate
+/// deliveries only where the receiver deduplicates), restarted when it crashes.
+fn start_receiver(
+    binary: &Path,
+    capability: Capability,
+    receiver_dir: &Path,
+    port: u16,
+) -> anyhow::Result<Supervised> {
     let duplicate = if capability == Capability::Idempotent {
         "0.1"
     } else {
@@ -309,7 +366,7 @@ async fn run_capability(
         // deduplicating receiver: injected only where the receiver deduplicates.
         "0"
     };
-    let receiver = Supervised::start(
+    Supervised::start(
         binary,
         [
             "receiver",
@@ -337,14 +394,23 @@ async fn run_capability(
         ]
         .map(str::to_owned)
         .to_vec(),
-    )?;
-    wait_healthy(&receiver_url).await?;
-    let _reconciler = Reaped(
+    )
+}
+
+/// A reconciler every second, as an operator would run it.
+fn start_reconciler(
+    binary: &Path,
+    ledger_url: &str,
+    secret_file: &Path,
+    receiver_url: &str,
+    capability: Capability,
+) -> anyhow::Result<Reaped> {
+    Ok(Reaped(
         Command::new(binary)
             .args(["effects", "reconcile", "--every", "1"])
-            .args(["--ledger", &ledger_url])
+            .args(["--ledger", ledger_url])
             .args(["--admin-secret-file", &secret_file.display().to_string()])
-            .args(["--receiver", "drill", "--receiver-url", &receiver_url])
+            .args(["--receiver", "drill", "--receiver-url", receiver_url])
             .args(["--capability", capability.as_str()])
             .args(["--attempt-timeout-ms", &ATTEMPT_TIMEOUT_MS.to_string()])
             .args(["--send-timeout-ms", &SEND_TIMEOUT_MS.to_string()])
@@ -354,28 +420,24 @@ async fn run_capability(
             .stderr(Stdio::null())
             .spawn()
             .context("start the reconciler")?,
-    );
-    let setup = Setup {
-        binary,
-        coordinator: coordinator_url,
-        ledger_url: ledger_url.clone(),
-        keys_file,
-        receiver_url: receiver_url.clone(),
-        capability,
-    };
-    let mut figures = EffectsFigures {
-        ledger: ledger.kind(),
-        capability: capability.as_str(),
-        iterations,
-        operations: iterations * OPS,
-        ..EffectsFigures::default()
-    };
+    ))
+}
+
+/// The iterations: an owner stopped or killed at alternating steps, each on a lock of its
+/// own; the locks.
+async fn run_iterations(
+    setup: &Setup<'_>,
+    run: &str,
+    progress: bool,
+    figures: &mut EffectsFigures,
+) -> anyhow::Result<Vec<String>> {
+    let (ledger, capability, iterations) = (figures.ledger, setup.capability, figures.iterations);
     let mut locks = Vec::new();
     for iteration in 0..iterations {
         if progress {
             eprint!(
                 "\reffects ({}, {}): iteration {}/{}   ",
-                ledger.kind(),
+                ledger,
                 capability,
                 iteration + 1,
                 iterations
@@ -388,29 +450,13 @@ async fn run_capability(
             2 => (StopAt::Answered, false),
             _ => (StopAt::Recorded, true),
         };
-        iterate(&setup, &lock, step, kill, iteration % OPS, &mut figures).await?;
+        iterate(setup, &lock, step, kill, iteration % OPS, figures).await?;
         locks.push(lock);
     }
     if progress {
         eprintln!();
     }
-    let admin = AnyLedger::connect(
-        &ledger_url,
-        Arc::new(palisade_fence::Verifier::default()),
-        None,
-        Some(ADMIN_SECRET.into()),
-    )
-    .await?;
-    settle_everything(&setup, &admin, &locks, &receiver_url, &mut figures).await?;
-    figures.receiver_restarts = receiver.restarts.load(Ordering::SeqCst);
-    drop(receiver);
-    let events = palisade_effects::fake::read_record(&receiver_dir)?;
-    judge(&admin, &locks, &events, &mut figures).await?;
-    drop(services);
-    if let ResourceSpec::Postgres(url) = ledger {
-        forget_drill_operations(url, &run).await?;
-    }
-    Ok(figures)
+    Ok(locks)
 }
 
 /// Deletes the drill's operations and ledger fences from the user's database: they are the
