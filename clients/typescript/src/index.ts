@@ -105,7 +105,7 @@ export interface LockOptions {
 
 /** Where and how to connect. */
 export interface ClientOptions {
-  /** Bearer secret (default: `PALISADE_AUTH_TOKEN`). */
+  /** Bearer secret (default: `PALISADE_AUTH_TOKEN`, else the older `PALISADE_TOKEN`). */
   token?: string;
   /** PEM of the CA that signed the coordinator's certificate, for `https://` endpoints. */
   ca?: Buffer;
@@ -194,7 +194,8 @@ export class Client {
       .map((e) => e.trim())
       .filter((e) => e.length > 0);
     if (this.endpoints.length === 0) throw new InvalidArgument("no coordinator endpoint");
-    this.token = options.token ?? process.env.PALISADE_AUTH_TOKEN?.trim() ?? undefined;
+    this.token =
+      options.token ?? (process.env.PALISADE_AUTH_TOKEN ?? process.env.PALISADE_TOKEN)?.trim() ?? undefined;
     this.ca = options.ca;
     this.timeoutMs = options.timeoutMs ?? 10_000;
     this.stub = this.connect(this.endpoints[0]);

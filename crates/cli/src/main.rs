@@ -280,26 +280,31 @@ pub const AUTH_TOKEN_ENV: &str = "PALISADE_AUTH_TOKEN";
 /// `effects perform`, and what `lock run` gives its command.
 pub const FENCE_TOKEN_ENV: &str = "PALISADE_FENCE_TOKEN";
 
-/// `PALISADE_TOKEN` meant the bearer secret to some commands and the ownership token to others:
-/// it is refused, naming the two that replace it.
-fn refuse_ambiguous_token_variable() -> anyhow::Result<()> {
-    if std::env::var_os("PALISADE_TOKEN").is_some() {
-        anyhow::bail!(UsageError(format!(
-            "PALISADE_TOKEN is no longer read: it meant two things. Set {AUTH_TOKEN_ENV} (or \
-             --token-file) for the bearer secret that authenticates you to the coordinator, \
-             and {FENCE_TOKEN_ENV} (or --token) for an ownership token presented to a resource"
-        )));
-    }
-    Ok(())
+/// The old name of the bearer secret. It also meant the ownership token to `resource put`,
+/// `resource activate` and `effects perform`: it is read as the bearer secret only (the
+/// documented interface), with a warning naming [`AUTH_TOKEN_ENV`], and refused where it meant
+/// an ownership token, naming [`FENCE_TOKEN_ENV`].
+const OLD_TOKEN_ENV: &str = "PALISADE_TOKEN";
+
+/// Refuses `PALISADE_TOKEN` for the commands that took it as an ownership token, before the
+/// arguments are parsed (a missing `--token` would otherwise name only the flag).
+fn refuse_old_token_as_fence(args: &[String]) -> Option<String> {
+    let words: Vec<&str> = args.iter().skip(1).take(2).map(String::as_str).collect();
+    let takes_fence_token = matches!(
+        words.as_slice(),
+        ["resource", "put" | "activate"] | ["effects", "perform"]
+    );
+    (takes_fence_token && std::env::var_os(OLD_TOKEN_ENV).is_some()).then(|| {
+        format!(
+            "{OLD_TOKEN_ENV} is no longer read as an ownership token (it also meant the bearer \
+             secret): set {FENCE_TOKEN_ENV} or pass --token; the bearer secret is \
+             {AUTH_TOKEN_ENV} or --token-file"
+        )
+    })
 }
 
-/// Bad usage, as clap's own errors: exit code 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
 /// The bearer secret a client command sends: from `token_file`, else from PALISADE_AUTH_TOKEN,
-/// else none.
+/// else from the old PALISADE_TOKEN (with a warning), else none.
 fn bearer_secret(token_file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     if let Some(path) = token_file {
         let secret = std::fs::read_to_string(path)
@@ -312,10 +317,19 @@ fn bearer_secret(token_file: Option<&std::path::Path>) -> anyhow::Result<Option<
         );
         return Ok(Some(secret.to_owned()));
     }
-    Ok(std::env::var(AUTH_TOKEN_ENV)
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty()))
+    let read = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    let old = read(OLD_TOKEN_ENV);
+    if old.is_some() {
+        tracing::warn!(
+            "{OLD_TOKEN_ENV} is read as the bearer secret; its name is now {AUTH_TOKEN_ENV}"
+        );
+    }
+    Ok(read(AUTH_TOKEN_ENV).or(old))
 }
 
 impl EndpointArgs {
@@ -444,6 +458,11 @@ enum BenchCommand {
 const DEFAULT_LOG_FILTER: &str = "info,openraft=error,tokio_postgres=warn";
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(message) = refuse_old_token_as_fence(&args) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     // openraft narrates every vote and ignored message at INFO and WARN, healthy elections
     // included: only its errors by default (RUST_LOG=info,openraft=info shows the rest).
@@ -492,9 +511,6 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let json = cli.json;
-    if !matches!(cli.command, Command::Serve(_)) {
-        refuse_ambiguous_token_variable()?;
-    }
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Cluster(command) => cluster::run(command, json).await,
@@ -618,9 +634,6 @@ fn parse_wait(text: &str) -> Result<Duration, String> {
 fn exit_code(error: &anyhow::Error) -> u8 {
     if error.downcast_ref::<audit::CriticalFindings>().is_some() {
         return 8;
-    }
-    if error.downcast_ref::<UsageError>().is_some() {
-        return 2;
     }
     if let Some(failure) = error.downcast_ref::<palisade_effects::RunError>() {
         return match failure {
