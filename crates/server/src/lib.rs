@@ -476,7 +476,7 @@ async fn start_cluster(
         &signer,
         metrics.clone(),
         peer_tls.clone(),
-        shutdown_signal,
+        shutdown_signal.clone(),
     )
     .await?;
     let api = Api {
@@ -505,8 +505,13 @@ async fn start_cluster(
         }
         outcome.map_err(ServerError::Cluster)
     });
-    let service =
-        cluster::network::service(cluster.node_id, member.raft, member.identity, peer_tls);
+    let service = cluster::network::service(
+        cluster.node_id,
+        member.raft,
+        member.identity,
+        peer_tls,
+        shutdown_signal,
+    );
     Ok((api, Some(service), core))
 }
 

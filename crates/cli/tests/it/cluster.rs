@@ -115,6 +115,33 @@ fn answers(endpoint: &str) {
     panic!("{endpoint} did not start within 10 s");
 }
 
+/// P8: a follower asked to stop (SIGTERM) stops promptly while the leader streams appends to
+/// it. Its open append stream ends with the member instead of holding the listener's graceful
+/// shutdown for the whole grace period (the leader never closes it), and the two others go on
+/// granting.
+#[test]
+fn a_follower_stops_promptly_while_the_leader_streams_appends_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Layout {
+        cluster, endpoints, ..
+    } = Layout::three();
+    let mut nodes: Vec<ServerProcess> = (1..=3u64)
+        .map(|id| start(id, &cluster, &dir.path().join(format!("n{id}"))))
+        .collect();
+    let (leader_id, _) = leader(&endpoints);
+    // A grant is committed: the leader has appended to its followers on their streams.
+    let first = acquired_epoch("streams/1", &endpoints);
+    let follower = (1..=3u64).find(|id| *id != leader_id).unwrap();
+    let asked = std::time::Instant::now();
+    assert!(nodes[follower as usize - 1].terminate().success());
+    let took = asked.elapsed();
+    assert!(
+        took + std::time::Duration::from_secs(2) < palisade_server::SHUTDOWN_GRACE,
+        "the follower took {took:?} to stop: it waited for the leader's stream"
+    );
+    assert!(acquired_epoch("streams/2", &endpoints) > first);
+}
+
 /// P1, P8: epochs keep increasing across a kill -9 of the leader; the client finds the new
 /// leader through the other endpoints; a retried acquire with the same request id returns
 /// the same lease (no second lease).

@@ -132,6 +132,27 @@ fn forged_append(from: u64) -> tonic::Request<pb::RaftPayload> {
     request
 }
 
+/// The same AppendEntries (its payload `json`) sent on the append stream: the member's refusal
+/// of the stream, or its answer to the stream's first message.
+async fn forged_on_stream(
+    client: &mut RaftClient<Channel>,
+    from: u64,
+    json: &[u8],
+) -> tonic::Status {
+    let (metadata, _, mut message) = forged_append(from).into_parts();
+    message.json = json.to_vec();
+    let mut request = tonic::Request::new(tokio_stream::iter([message]));
+    *request.metadata_mut() = metadata;
+    request.set_timeout(Duration::from_secs(5));
+    match client.append_stream(request).await {
+        Err(status) => status,
+        Ok(answers) => match answers.into_inner().message().await {
+            Err(status) => status,
+            Ok(answer) => panic!("a forged append on the stream was answered: {answer:?}"),
+        },
+    }
+}
+
 fn refused_without_a_word(status: &tonic::Status) {
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     let said = format!("{status:?}");
@@ -165,6 +186,8 @@ async fn p1_p4_p8_members_speak_over_mutual_tls_and_refuse_everyone_else() {
         .await
         .unwrap_err();
     refused_without_a_word(&status);
+    let forged = forged_append(2).into_inner().json;
+    refused_without_a_word(&forged_on_stream(&mut cluster.clear_text().await, 2, &forged).await);
     let status = cluster
         .clear_text()
         .await
@@ -185,15 +208,19 @@ async fn p1_p4_p8_members_speak_over_mutual_tls_and_refuse_everyone_else() {
     // 3. A certificate of the cluster's CA for node 9, which is not a member.
     let mut outsider = cluster.tls(&cluster.peers.dir, 9).await.unwrap();
     refused_without_a_word(&outsider.append_entries(forged_append(9)).await.unwrap_err());
+    refused_without_a_word(&forged_on_stream(&mut outsider, 9, &forged).await);
     // 4. Node 3's certificate speaking as node 2.
     let mut impostor = cluster.tls(&cluster.peers.dir, 3).await.unwrap();
     refused_without_a_word(&impostor.append_entries(forged_append(2)).await.unwrap_err());
+    refused_without_a_word(&forged_on_stream(&mut impostor, 2, &forged).await);
     // 5. Node 2's own certificate is admitted: its message is read (this one does not decode,
     //    so it changes nothing).
     let mut member = cluster.tls(&cluster.peers.dir, 2).await.unwrap();
     let mut undecodable = forged_append(2);
     undecodable.get_mut().json = b"{}".to_vec();
     let status = member.append_entries(undecodable).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = forged_on_stream(&mut member, 2, b"{}").await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 
     // The cluster still serves, and publishes only its members' keys.

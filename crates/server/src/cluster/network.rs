@@ -1,9 +1,12 @@
 //! Raft traffic over the project's own gRPC (`service Raft` in `proto/palisade.proto`): the
 //! client side ([`Network`], one lazily connected channel per peer) and the server side
-//! ([`RaftService`]). Payloads are openraft's messages as JSON.
+//! ([`RaftService`]). Payloads are openraft's messages as JSON. Appends travel on one
+//! long-lived stream per leader and follower ([`stream`]); votes and snapshots are unary calls.
 
 // openraft's `RPCError` is large and its traits return it: nothing to box here.
 #![allow(clippy::result_large_err)]
+
+mod stream;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -97,6 +100,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             from: self.node,
             identity: self.identity.clone(),
             last_refusal_log: None,
+            appends: None,
+            unary_appends: false,
             client: RaftClient::new(channel)
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
@@ -111,6 +116,11 @@ pub struct PeerClient {
     identity: Identity,
     last_refusal_log: Option<std::time::Instant>,
     client: RaftClient<Channel>,
+    /// The open append stream to `target`, if any ([`stream`]).
+    appends: Option<stream::AppendStream>,
+    /// `target` does not serve the append stream (a member of an older build): appends are
+    /// unary calls.
+    unary_appends: bool,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, MemberNode, RaftError<NodeId, E>>>;
@@ -132,11 +142,21 @@ impl PeerClient {
             self.log_refusal(&replaced.to_string());
             return Err(RPCError::Unreachable(Unreachable::new(&replaced)));
         }
-        let mut message = Request::new(pb::RaftPayload {
-            json: serde_json::to_vec(request).expect("raft messages serialize"),
-        });
+        let mut message = Request::new(payload(request));
         message.set_timeout(ttl);
-        let metadata = message.metadata_mut();
+        self.stamp(message.metadata_mut());
+        let reply = match kind {
+            Kind::Append => self.client.append_entries(message).await,
+            Kind::Vote => self.client.vote(message).await,
+            Kind::Snapshot => self.client.install_snapshot(message).await,
+        };
+        let reply = reply.map_err(status_error)?;
+        let store = store_of(reply.metadata());
+        self.answer(&store, &reply.into_inner().json)
+    }
+
+    /// Names this member and its store on a message or stream to `self.target`.
+    fn stamp(&self, metadata: &mut tonic::metadata::MetadataMap) {
         metadata.insert(
             FROM_METADATA,
             self.from
@@ -151,33 +171,48 @@ impl PeerClient {
                 .parse()
                 .expect("a hex store id is valid metadata"),
         );
-        let reply = match kind {
-            Kind::Append => self.client.append_entries(message).await,
-            Kind::Vote => self.client.vote(message).await,
-            Kind::Snapshot => self.client.install_snapshot(message).await,
-        };
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(status) if status.code() == Code::Unavailable => {
-                return Err(RPCError::Unreachable(Unreachable::new(&status)))
-            }
-            Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
-        };
-        // The answer counts only if it comes from the store this member knows the peer by.
-        let store = reply
-            .metadata()
-            .get(STORE_METADATA)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        if let Err(refused) = self.identity.admit(self.target, &store) {
+    }
+
+    /// Decodes `json`, an answer from `self.target` whose store is `store`. The answer counts
+    /// only if it comes from the store this member knows the peer by.
+    fn answer<Resp, E>(&mut self, store: &str, json: &[u8]) -> RpcResult<Resp, E>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        if let Err(refused) = self.identity.admit(self.target, store) {
             self.log_refusal(&refused.to_string());
             return Err(RPCError::Unreachable(Unreachable::new(&refused)));
         }
-        let reply = reply.into_inner();
-        let decoded: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&reply.json)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let decoded: Result<Resp, RaftError<NodeId, E>> =
+            serde_json::from_slice(json).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+/// A Raft message as it travels.
+fn payload<T: Serialize>(message: &T) -> pb::RaftPayload {
+    pb::RaftPayload {
+        json: serde_json::to_vec(message).expect("raft messages serialize"),
+    }
+}
+
+/// The store id a peer's answer names (empty when it names none: refused by the identity).
+fn store_of(metadata: &tonic::metadata::MetadataMap) -> String {
+    metadata
+        .get(STORE_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A failed call as openraft weighs it: `UNAVAILABLE` means the peer is not there (openraft
+/// backs off), anything else a network error.
+fn status_error<E: std::error::Error>(status: Status) -> RPCError<NodeId, MemberNode, E> {
+    if status.code() == Code::Unavailable {
+        RPCError::Unreachable(Unreachable::new(&status))
+    } else {
+        RPCError::Network(NetworkError::new(&status))
     }
 }
 
@@ -235,7 +270,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        let answer = self.call(Kind::Append, &rpc, option.hard_ttl()).await;
+        let answer = if self.unary_appends {
+            self.call(Kind::Append, &rpc, option.hard_ttl()).await
+        } else {
+            self.append_streamed(&rpc, option.hard_ttl()).await
+        };
         answer.map(|answer| match answer {
             AppendEntriesResponse::HigherVote(vote) => {
                 AppendEntriesResponse::HigherVote(self.not_own_lost_vote(&rpc.vote, vote))
@@ -396,12 +435,16 @@ pub fn check_history(
 }
 
 /// The server side: hands each message from an admitted peer to the local Raft node.
+#[derive(Clone)]
 pub struct RaftService {
     node: NodeId,
     raft: RaftNode,
     identity: Identity,
     /// Peers must prove who they are (mutual TLS); `None`: `--insecure-peers`.
     tls: Option<Arc<PeerTls>>,
+    /// Set when the member stops: open append streams end, so that the listener's graceful
+    /// shutdown does not wait for the leader to close them.
+    shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The answer to a Raft message that did not come from an authenticated member: it says
@@ -422,18 +465,21 @@ fn log_diverged(diverged: &DivergedHistory) {
 }
 
 /// The gRPC service of Raft traffic for member `node`'s `raft`, whose store is `identity`;
-/// with `tls`, only from members authenticated by their peer certificates.
+/// with `tls`, only from members authenticated by their peer certificates. Its append streams
+/// end when `shutdown` is set.
 pub fn service(
     node: NodeId,
     raft: RaftNode,
     identity: Identity,
     tls: Option<Arc<PeerTls>>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> RaftServer<RaftService> {
     RaftServer::new(RaftService {
         node,
         raft,
         identity,
         tls,
+        shutdown,
     })
     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -444,7 +490,17 @@ impl RaftService {
     /// sender in logs); which store counts is the requester's check on the answer
     /// ([`super::identity`]), and who may send at all is the transport's.
     fn admit<T: DeserializeOwned>(&self, request: Request<pb::RaftPayload>) -> Result<T, Status> {
-        let metadata = request.metadata();
+        self.sender(request.metadata(), request.extensions())?;
+        decode(&request.into_inner().json)
+    }
+
+    /// The member that sends a message or opens a stream, from its metadata and (with peer
+    /// TLS) its connection's certificate.
+    fn sender(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        extensions: &tonic::Extensions,
+    ) -> Result<NodeId, Status> {
         let from = metadata
             .get(FROM_METADATA)
             .and_then(|v| v.to_str().ok())
@@ -452,51 +508,49 @@ impl RaftService {
         if self.tls.is_some() {
             // Before anything else: over a clear-text (client) connection, or with a
             // certificate that does not name the node the message claims, nothing is decoded.
-            let certified = request
-                .extensions()
-                .get::<PeerCertificates>()
-                .zip(from)
-                .is_some_and(|(certificates, from)| {
+            let certified = extensions.get::<PeerCertificates>().zip(from).is_some_and(
+                |(certificates, from)| {
                     PeerTls::certifies(certificates, from) && self.identity.knows(from)
-                });
+                },
+            );
             if !certified {
                 return Err(not_a_peer());
             }
         }
-        let metadata = request.metadata();
-        from.ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
+        let from = from
+            .ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
         metadata
             .get(STORE_METADATA)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| {
                 Status::invalid_argument("raft message without its sender's store id")
             })?;
-        serde_json::from_slice(&request.into_inner().json)
-            .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+        Ok(from)
     }
 
-    fn encode<T: Serialize>(&self, value: &T) -> Result<Response<pb::RaftPayload>, Status> {
-        let mut response = Response::new(pb::RaftPayload {
-            json: serde_json::to_vec(value).expect("raft messages serialize"),
-        });
-        response.metadata_mut().insert(
+    /// Names this member's store on an answer: the requester counts it only if the store is
+    /// the one it knows this member by.
+    fn stamp(&self, metadata: &mut tonic::metadata::MetadataMap) {
+        metadata.insert(
             STORE_METADATA,
             self.identity
                 .store()
                 .parse()
                 .expect("a hex store id is valid metadata"),
         );
+    }
+
+    fn encode<T: Serialize>(&self, value: &T) -> Result<Response<pb::RaftPayload>, Status> {
+        let mut response = Response::new(payload(value));
+        self.stamp(response.metadata_mut());
         Ok(response)
     }
-}
 
-#[tonic::async_trait]
-impl RaftRpc for RaftService {
-    async fn append_entries(
+    /// Hands an admitted AppendEntries to Raft, after the checks every append passes.
+    async fn append(
         &self,
-        request: Request<pb::RaftPayload>,
-    ) -> Result<Response<pb::RaftPayload>, Status> {
-        let request: AppendEntriesRequest<TypeConfig> = self.admit(request)?;
+        request: AppendEntriesRequest<TypeConfig>,
+    ) -> Result<pb::RaftPayload, Status> {
         check_append_entries(&request).map_err(|e| Status::invalid_argument(e.to_string()))?;
         // A member on probation takes no entries from a deposed leader (`identity` rule 4).
         self.identity
@@ -510,7 +564,35 @@ impl RaftRpc for RaftService {
         let reach = AppendReach::of(&request);
         let answer = self.raft.append_entries(request).await;
         reach.tell(&self.identity, &answer);
-        self.encode(&answer)
+        Ok(payload(&answer))
+    }
+}
+
+/// A Raft message from its travelling form.
+fn decode<T: DeserializeOwned>(json: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(json)
+        .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+}
+
+#[tonic::async_trait]
+impl RaftRpc for RaftService {
+    async fn append_entries(
+        &self,
+        request: Request<pb::RaftPayload>,
+    ) -> Result<Response<pb::RaftPayload>, Status> {
+        let request: AppendEntriesRequest<TypeConfig> = self.admit(request)?;
+        let mut response = Response::new(self.append(request).await?);
+        self.stamp(response.metadata_mut());
+        Ok(response)
+    }
+
+    type AppendStreamStream = stream::Replies;
+
+    async fn append_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::RaftPayload>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        self.open_append_stream(request)
     }
 
     async fn vote(
