@@ -22,7 +22,7 @@ pub struct CriticalFindings(pub usize);
 pub async fn run(endpoint: EndpointArgs, probe: bool, json: bool) -> anyhow::Result<()> {
     let report = fetch(&endpoint, probe).await?;
     if json {
-        crate::lock::print_json(&serde_json::to_value(&report)?);
+        crate::output::print_json(&serde_json::to_value(&report)?);
     } else {
         print(&report);
     }

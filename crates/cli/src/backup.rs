@@ -10,7 +10,7 @@ use clap::Args;
 use palisade_server::backup::{self, Floor};
 use serde_json::Value;
 
-use crate::lock::print_json;
+use crate::output::print_json;
 use crate::EndpointArgs;
 
 /// How long an online backup or a floor read may take.

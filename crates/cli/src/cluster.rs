@@ -9,7 +9,7 @@ use clap::Subcommand;
 use palisade_client::ClientError;
 use serde_json::{json, Value};
 
-use crate::lock::print_json;
+use crate::output::print_json;
 use crate::output::print_table;
 use crate::EndpointArgs;
 

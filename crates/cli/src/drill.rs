@@ -8,7 +8,7 @@ use palisade_fence::FenceMode;
 use palisade_sim::SimConfig;
 use serde_json::json;
 
-use crate::lock::print_json;
+use crate::output::print_json;
 use crate::output::print_table;
 
 #[derive(Args)]

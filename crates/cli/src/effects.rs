@@ -17,7 +17,7 @@ use palisade_effects::{
 use palisade_fence::Verifier;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::lock::print_json;
+use crate::output::print_json;
 use crate::output::{millis, print_fields, print_table};
 
 /// Exit code of `effects perform` when the effect is in review or in doubt.

@@ -5,7 +5,7 @@ use palisade_client::{AcquireOptions, Client};
 use palisade_core::LockClass;
 use serde_json::json;
 
-use crate::output::{millis, print_fields, print_table};
+use crate::output::{millis, print_fields, print_json, print_table};
 use crate::{EndpointArgs, LockCommand};
 
 pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
@@ -180,16 +180,4 @@ fn lock_json(info: &LockInfo) -> serde_json::Value {
         value["lease_id"] = json!(info.lease_id);
     }
     value
-}
-
-/// Set once a command printed its JSON document: an error after it is not printed as a second
-/// one (stdout stays one document).
-pub static PRINTED_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-pub fn print_json(value: &serde_json::Value) {
-    PRINTED_JSON.store(true, std::sync::atomic::Ordering::Relaxed);
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).expect("JSON values serialize")
-    );
 }

@@ -12,16 +12,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod audit;
 mod backup;
-mod bench;
-mod bench_compare;
-mod bench_effects;
-mod bench_fence;
 mod cluster;
 mod drill;
 mod effects;
 mod lock;
 mod lock_run;
-mod output;
 mod resource;
 mod serve;
 
@@ -32,6 +27,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
+use palisade_cli_common::credentials::{
+    bearer_secret, ClientTlsArgs, AUTH_TOKEN_ENV, FENCE_TOKEN_ENV, OLD_TOKEN_ENV,
+};
+use palisade_cli_common::output;
 use palisade_client::ClientError;
 
 /// Fencing-token coordination: leases with strictly increasing, signed ownership epochs.
@@ -191,101 +190,6 @@ struct EndpointArgs {
     tls: ClientTlsArgs,
 }
 
-/// TLS to the coordinator (for `https://` endpoints).
-#[derive(Args, Clone, Default)]
-struct ClientTlsArgs {
-    /// The CA that signed the coordinator's certificate (PEM); needed for https:// endpoints.
-    #[arg(long, env = "PALISADE_CA")]
-    ca: Option<PathBuf>,
-    /// A client certificate (PEM) whose subject's common name is the principal (the
-    /// coordinator must trust its CA with --client-ca). Needs --key.
-    #[arg(long, requires = "key")]
-    cert: Option<PathBuf>,
-    /// The private key of --cert (PEM).
-    #[arg(long, requires = "cert")]
-    key: Option<PathBuf>,
-}
-
-/// The PEM files of [`ClientTlsArgs`], read.
-struct ClientTlsFiles {
-    ca: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl ClientTlsArgs {
-    fn read(&self) -> anyhow::Result<ClientTlsFiles> {
-        let read = |path: &std::path::Path, what: &str| {
-            std::fs::read(path)
-                .with_context(|| format!("cannot read the {what} {}", path.display()))
-        };
-        let ca = self.ca.as_deref().map(|p| read(p, "CA file")).transpose()?;
-        let identity = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => {
-                Some((read(cert, "client certificate")?, read(key, "client key")?))
-            }
-            _ => None,
-        };
-        Ok(ClientTlsFiles { ca, identity })
-    }
-
-    /// `credentials` with this TLS added.
-    fn add_to(
-        &self,
-        mut credentials: palisade_client::Credentials,
-    ) -> anyhow::Result<palisade_client::Credentials> {
-        let files = self.read()?;
-        if let Some(ca) = &files.ca {
-            credentials = credentials.with_ca_pem(ca);
-        }
-        if let Some((cert, key)) = &files.identity {
-            credentials = credentials.with_identity_pem(cert, key);
-        }
-        Ok(credentials)
-    }
-
-    /// An HTTP client that trusts --ca (only: no system roots), presents --cert, sends
-    /// `bearer` with every request and gives up after `timeout`.
-    fn http(&self, bearer: Option<&str>, timeout: Duration) -> anyhow::Result<reqwest::Client> {
-        let files = self.read()?;
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(secret) = bearer {
-            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {secret}"))
-                .context("the token must be printable ASCII")?;
-            value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
-        }
-        let mut builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .default_headers(headers)
-            .timeout(timeout)
-            .connect_timeout(Duration::from_secs(2));
-        if let Some(ca) = &files.ca {
-            for certificate in reqwest::Certificate::from_pem_bundle(ca).context("--ca")? {
-                builder = builder.add_root_certificate(certificate);
-            }
-        }
-        if let Some((cert, key)) = &files.identity {
-            let mut pem = key.clone();
-            pem.push(b'\n');
-            pem.extend_from_slice(cert);
-            builder = builder.identity(reqwest::Identity::from_pem(&pem).context("--cert/--key")?);
-        }
-        builder.build().context("cannot set up the HTTP client")
-    }
-}
-
-/// The environment variable of the bearer secret a client command sends.
-pub const AUTH_TOKEN_ENV: &str = "PALISADE_AUTH_TOKEN";
-/// The environment variable of an ownership (fencing) token: `resource put|activate`,
-/// `effects perform`, and what `lock run` gives its command.
-pub const FENCE_TOKEN_ENV: &str = "PALISADE_FENCE_TOKEN";
-
-/// The old name of the bearer secret. It also meant the ownership token to `resource put`,
-/// `resource activate` and `effects perform`: it is read as the bearer secret only (the
-/// documented interface), with a warning naming [`AUTH_TOKEN_ENV`], and refused where it meant
-/// an ownership token, naming [`FENCE_TOKEN_ENV`].
-const OLD_TOKEN_ENV: &str = "PALISADE_TOKEN";
-
 /// Refuses `PALISADE_TOKEN` for the commands that took it as an ownership token, before the
 /// arguments are parsed (a missing `--token` would otherwise name only the flag).
 fn refuse_old_token_as_fence(args: &[String]) -> Option<String> {
@@ -301,35 +205,6 @@ fn refuse_old_token_as_fence(args: &[String]) -> Option<String> {
              {AUTH_TOKEN_ENV} or --token-file"
         )
     })
-}
-
-/// The bearer secret a client command sends: from `token_file`, else from PALISADE_AUTH_TOKEN,
-/// else from the old PALISADE_TOKEN (with a warning), else none.
-fn bearer_secret(token_file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
-    if let Some(path) = token_file {
-        let secret = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the token file {}", path.display()))?;
-        let secret = secret.trim();
-        anyhow::ensure!(
-            !secret.is_empty(),
-            "the token file {} is empty",
-            path.display()
-        );
-        return Ok(Some(secret.to_owned()));
-    }
-    let read = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-    };
-    let old = read(OLD_TOKEN_ENV);
-    if old.is_some() {
-        tracing::warn!(
-            "{OLD_TOKEN_ENV} is read as the bearer secret; its name is now {AUTH_TOKEN_ENV}"
-        );
-    }
-    Ok(read(AUTH_TOKEN_ENV).or(old))
 }
 
 impl EndpointArgs {
@@ -445,13 +320,13 @@ enum AuthCommand {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Acquire+release cycles per second, with latency percentiles and the disk's fsync rate.
-    Acquire(bench::AcquireBenchArgs),
+    Acquire(palisade_bench::AcquireBenchArgs),
     /// Fenced writes through the PostgreSQL adapter vs the raw seed statement, side by side.
-    Postgres(bench_fence::PostgresBenchArgs),
+    Postgres(palisade_bench::PostgresBenchArgs),
     /// Fenced PUTs per second on the reference store, with the disk's fsync rate.
-    Resource(bench_fence::ResourceBenchArgs),
+    Resource(palisade_bench::ResourceBenchArgs),
     /// Effects per second through the effects ledger vs sent directly, side by side.
-    Effects(bench_effects::EffectsBenchArgs),
+    Effects(palisade_bench::EffectsBenchArgs),
 }
 
 /// What is logged when RUST_LOG is not set.
@@ -494,11 +369,11 @@ fn main() -> ExitCode {
             };
             // A command that printed its document (the audit's findings, a drill's report, an
             // effect's record) keeps stdout to that one document.
-            let reported = lock::PRINTED_JSON.load(std::sync::atomic::Ordering::Relaxed);
+            let reported = output::PRINTED_JSON.load(std::sync::atomic::Ordering::Relaxed);
             if let Some(message) = message {
                 if json && !reported {
                     // Under --json an error is JSON too, on stdout where scripts read.
-                    lock::print_json(&serde_json::json!({
+                    output::print_json(&serde_json::json!({
                         "error": {"exit_code": code, "message": message}
                     }));
                 }
@@ -526,10 +401,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Simulate(args) => drill::run_simulate(args, json),
         Command::DrillWorker(args) => drill::run_worker(args).await,
         Command::EffectsWorker(args) => drill::run_effects_worker(args).await,
-        Command::Bench(BenchCommand::Acquire(args)) => bench::run_acquire(args, json).await,
-        Command::Bench(BenchCommand::Postgres(args)) => bench_fence::run_postgres(args, json).await,
-        Command::Bench(BenchCommand::Resource(args)) => bench_fence::run_resource(args, json).await,
-        Command::Bench(BenchCommand::Effects(args)) => bench_effects::run(args, json).await,
+        Command::Bench(BenchCommand::Acquire(args)) => {
+            palisade_bench::run_acquire(args, json).await
+        }
+        Command::Bench(BenchCommand::Postgres(args)) => {
+            palisade_bench::run_postgres(args, json).await
+        }
+        Command::Bench(BenchCommand::Resource(args)) => {
+            palisade_bench::run_resource(args, json).await
+        }
+        Command::Bench(BenchCommand::Effects(args)) => {
+            palisade_bench::run_effects(args, json).await
+        }
     }
 }
 
@@ -561,7 +444,7 @@ fn auth(command: AuthCommand, json: bool) -> anyhow::Result<()> {
                 palisade_server::auth::hash_secret(&secret)
             );
             if json {
-                lock::print_json(&serde_json::json!({
+                output::print_json(&serde_json::json!({
                     "principal": principal.as_str(),
                     "auth_line": line,
                     "secret_file": secret_file,

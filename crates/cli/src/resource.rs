@@ -14,7 +14,7 @@ use palisade_resource::{KeySource, ResourceConfig};
 use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::lock::print_json;
+use crate::output::print_json;
 
 /// Default URL of the reference store for the client commands.
 const DEFAULT_RESOURCE: &str = "http://127.0.0.1:7421";

@@ -1,7 +1,8 @@
 //! Cluster members authenticate each other (P1, P4, P8): three real processes with peer
 //! certificates form a cluster over mutual TLS, and the attacks of the review are refused — a
 //! forged Raft message from a client connection, a certificate from another CA, a certificate
-//! of a node that is not a member, a certificate used to speak as another node. Before, the
+//! of a node that is not a member, a certificate used to speak as another node, each as a
+//! unary call and on the append stream. Before, the
 //! forged AppendEntries from a client connection was decoded and applied: one carrying a
 //! `LeaderStart` made every member publish the attacker's signing key.
 

@@ -1,4 +1,4 @@
-//! Output for people: aligned tables and readable durations.
+//! Output for people (aligned tables, readable durations) and for scripts (one JSON document).
 
 /// Prints rows as a table with a header, columns padded to their widest cell.
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
@@ -37,6 +37,18 @@ pub fn millis(ms: u64) -> String {
         1_000..=59_999 => format!("{:.1}s", ms as f64 / 1_000.0),
         _ => format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1_000),
     }
+}
+
+/// Set once a command printed its JSON document: an error after it is not printed as a second
+/// one (stdout stays one document).
+pub static PRINTED_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn print_json(value: &serde_json::Value) {
+    PRINTED_JSON.store(true, std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("JSON values serialize")
+    );
 }
 
 #[cfg(test)]

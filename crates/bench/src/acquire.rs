@@ -5,8 +5,6 @@
 //! (cycles per fsync) that holds from machine to machine: one fsync per operation would give
 //! at most 0.5 cycles per fsync (a cycle is two durable operations).
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -18,13 +16,12 @@ use palisade_server::ServerConfig;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::lock::print_json;
-use crate::output::print_fields;
+use palisade_cli_common::credentials::{bearer_secret, ClientTlsArgs};
+use palisade_cli_common::output::{print_fields, print_json};
 
-/// How long the fdatasync rate is measured.
-const FSYNC_PROBE: Duration = Duration::from_secs(2);
-/// Most cycles recorded per client (bounds the memory of a long run).
-pub(crate) const MAX_SAMPLES_PER_CLIENT: usize = 2_000_000;
+use crate::cycle::{Cycle, MAX_SAMPLES_PER_CLIENT};
+use crate::probe::measure_fdatasync;
+
 /// How long a contended acquire may wait for its turn.
 const BENCH_WAIT: Duration = Duration::from_secs(30);
 
@@ -65,11 +62,11 @@ pub struct AcquireBenchArgs {
     /// same run: `redis=redis://HOST:PORT` (SET NX PX + Lua release) or
     /// `etcd=http://HOST:PORT` (v3 JSON gateway: lease + transactions). Repeatable.
     /// `scripts/bench-compare` starts both durably and runs the whole table.
-    #[arg(long, value_delimiter = ',', value_parser = crate::bench_compare::Target::parse,
+    #[arg(long, value_delimiter = ',', value_parser = crate::compare::Target::parse,
           conflicts_with = "with_auth")]
-    compare: Vec<crate::bench_compare::Target>,
+    compare: Vec<crate::compare::Target>,
     #[command(flatten)]
-    tls: crate::ClientTlsArgs,
+    tls: ClientTlsArgs,
 }
 
 /// How an embedded single node is secured for one measurement.
@@ -86,7 +83,7 @@ enum Secured {
 /// How the bench clients authenticate (as the other client commands do); none: an open
 /// coordinator.
 fn bench_credentials(args: &AcquireBenchArgs) -> anyhow::Result<Credentials> {
-    let credentials = match crate::bearer_secret(args.token_file.as_deref())? {
+    let credentials = match bearer_secret(args.token_file.as_deref())? {
         Some(secret) => Credentials::bearer(&secret)?,
         None => Credentials::default(),
     };
@@ -106,18 +103,6 @@ fn bench_auth(dir: &Path) -> anyhow::Result<(palisade_server::auth::Auth, Creden
     std::fs::write(&acl_file, "bench acquire bench/\n")?;
     let auth = palisade_server::auth::Auth::from_files(&auth_file, &acl_file)?;
     Ok((auth, Credentials::bearer(secret)?))
-}
-
-/// One acquire+release cycle as one client saw it.
-#[derive(Clone, Copy)]
-pub(crate) struct Cycle {
-    pub lock: usize,
-    /// Orders the holders of one lock (the epoch; for another service, the grant's time).
-    pub epoch: u64,
-    pub acquire_sent: Instant,
-    pub granted: Instant,
-    pub release_sent: Instant,
-    pub released: Instant,
 }
 
 #[derive(Serialize)]
@@ -313,7 +298,7 @@ async fn measure_others(args: &AcquireBenchArgs) -> anyhow::Result<Vec<(String, 
         let deadline = started + args.duration;
         let mut tasks = Vec::with_capacity(args.clients);
         for index in 0..args.clients {
-            tasks.push(tokio::spawn(crate::bench_compare::client_loop(
+            tasks.push(tokio::spawn(crate::compare::client_loop(
                 target.clone(),
                 index,
                 args.locks,
@@ -693,29 +678,4 @@ fn print_report(report: &Report, json: bool) {
 
 fn micros(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{v:.0} µs"))
-}
-
-/// Rewrites one 4 KiB block and fdatasyncs it, repeatedly, for [`FSYNC_PROBE`]; returns
-/// fdatasyncs per second. This is the ceiling of a service that syncs once per operation.
-pub fn measure_fdatasync(dir: &Path) -> std::io::Result<f64> {
-    let path = dir.join("fsync-probe");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)?;
-    let block = [0x5a_u8; 4096];
-    // Allocate the block first, so the loop measures overwrite + fdatasync, not file growth.
-    file.write_all_at(&block, 0)?;
-    file.sync_all()?;
-    let started = std::time::Instant::now();
-    let mut count = 0u64;
-    while started.elapsed() < FSYNC_PROBE {
-        file.write_all_at(&block, 0)?;
-        file.sync_data()?;
-        count += 1;
-    }
-    let rate = count as f64 / started.elapsed().as_secs_f64();
-    std::fs::remove_file(path)?;
-    Ok(rate)
 }

@@ -23,7 +23,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::bench::{Cycle, MAX_SAMPLES_PER_CLIENT};
+use crate::cycle::{Cycle, MAX_SAMPLES_PER_CLIENT};
 
 /// How long a client that found the lock held waits before it tries again.
 pub const RETRY_AFTER: Duration = Duration::from_millis(1);

@@ -19,9 +19,9 @@ use palisade_fence::Verifier;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::bench::measure_fdatasync;
-use crate::lock::print_json;
-use crate::output::print_table;
+use palisade_cli_common::output::{print_json, print_table};
+
+use crate::probe::measure_fdatasync;
 
 #[derive(Args)]
 pub struct EffectsBenchArgs {

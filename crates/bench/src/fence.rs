@@ -15,9 +15,9 @@ use palisade_resource::{KeySource, ResourceConfig};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::bench::measure_fdatasync;
-use crate::lock::print_json;
-use crate::output::print_table;
+use palisade_cli_common::output::{print_fields, print_json, print_table};
+
+use crate::probe::measure_fdatasync;
 
 /// Rows each client owns in the distinct-rows case; an owner writes each once per epoch.
 const ROWS_PER_CLIENT: i64 = 1_000;
@@ -353,7 +353,7 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
     if json {
         print_json(&serde_json::to_value(&report)?);
     } else {
-        crate::output::print_fields(&[
+        print_fields(&[
             ("clients", report.clients.to_string()),
             ("fenced PUTs", report.writes.to_string()),
             ("rejected", report.rejected.to_string()),
