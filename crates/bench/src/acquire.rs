@@ -187,7 +187,7 @@ async fn node_commit_counters(endpoint: &str) -> Option<ServerCounters> {
 
 /// This process's CPU seconds (user + system).
 fn own_cpu_seconds() -> f64 {
-    palisade_server::metrics::process_cpu_seconds().unwrap_or(0.0)
+    palisade_coordinator::metrics::process_cpu_seconds().unwrap_or(0.0)
 }
 
 pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<()> {

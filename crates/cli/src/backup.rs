@@ -1,13 +1,13 @@
 //! `palisade backup` and `palisade restore`: a backup of the epoch counter (online from a
 //! running coordinator, or offline from a data directory), and a restore into a new data
-//! directory that never issues an epoch twice (see `palisade_server::backup`).
+//! directory that never issues an epoch twice (see `palisade_coordinator::backup`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use palisade_server::backup::{self, Floor};
+use palisade_coordinator::backup::{self, Floor};
 use serde_json::Value;
 
 use crate::output::print_json;
@@ -59,7 +59,7 @@ pub struct RestoreArgs {
 
 pub async fn run_backup(args: BackupArgs, json: bool) -> anyhow::Result<()> {
     let backup = match &args.data_dir {
-        Some(dir) => backup::offline(dir)?,
+        Some(dir) => palisade_server::backup::offline(dir)?,
         None => online(&args.endpoint).await?,
     };
     backup::write(&backup, &args.out)?;
@@ -129,7 +129,7 @@ pub async fn run_restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
     let (high_water, target) = if args.cluster {
         (args.high_water_file.clone(), backup::Target::ClusterFounder)
     } else {
-        let default = palisade_server::high_water::default_path(&args.data_dir);
+        let default = palisade_coordinator::high_water::default_path(&args.data_dir);
         (
             Some(args.high_water_file.clone().unwrap_or(default)),
             backup::Target::Single,

@@ -533,7 +533,7 @@ async fn restore(args: RestoreArgs, json: bool) -> anyhow::Result<()> {
     let record = json!({
         "floor": floor,
         "token": token,
-        "applied_at_ms": palisade_server::backup::now_ms(),
+        "applied_at_ms": palisade_core::clock::now_ms(),
     });
     let applied = palisade_resource::apply_restore_floor(&data_dir, floor, &record.to_string())?;
     let report = json!({

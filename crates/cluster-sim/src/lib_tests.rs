@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use palisade_server::engine::CoordinatorError;
+use palisade_coordinator::engine::CoordinatorError;
 
 /// Polls `ready` every 10 ms of simulated time, for at most `limit_ms`.
 async fn eventually<T>(limit_ms: u64, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
@@ -797,7 +797,7 @@ impl RaftHarness {
     }
 }
 
-impl palisade_server::store_conformance::Harness for RaftHarness {
+impl palisade_coordinator::store_conformance::Harness for RaftHarness {
     type Store = palisade_server::cluster::RaftLeaseStore;
 
     async fn open(&mut self) -> Self::Store {
@@ -825,5 +825,6 @@ impl palisade_server::store_conformance::Harness for RaftHarness {
 
 mod raft_store {
     use super::*;
-    palisade_server::lease_store_suite!(RaftHarness::new(), |case| paused_runtime().block_on(case));
+    palisade_coordinator::lease_store_suite!(RaftHarness::new(), |case| paused_runtime()
+        .block_on(case));
 }

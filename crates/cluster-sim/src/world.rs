@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use palisade_coordinator::engine::CoordinatorError;
+use palisade_coordinator::gateway::Gateway;
+use palisade_coordinator::metrics::Metrics;
 use palisade_core::{AcquireRequest, HolderId, Lease, LockClass, LockName, RequestId};
 use palisade_history::{Entry, History, Op, Outcome};
 #[cfg(test)]
 use palisade_server::cluster::membership::Changes;
 use palisade_server::cluster::storage::{self, SmState};
 use palisade_server::cluster::{ClusterConfig, MemberStart, NodeId};
-use palisade_server::engine::CoordinatorError;
-use palisade_server::gateway::Gateway;
-use palisade_server::metrics::Metrics;
 use palisade_sim::SplitMix64;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -329,7 +329,7 @@ struct Member {
     /// Its wall clock: the simulation's time from `wall_clock_origin_ms`, off by a skew of
     /// up to [`MAX_CLOCK_SKEW_MS`] drawn from the seed (the members of a real cluster never
     /// agree exactly). It goes on through crashes, like a machine's.
-    clock: Arc<palisade_server::engine::SteppableClock>,
+    clock: Arc<palisade_coordinator::engine::SteppableClock>,
 }
 
 /// The greatest skew between a member's clock and the simulation's time.
@@ -341,15 +341,16 @@ fn member_clock(
     seed: u64,
     id: NodeId,
     sim: &ClusterSimConfig,
-) -> Arc<palisade_server::engine::SteppableClock> {
+) -> Arc<palisade_coordinator::engine::SteppableClock> {
     if sim.frozen_clocks {
-        let clock = palisade_server::engine::SteppableClock::starting_at(sim.wall_clock_origin_ms);
+        let clock =
+            palisade_coordinator::engine::SteppableClock::starting_at(sim.wall_clock_origin_ms);
         // Stepped back further than any run lasts: it reads its origin (saturating) throughout.
         clock.step(-(1 << 40));
         return Arc::new(clock);
     }
     let skew_ms = SplitMix64::new(seed ^ id).range(0, MAX_CLOCK_SKEW_MS + 1);
-    Arc::new(palisade_server::engine::SteppableClock::starting_at(
+    Arc::new(palisade_coordinator::engine::SteppableClock::starting_at(
         sim.wall_clock_origin_ms + skew_ms,
     ))
 }

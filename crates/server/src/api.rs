@@ -9,9 +9,9 @@ use palisade_core::{AcquireRequest, Lease, LeaseError, LeaseId, LockClass, Token
 
 use crate::auth::{Caller, Right};
 use crate::cluster::{NodeId, RaftNode};
-use crate::engine::CoordinatorError;
-use crate::gateway::Gateway;
-use crate::metrics::Metrics;
+use palisade_coordinator::engine::CoordinatorError;
+use palisade_coordinator::gateway::Gateway;
+use palisade_coordinator::metrics::Metrics;
 
 /// A granted lease with its signed token.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct Api {
     /// The lock policy: each acquire's class, and refusals under `--require-policy`.
     pub policy: Arc<crate::policy::PolicyState>,
     /// The recent ownership transitions, for the console.
-    pub feed: Arc<crate::feed::Feed>,
+    pub feed: Arc<palisade_coordinator::feed::Feed>,
     /// The audits: one at a time, the last one reused briefly.
     pub audits: Arc<crate::console::Audits>,
 }
@@ -109,7 +109,7 @@ impl Api {
     /// while it still has the acquire right on the lease's lock — rights are checked on every
     /// renew, not only at the acquire (issue 26, item 8).
     pub async fn renew(&self, id: LeaseId, caller: &Caller) -> Result<Lease, CoordinatorError> {
-        let allowed: Option<crate::engine::RightCheck> = match caller.lease_actor() {
+        let allowed: Option<palisade_coordinator::engine::RightCheck> = match caller.lease_actor() {
             None => None,
             Some(_) => {
                 let caller = caller.clone();

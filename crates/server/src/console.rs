@@ -21,8 +21,8 @@ use serde_json::json;
 
 use crate::api::Api;
 use crate::auth::{Caller, Right};
-use crate::engine::MAX_LIST;
 use crate::http::ApiError;
+use palisade_coordinator::engine::MAX_LIST;
 
 const INDEX_HTML: &str = include_str!("../ui/index.html");
 const APP_JS: &str = include_str!("../ui/app.js");

@@ -15,8 +15,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::Api;
 use crate::auth::{Caller, Denied, Limited, Right};
-use crate::engine::{CoordinatorError, TransitionKind, MAX_LIST};
 use crate::tls::CertificatePrincipal;
+use palisade_coordinator::engine::{CoordinatorError, TransitionKind, MAX_LIST};
 
 /// Responses buffered per keepalive or watch stream before the server waits for the client.
 const STREAM_BUFFER: usize = 16;

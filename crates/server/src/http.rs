@@ -20,8 +20,8 @@ use serde_json::json;
 use crate::api::Api;
 use crate::auth::{Caller, Denied, Limited, Right};
 use crate::cluster::MembershipError;
-use crate::engine::{CoordinatorError, MAX_LIST};
 use crate::tls::CertificatePrincipal;
+use palisade_coordinator::engine::{CoordinatorError, MAX_LIST};
 
 /// Largest request body accepted. An acquire body is under 300 bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -365,7 +365,7 @@ async fn show_lock(
 /// the floor is superseded or its lease has ended — for a resource that cannot trust its own
 /// memory after a restart (its whole volume may have been put back). The floor is the held
 /// lease's epoch, else the lock's last granted epoch, else one above the counter
-/// ([`crate::engine::CoordinatorHandle::floor`]). Served without credentials, like `/v1/keys`:
+/// ([`palisade_coordinator::engine::CoordinatorHandle::floor`]). Served without credentials, like `/v1/keys`:
 /// it grants nothing (it never verifies as a token) and names no holder, principal or lease.
 async fn lock_floor(
     State(api): State<Api>,
@@ -376,7 +376,7 @@ async fn lock_floor(
     Ok(Json(json!({
         "lock": lock,
         "floor": palisade_core::json::value(floor),
-        "statement": api.signer.sign_floor(&lock, floor, crate::backup::now_ms()),
+        "statement": api.signer.sign_floor(&lock, floor, palisade_core::clock::now_ms()),
     })))
 }
 
@@ -385,8 +385,8 @@ async fn lock_floor(
 async fn backup(State(api): State<Api>, caller: Caller) -> Result<Response, ApiError> {
     caller.require(Right::Admin, None)?;
     let last_epoch = api.coordinator.epoch_counter().await?;
-    let backup = crate::backup::Backup {
-        format: crate::backup::FORMAT,
+    let backup = palisade_coordinator::backup::Backup {
+        format: palisade_coordinator::backup::FORMAT,
         mode: if api.cluster.is_some() {
             "cluster"
         } else {
@@ -394,12 +394,12 @@ async fn backup(State(api): State<Api>, caller: Caller) -> Result<Response, ApiE
         }
         .into(),
         last_epoch: last_epoch.0,
-        taken_at_ms: crate::backup::now_ms(),
+        taken_at_ms: palisade_core::clock::now_ms(),
         taken: "online".into(),
     };
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
-        crate::backup::encode(&backup),
+        palisade_coordinator::backup::encode(&backup),
     )
         .into_response())
 }

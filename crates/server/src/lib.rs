@@ -1,9 +1,9 @@
 //! The Palisade coordinator: a durable lease service that issues signed, strictly increasing
 //! ownership epochs.
 //!
-//! Components: [`store`] (durable state, redb), [`engine`] (the lease table behind a queue,
-//! group commit), [`api`] / [`http`] / [`grpc`] (the front ends, one port), [`keys`] (the
-//! signing key), [`metrics`]. [`start`] wires them together; see `ARCHITECTURE.md`.
+//! Components: `palisade_coordinator` (durable state; the engine: the lease table behind a
+//! queue, group commit; the signing key; metrics), [`cluster`], [`api`] / [`http`] / [`grpc`]
+//! (the front ends, one port). [`start`] wires them together; see `ARCHITECTURE.md`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -14,18 +14,9 @@ pub mod auth;
 pub mod backup;
 pub mod cluster;
 pub mod console;
-pub mod engine;
-pub mod feed;
-pub mod gateway;
 pub mod grpc;
-pub mod high_water;
 pub mod http;
-pub mod keys;
-pub mod log_store;
-pub mod metrics;
 pub mod policy;
-pub mod store;
-pub mod store_conformance;
 pub mod tls;
 
 use std::io;
@@ -38,21 +29,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use palisade_coordinator::{engine, high_water, keys, log_store, metrics, store, STORE_FILE};
+
 use crate::api::{Api, ClusterMember};
 use crate::cluster::ClusterConfig;
-use crate::gateway::Gateway;
-use crate::metrics::Metrics;
-use crate::store::StoreError;
+use palisade_coordinator::gateway::Gateway;
+use palisade_coordinator::metrics::Metrics;
+use palisade_coordinator::store::StoreError;
 
 /// Default data directory of `palisade serve`.
 pub const DEFAULT_DATA_DIR: &str = "./palisade-data";
 /// Default listen address of `palisade serve` (gRPC and HTTP on one port).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
-/// File name of the lease store (the lease log) inside the data directory.
-pub const STORE_FILE: &str = "coordinator.log";
-/// File name of the lease store of versions before the lease log (redb); moved into the log
-/// at the first start ([`log_store::open_in`]).
-pub const LEGACY_STORE_FILE: &str = "coordinator.redb";
 /// How long a stopping server waits for open connections (keepalive streams, watches) before
 /// it closes them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -421,7 +409,7 @@ fn start_single(
              again: stop and use palisade restore"
         );
     }
-    if let Some(record) = backup::restore_record(dir) {
+    if let Some(record) = palisade_coordinator::backup::restore_record(dir) {
         tracing::info!(
             backup_epoch = record.backup.last_epoch,
             floor = record.floor,

@@ -27,7 +27,7 @@ async fn p1_a_signing_key_without_its_store_refuses_to_start_and_names_the_way_b
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     start_and_stop(&data).await;
-    std::fs::remove_file(data.join(palisade_server::STORE_FILE)).unwrap();
+    std::fs::remove_file(data.join(palisade_coordinator::STORE_FILE)).unwrap();
     let error = match palisade_server::start(config(&data)).await {
         Ok(_) => panic!("started over a lost store: epochs would restart at 1"),
         Err(error) => error,
@@ -36,7 +36,7 @@ async fn p1_a_signing_key_without_its_store_refuses_to_start_and_names_the_way_b
     let message = error.to_string();
     assert!(message.contains("palisade restore"), "{message}");
     assert!(
-        !data.join(palisade_server::STORE_FILE).exists(),
+        !data.join(palisade_coordinator::STORE_FILE).exists(),
         "nothing is created"
     );
 }
@@ -48,6 +48,8 @@ async fn a_first_start_creates_the_store_and_the_key_and_restarts() {
     for _ in 0..2 {
         start_and_stop(&data).await;
     }
-    assert!(data.join(palisade_server::STORE_FILE).exists());
-    assert!(data.join(palisade_server::keys::SIGNING_KEY_FILE).exists());
+    assert!(data.join(palisade_coordinator::STORE_FILE).exists());
+    assert!(data
+        .join(palisade_coordinator::keys::SIGNING_KEY_FILE)
+        .exists());
 }

@@ -125,7 +125,7 @@ fn every_file_and_test_the_docs_name_exists() {
 #[test]
 fn the_name_scanner_recognises_what_the_docs_write() {
     assert!(is_path("crates/fence-postgres/sql/008_lock_floors.sql"));
-    assert!(is_path("server/src/engine.rs"));
+    assert!(is_path("coordinator/src/engine.rs"));
     assert!(is_path("docs/operations.md"));
     assert!(!is_path("palisade serve"));
     assert!(!is_path("DIR.high-water"));

@@ -37,8 +37,8 @@ use openraft::ServerState;
 use palisade_core::{Changes, Epoch, Lease, LockName};
 use serde::{Deserialize, Serialize};
 
-use crate::store::{DurableState, LeaseStore, PendingCommit, StoreError};
 pub use error::{ClusterError, MembershipError};
+use palisade_coordinator::store::{DurableState, LeaseStore, PendingCommit, StoreError};
 use storage::SmState;
 
 /// A member's id (`--node-id`), 1 or more.
@@ -91,8 +91,7 @@ pub const QUORUM_LOSS_MS: u64 = 1_000;
 pub const MAX_ENTRIES_PER_APPEND: u64 = 16;
 /// Raft entries between two snapshots (after which older log entries are purged).
 pub const SNAPSHOT_EVERY: u64 = 5_000;
-/// File of the cluster store (log and state machine) inside the data directory.
-pub const CLUSTER_STORE_FILE: &str = "cluster.redb";
+pub use palisade_coordinator::CLUSTER_STORE_FILE;
 /// Largest cluster `--cluster` accepts: 7 members tolerate three failures; every voter more
 /// slows each commit (3 and 5 are the usual sizes).
 pub const MAX_MEMBERS: usize = 7;
@@ -423,7 +422,7 @@ pub struct Member {
     /// The Raft node.
     pub raft: RaftNode,
     /// Where the front ends send requests.
-    pub gateway: crate::gateway::Gateway,
+    pub gateway: palisade_coordinator::gateway::Gateway,
     /// The applied state.
     pub state: Arc<Mutex<SmState>>,
     /// Its store's identity, which its Raft traffic presents and checks.
@@ -443,13 +442,13 @@ pub async fn start_member(
     config: &ClusterConfig,
     dir: &std::path::Path,
     signer: &palisade_core::TokenSigner,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<palisade_coordinator::metrics::Metrics>,
     peer_tls: Option<Arc<peer_tls::PeerTls>>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Member, ClusterError> {
-    let single = dir.join(crate::STORE_FILE);
+    let single = dir.join(palisade_coordinator::STORE_FILE);
     let path = dir.join(CLUSTER_STORE_FILE);
-    if crate::log_store::exists_in(dir) && !path.exists() {
+    if palisade_coordinator::log_store::exists_in(dir) && !path.exists() {
         return Err(ClusterError::DataDirectory(format!(
             "{} holds a single-node coordinator ({}); a cluster member needs a data directory \
              of its own (starting a cluster over it would forget its epochs)",
@@ -507,7 +506,7 @@ fn restored_floor(
     dir: &std::path::Path,
     fresh: bool,
 ) -> Result<Epoch, ClusterError> {
-    let Some(record) = crate::backup::restore_record(dir) else {
+    let Some(record) = palisade_coordinator::backup::restore_record(dir) else {
         return Ok(Epoch(0));
     };
     if fresh && !config.join && config.members.len() > 1 {
@@ -547,7 +546,7 @@ pub struct MemberStart<'a> {
     /// Its token signer.
     pub signer: &'a palisade_core::TokenSigner,
     /// Its metrics.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<palisade_coordinator::metrics::Metrics>,
     /// Stops its supervisor (and the engine) when set.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Asks other nodes who they are (founding a cluster, `cluster add`).
@@ -642,10 +641,12 @@ impl MemberStart<'_> {
             raft.clone(),
             self.introducer.clone(),
         ));
-        let (serving, serving_signal) = tokio::sync::watch::channel(
-            crate::gateway::Serving::Unavailable("starting: no leader known yet".into()),
-        );
-        let (gateway, transitions) = crate::gateway::Gateway::switching(serving_signal);
+        let (serving, serving_signal) =
+            tokio::sync::watch::channel(palisade_coordinator::gateway::Serving::Unavailable(
+                "starting: no leader known yet".into(),
+            ));
+        let (gateway, transitions) =
+            palisade_coordinator::gateway::Gateway::switching(serving_signal);
         let supervisor = supervisor::Supervisor {
             raft: raft.clone(),
             node_id: config.node_id,

@@ -456,7 +456,7 @@ fn not_a_peer() -> Status {
 /// Logs a refused divergent history at most every 10 s (the leader retries at every heartbeat).
 fn log_diverged(diverged: &DivergedHistory) {
     static LAST_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let now_ms = crate::backup::now_ms();
+    let now_ms = palisade_core::clock::now_ms();
     let last = LAST_MS.load(std::sync::atomic::Ordering::Relaxed);
     if now_ms.saturating_sub(last) >= 10_000 {
         LAST_MS.store(now_ms, std::sync::atomic::Ordering::Relaxed);

@@ -17,33 +17,19 @@ use rand::{RngCore, SeedableRng};
 
 thread_local! {
     static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
-    static SEEDED_SECRETS: RefCell<Option<StdRng>> = const { RefCell::new(None) };
 }
 
 /// From now on, election timeouts (and lease-id secrets, from a generator of their own so
 /// that the timeouts do not shift) drawn on this thread follow from `seed`.
 pub fn seed_election_timers(seed: u64) {
     SEEDED.with(|rng| *rng.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
-    SEEDED_SECRETS.with(|rng| {
-        *rng.borrow_mut() = Some(StdRng::seed_from_u64(seed ^ 0x5eed_1ea5_e1d5_0000));
-    });
+    palisade_coordinator::lease_secret::seed(seed);
 }
 
 /// Election timeouts on this thread come from the operating system's entropy again.
 pub fn unseed_election_timers() {
     SEEDED.with(|rng| *rng.borrow_mut() = None);
-    SEEDED_SECRETS.with(|rng| *rng.borrow_mut() = None);
-}
-
-/// A secret for an engine's lease ids: from the operating system's entropy, or from the seed
-/// of a simulation running on this thread (so that a seed replays the same ids).
-pub fn lease_secret() -> [u8; 32] {
-    let mut secret = [0; 32];
-    SEEDED_SECRETS.with(|seeded| match seeded.borrow_mut().as_mut() {
-        Some(rng) => rng.fill_bytes(&mut secret),
-        None => rand::rngs::OsRng.fill_bytes(&mut secret),
-    });
-    secret
+    palisade_coordinator::lease_secret::unseed();
 }
 
 /// The generator openraft gets: this thread's seeded one, or the thread's entropy-seeded one.

@@ -18,10 +18,10 @@ use super::storage::SmState;
 use super::{
     ClusterError, Command, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT, QUORUM_LOSS_MS,
 };
-use crate::engine::{self, LeaderHint, Transition};
-use crate::gateway::Serving;
-use crate::metrics::Metrics;
-use crate::store::StoreError;
+use palisade_coordinator::engine::{self, LeaderHint, Transition};
+use palisade_coordinator::gateway::Serving;
+use palisade_coordinator::metrics::Metrics;
+use palisade_coordinator::store::StoreError;
 
 /// How often the supervisor re-checks the quorum without a metrics change.
 const CHECK_INTERVAL: Duration = Duration::from_millis(50);

@@ -33,7 +33,7 @@ pub const INTERVAL: Duration = palisade_core::witness::FOLLOW_INTERVAL;
 
 /// The default place of the witness of data directory `data_dir`: its sibling `NAME.witness`.
 pub fn default_path(data_dir: &Path) -> PathBuf {
-    crate::high_water::sibling(data_dir, ".witness")
+    palisade_coordinator::high_water::sibling(data_dir, ".witness")
 }
 
 /// A member's witness file.

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_coordinator::engine::{self, CoordinatorError, CoordinatorHandle, SteppableClock};
+use palisade_coordinator::metrics::Metrics;
+use palisade_coordinator::store::{LeaseStore, MemoryLeaseStore};
 use palisade_core::clock::{floor_at, MAX_CLOCK_WAIT_MS};
 use palisade_core::{AcquireRequest, Epoch, HolderId, LeaseError, LockClass, LockName};
-use palisade_server::engine::{self, CoordinatorError, CoordinatorHandle, SteppableClock};
-use palisade_server::metrics::Metrics;
-use palisade_server::store::{LeaseStore, MemoryLeaseStore};
 use tokio::sync::watch;
 use tokio::time::sleep;
 
@@ -28,7 +28,7 @@ fn request(lock: &str, holder: &str, ttl_ms: u64, wait_ms: u64) -> AcquireReques
 struct Running {
     handle: CoordinatorHandle,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Result<(), palisade_server::store::StoreError>>,
+    task: tokio::task::JoinHandle<Result<(), palisade_coordinator::store::StoreError>>,
 }
 
 /// The wall clock's reading when a test starts (2027).
@@ -41,7 +41,7 @@ fn start(store: &MemoryLeaseStore) -> Running {
 fn start_with_clock(
     store: &MemoryLeaseStore,
     clock: &Arc<SteppableClock>,
-) -> Result<Running, palisade_server::store::StoreError> {
+) -> Result<Running, palisade_coordinator::store::StoreError> {
     let (stop, signal) = watch::channel(false);
     let (handle, task) = engine::start(
         store.clone(),
@@ -341,7 +341,7 @@ async fn p1_p6_a_clock_stepped_back_far_stops_issuing_and_refuses_to_start() {
     assert!(
         matches!(
             stopped,
-            Err(palisade_server::store::StoreError::ClockBehind { .. })
+            Err(palisade_coordinator::store::StoreError::ClockBehind { .. })
         ),
         "{stopped:?}"
     );

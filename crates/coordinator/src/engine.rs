@@ -46,9 +46,9 @@ pub const MAX_LIST: usize = 10_000;
 /// then it holds a place in its lock's bounded queue.
 pub const ABANDONED_WAITER_SWEEP: Duration = Duration::from_millis(200);
 
-/// Why a coordinator operation failed.
+/// Why a coordinator operation failed. Not `non_exhaustive`: each front end maps every
+/// variant to its answer, and a new one must not fall into a wildcard unnoticed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
 pub enum CoordinatorError {
     /// An expected rejection from the lease table (bad input, held, queue full, unknown lease).
     #[error(transparent)]
@@ -329,7 +329,7 @@ pub fn start_with<S: LeaseStore>(
         });
     }
     let mut table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
-    table.set_lease_secret(crate::cluster::runtime::lease_secret());
+    table.set_lease_secret(crate::lease_secret::lease_secret());
     table.raise_epoch_floor(Epoch(clock::floor_at(now_ms)));
     tracing::info!(
         stored_epoch = %durable.last_epoch,
