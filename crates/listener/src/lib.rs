@@ -30,6 +30,7 @@
 //! uses this for its clients (HTTPS and gRPC over TLS) and for cluster peers, which must prove
 //! who they are, on the one port.
 
+pub mod credentials;
 mod grpc;
 pub use grpc::grpc_message_deadlines;
 

@@ -127,7 +127,7 @@ pub enum ServerError {
     },
     /// A TLS file or setting cannot be used.
     #[error("TLS: {0}")]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] palisade_listener::credentials::TlsError),
     /// The signing key could not be loaded or created.
     #[error(transparent)]
     Key(#[from] keys::KeyError),

@@ -18,18 +18,21 @@
 //! in clear.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use palisade_core::Principal;
 use palisade_listener::{ClearText, PeerCertificates};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls_pki_types::{CertificateDer, UnixTime};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::server::danger::ClientCertVerifier;
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::TlsAcceptor;
+
+use palisade_listener::credentials::{
+    certificates, certified_key, provider, read_pem, roots, verifier, TlsError,
+};
 
 use crate::cluster::peer_tls::PeerTls;
 
@@ -37,85 +40,6 @@ use crate::cluster::peer_tls::PeerTls;
 /// name), on every request of that connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificatePrincipal(pub Principal);
-
-/// A TLS file or setting that cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct TlsError {
-    /// The file (or the flag) at fault.
-    pub path: PathBuf,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl TlsError {
-    fn new(path: &Path, message: impl fmt::Display) -> Self {
-        Self {
-            path: path.to_owned(),
-            message: message.to_string(),
-        }
-    }
-}
-
-/// The TLS library's crypto provider (ring; one for the whole process).
-pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Reads a PEM file.
-pub(crate) fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::new(path, e))
-}
-
-/// The certificates of a PEM file (at least one).
-pub(crate) fn certificates(
-    pem: &[u8],
-    path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| TlsError::new(path, e))?;
-    if chain.is_empty() {
-        return Err(TlsError::new(path, "holds no certificate"));
-    }
-    Ok(chain)
-}
-
-/// A certificate chain and its private key, ready to be shown in handshakes.
-pub(crate) fn certified_key(
-    chain: Vec<CertificateDer<'static>>,
-    key_pem: &[u8],
-    key_path: &Path,
-) -> Result<Arc<CertifiedKey>, TlsError> {
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::new(key_path, e))?;
-    let certified = CertifiedKey::from_der(chain, key, &provider())
-        .map_err(|e| TlsError::new(key_path, format!("does not fit its certificate: {e}")))?;
-    Ok(Arc::new(certified))
-}
-
-/// The trust anchors of a CA file.
-pub(crate) fn roots(
-    ca: &[CertificateDer<'static>],
-    path: &Path,
-) -> Result<Arc<rustls::RootCertStore>, TlsError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for authority in ca {
-        roots
-            .add(authority.clone())
-            .map_err(|e| TlsError::new(path, e))?;
-    }
-    Ok(Arc::new(roots))
-}
-
-/// A verifier that accepts exactly the chains ending at `roots`.
-pub(crate) fn verifier(
-    roots: Arc<rustls::RootCertStore>,
-    path: &Path,
-) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
-    WebPkiClientVerifier::builder_with_provider(roots, provider())
-        .build()
-        .map_err(|e| TlsError::new(path, e))
-}
 
 /// The client port's credentials (`--tls-cert`, `--tls-key`, `--client-ca`).
 pub struct ClientTls {
@@ -182,13 +106,6 @@ fn named_principal(leaf: &CertificateDer<'_>) -> Option<Principal> {
     let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
     let common_name = cert.subject().iter_common_name().next()?.as_str().ok()?;
     Principal::new(common_name).ok()
-}
-
-/// What the port's TLS needs from a cluster member's peer credentials.
-pub(crate) struct PeerSide {
-    pub key: Arc<CertifiedKey>,
-    pub ca: Vec<CertificateDer<'static>>,
-    pub verifier: Arc<dyn ClientCertVerifier>,
 }
 
 /// The TLS of the coordinator's port, or `None` when it has neither client nor peer TLS.

@@ -20,7 +20,7 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use super::{ClusterError, NodeId};
-use crate::tls::{self, PeerSide, TlsError};
+use palisade_listener::credentials::{self as tls, PeerSide, TlsError};
 
 /// The name a member's certificate carries (as a DNS subject alternative name).
 pub fn node_name(node: NodeId) -> String {
