@@ -237,9 +237,9 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         return Ok(());
     };
     anyhow::ensure!(
-        (1..=palisade_server::cluster::MAX_MEMBERS).contains(&members),
+        (1..=palisade_cluster::MAX_MEMBERS).contains(&members),
         "--cluster takes 1 to {} members",
-        palisade_server::cluster::MAX_MEMBERS
+        palisade_cluster::MAX_MEMBERS
     );
     let single = measure(&args, None, Secured::Open).await?;
     let cluster = measure(&args, Some((members, false)), Secured::Open).await?;
@@ -364,14 +364,14 @@ async fn start_cluster(
             .port();
         addrs.insert(id, format!("127.0.0.1:{port}"));
     }
-    let list = palisade_server::cluster::format_members(&addrs);
+    let list = palisade_cluster::format_members(&addrs);
     let mut servers = Vec::new();
     for (id, addr) in &addrs {
-        let cluster = palisade_server::cluster::ClusterConfig::parse(*id, &list, false)?;
+        let cluster = palisade_cluster::ClusterConfig::parse(*id, &list, false)?;
         let tls = if peer_tls {
             let file = |name: String| pki.join(name);
             Some(std::sync::Arc::new(
-                palisade_server::cluster::peer_tls::PeerTls::load(
+                palisade_cluster::peer_tls::PeerTls::load(
                     *id,
                     &file(format!("node-{id}.pem")),
                     &file(format!("node-{id}.key")),

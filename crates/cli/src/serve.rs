@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use palisade_cluster::peer_tls::PeerTls;
+use palisade_cluster::ClusterConfig;
 use palisade_server::auth::Auth;
-use palisade_server::cluster::peer_tls::PeerTls;
-use palisade_server::cluster::ClusterConfig;
 use palisade_server::policy::PolicyState;
 use palisade_server::tls::ClientTls;
 use palisade_server::ServerConfig;

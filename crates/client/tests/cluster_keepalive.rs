@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use palisade_client::{AcquireOptions, Client};
-use palisade_server::cluster::{format_members, ClusterConfig};
+use palisade_cluster::{format_members, ClusterConfig};
 use palisade_server::ServerConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -259,10 +259,10 @@ pub fn run(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
     );
     let runtime = paused_runtime();
     watch_panics();
-    palisade_server::cluster::runtime::seed_election_timers(seed);
+    palisade_cluster::runtime::seed_election_timers(seed);
     let mut report = runtime.block_on(simulate(seed, config));
     drop(runtime);
-    palisade_server::cluster::runtime::unseed_election_timers();
+    palisade_cluster::runtime::unseed_election_timers();
     let panics = PANICS.with(|panics| std::mem::take(&mut *panics.borrow_mut()));
     report
         .violations

@@ -279,14 +279,14 @@ fn a_grant_above_the_recovered_counter_is_a_lost_acknowledgement() {
 /// members: the simulation's network here, gRPC in `cli/tests/it/cluster.rs`).
 struct Phantom;
 
-impl palisade_server::cluster::membership::Introducer for Phantom {
+impl palisade_cluster::membership::Introducer for Phantom {
     fn introduce(
         &self,
-        _node: palisade_server::cluster::NodeId,
+        _node: palisade_cluster::NodeId,
         _addr: &str,
-    ) -> palisade_server::cluster::membership::Introducing {
+    ) -> palisade_cluster::membership::Introducing {
         Box::pin(async {
-            Ok(palisade_server::cluster::membership::Introduction {
+            Ok(palisade_cluster::membership::Introduction {
                 node_id: 4,
                 store: "44444444444444444444444444444444".into(),
                 holds_log: false,
@@ -297,7 +297,7 @@ impl palisade_server::cluster::membership::Introducer for Phantom {
     }
 }
 
-fn voters(raft: &palisade_server::cluster::RaftNode) -> Vec<u64> {
+fn voters(raft: &palisade_cluster::RaftNode) -> Vec<u64> {
     raft.metrics()
         .borrow()
         .membership_config
@@ -311,8 +311,8 @@ fn p1_p8_a_member_that_cannot_catch_up_never_votes_and_the_cluster_keeps_serving
     // Before, `cluster add` of an unreachable address made it a voter at once (openraft's
     // blocking add_learner ignores its own wait's outcome): three such adds took the
     // majority away from a 3-member cluster for good, and even DELETE answered 503.
-    use palisade_server::cluster::membership::Changes;
-    use palisade_server::cluster::MembershipError;
+    use palisade_cluster::membership::Changes;
+    use palisade_cluster::MembershipError;
     paused_runtime().block_on(async {
         let (mut cluster, _) = three_members(21).await;
         for attempt in 0..3 {
@@ -376,8 +376,8 @@ fn p1_p8_a_member_that_cannot_catch_up_never_votes_and_the_cluster_keeps_serving
 fn membership_changes_run_one_at_a_time() {
     // Before, add and remove rebuilt the voter set from a read taken before the change, so
     // two changes at once could undo each other.
-    use palisade_server::cluster::membership::Changes;
-    use palisade_server::cluster::MembershipError;
+    use palisade_cluster::membership::Changes;
+    use palisade_cluster::MembershipError;
     paused_runtime().block_on(async {
         let (mut cluster, leader) = three_members(22).await;
         let (_, raft) = cluster.member(leader).unwrap();
@@ -405,7 +405,7 @@ fn membership_changes_run_one_at_a_time() {
 }
 
 /// The configurations of `raft`'s membership: one when uniform, two when joint.
-fn configs(raft: &palisade_server::cluster::RaftNode) -> Vec<Vec<u64>> {
+fn configs(raft: &palisade_cluster::RaftNode) -> Vec<Vec<u64>> {
     raft.metrics()
         .borrow()
         .membership_config
@@ -602,7 +602,7 @@ fn p8_a_member_put_back_to_a_vote_without_entries_does_not_vote_a_lagging_member
     // the lagging follower in at once, and the two led without the grants the leader and 3
     // had committed. Its store holds a vote, so it is on probation: nobody leads until the
     // leader is back.
-    palisade_server::cluster::runtime::seed_election_timers(13);
+    palisade_cluster::runtime::seed_election_timers(13);
     paused_runtime().block_on(async {
         let mut cluster = world::Cluster::new(13, &ClusterSimConfig::default());
         cluster.hold_entries(1, 3);
@@ -620,7 +620,7 @@ fn p8_a_member_put_back_to_a_vote_without_entries_does_not_vote_a_lagging_member
         let mut issued = vec![acquire(&cluster, "voted/a").await];
         // Restarted with a vote, 3 follows nobody for PROBATION_MAX: it has no membership
         // to take a census by.
-        let probation = palisade_server::cluster::identity::PROBATION_MAX;
+        let probation = palisade_cluster::identity::PROBATION_MAX;
         tokio::time::sleep(probation + std::time::Duration::from_secs(1)).await;
         let leader = cluster.serving_leader().expect("a leader");
         assert_ne!(leader, 3, "3 was on probation: it did not campaign");
@@ -645,7 +645,7 @@ fn p8_a_member_put_back_to_a_vote_without_entries_does_not_vote_a_lagging_member
         cluster.heal_all();
         grants_above_on_one_history(&mut cluster, &issued, "voted/c").await;
     });
-    palisade_server::cluster::runtime::unseed_election_timers();
+    palisade_cluster::runtime::unseed_election_timers();
 }
 
 #[test]
@@ -731,7 +731,7 @@ fn p8_a_member_put_back_never_acknowledges_a_deposed_leader() {
             let (mut cluster, deposed) = three_members(seed).await;
             acquire(&cluster, "deposed/a").await;
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            let others: Vec<palisade_server::cluster::NodeId> =
+            let others: Vec<palisade_cluster::NodeId> =
                 (1..=3).filter(|id| *id != deposed).collect();
             let mut snapshots: Vec<_> = others
                 .iter()
@@ -789,7 +789,7 @@ impl RaftHarness {
         Self(None)
     }
 
-    async fn leader_store(cluster: &world::Cluster) -> palisade_server::cluster::RaftLeaseStore {
+    async fn leader_store(cluster: &world::Cluster) -> palisade_cluster::RaftLeaseStore {
         let leader = eventually(10_000, || cluster.serving_leader())
             .await
             .expect("a serving leader");
@@ -798,7 +798,7 @@ impl RaftHarness {
 }
 
 impl palisade_coordinator::store_conformance::Harness for RaftHarness {
-    type Store = palisade_server::cluster::RaftLeaseStore;
+    type Store = palisade_cluster::RaftLeaseStore;
 
     async fn open(&mut self) -> Self::Store {
         // Clocks frozen at 0: the suite counts epochs from 0, and the clock floor (tested

@@ -17,10 +17,10 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use palisade_server::cluster::identity::Identity;
-use palisade_server::cluster::membership::{Introducer, Introducing, Introduction};
-use palisade_server::cluster::network::{check_append_entries, check_history, AppendReach};
-use palisade_server::cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
+use palisade_cluster::identity::Identity;
+use palisade_cluster::membership::{Introducer, Introducing, Introduction};
+use palisade_cluster::network::{check_append_entries, check_history, AppendReach};
+use palisade_cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
 
 /// Longest delay of one message, ms (each way).
@@ -52,10 +52,10 @@ pub struct NetStats {
     /// membership names (it lost its data).
     pub refused: u64,
     /// AppendEntries refused by the receiver because their entries do not continue their
-    /// `prev_log_id` ([`palisade_server::cluster::network::check_append_entries`]).
+    /// `prev_log_id` ([`palisade_cluster::network::check_append_entries`]).
     pub malformed: u64,
     /// AppendEntries refused because they contradict entries the receiver applied
-    /// ([`palisade_server::cluster::network::check_history`]): its history was lost by the
+    /// ([`palisade_cluster::network::check_history`]): its history was lost by the
     /// members that elected the sender.
     pub diverged: u64,
 }

@@ -6,15 +6,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[cfg(test)]
+use palisade_cluster::membership::Changes;
+use palisade_cluster::storage::{self, SmState};
+use palisade_cluster::{ClusterConfig, MemberStart, NodeId};
 use palisade_coordinator::engine::CoordinatorError;
 use palisade_coordinator::gateway::Gateway;
 use palisade_coordinator::metrics::Metrics;
 use palisade_core::{AcquireRequest, HolderId, Lease, LockClass, LockName, RequestId};
 use palisade_history::{Entry, History, Op, Outcome};
-#[cfg(test)]
-use palisade_server::cluster::membership::Changes;
-use palisade_server::cluster::storage::{self, SmState};
-use palisade_server::cluster::{ClusterConfig, MemberStart, NodeId};
 use palisade_sim::SplitMix64;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -324,7 +324,7 @@ struct Member {
     /// Its witness when `copy` was taken (put back with it when whole volumes roll back).
     copy_witness: Option<palisade_core::witness::WitnessRecord>,
     /// Its witness beside the data directory: store id and applied index
-    /// (`palisade_server::cluster::witness` keeps it in a file; here in memory).
+    /// (`palisade_cluster::witness` keeps it in a file; here in memory).
     witness: Option<palisade_core::witness::WitnessRecord>,
     /// Its wall clock: the simulation's time from `wall_clock_origin_ms`, off by a skew of
     /// up to [`MAX_CLOCK_SKEW_MS`] drawn from the seed (the members of a real cluster never
@@ -356,7 +356,7 @@ fn member_clock(
 }
 
 struct Running {
-    member: palisade_server::cluster::Member,
+    member: palisade_cluster::Member,
     shutdown: watch::Sender<bool>,
 }
 
@@ -492,7 +492,7 @@ impl Cluster {
             // Founded alone; later starts name every member, as its stored membership does.
             config.members.retain(|member, _| *member == 1);
         }
-        let mut raft_config = palisade_server::cluster::raft_config();
+        let mut raft_config = palisade_cluster::raft_config();
         raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(SIM_SNAPSHOT_EVERY);
         raft_config.max_in_snapshot_log_to_keep = 5;
         let (shutdown, shutdown_signal) = watch::channel(false);
@@ -621,22 +621,16 @@ impl Cluster {
 
     /// The running member `id`'s membership changes and Raft node.
     #[cfg(test)]
-    pub(crate) fn member(
-        &self,
-        id: NodeId,
-    ) -> Option<(Arc<Changes>, palisade_server::cluster::RaftNode)> {
+    pub(crate) fn member(&self, id: NodeId) -> Option<(Arc<Changes>, palisade_cluster::RaftNode)> {
         let running = self.members[self.index(id)].running.as_ref()?;
         Some((running.member.changes.clone(), running.member.raft.clone()))
     }
 
     /// The engine's store of cluster mode over member `id`'s Raft and applied state.
     #[cfg(test)]
-    pub(crate) fn lease_store(
-        &self,
-        id: NodeId,
-    ) -> Option<palisade_server::cluster::RaftLeaseStore> {
+    pub(crate) fn lease_store(&self, id: NodeId) -> Option<palisade_cluster::RaftLeaseStore> {
         let running = self.members[self.index(id)].running.as_ref()?;
-        Some(palisade_server::cluster::RaftLeaseStore::new(
+        Some(palisade_cluster::RaftLeaseStore::new(
             running.member.raft.clone(),
             running.member.state.clone(),
         ))

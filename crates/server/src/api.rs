@@ -8,7 +8,7 @@ use palisade_core::token::encode_public_key;
 use palisade_core::{AcquireRequest, Lease, LeaseError, LeaseId, LockClass, TokenSigner};
 
 use crate::auth::{Caller, Right};
-use crate::cluster::{NodeId, RaftNode};
+use palisade_cluster::{NodeId, RaftNode};
 use palisade_coordinator::engine::CoordinatorError;
 use palisade_coordinator::gateway::Gateway;
 use palisade_coordinator::metrics::Metrics;
@@ -62,9 +62,9 @@ pub struct ClusterMember {
     /// Its id.
     pub node_id: NodeId,
     /// The applied state (keys of every leader).
-    pub state: Arc<std::sync::Mutex<crate::cluster::storage::SmState>>,
+    pub state: Arc<std::sync::Mutex<palisade_cluster::storage::SmState>>,
     /// Its membership changes.
-    pub changes: Arc<crate::cluster::membership::Changes>,
+    pub changes: Arc<palisade_cluster::membership::Changes>,
 }
 
 impl Api {

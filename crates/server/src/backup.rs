@@ -22,7 +22,7 @@ pub fn offline(data_dir: &Path) -> Result<Backup, BackupError> {
     if member.exists() {
         // What this member applied: the leader may have issued more since (the restore's other
         // floors cover that).
-        let counter = crate::cluster::storage::read_counter(&member).map_err(|e| match e {
+        let counter = palisade_cluster::storage::read_counter(&member).map_err(|e| match e {
             redb::Error::DatabaseAlreadyOpen => in_use(),
             other => BackupError::Store(StoreError::Storage(other)),
         })?;
@@ -66,9 +66,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stopped = dir.path().join("m");
         std::fs::create_dir(&stopped).unwrap();
-        let store =
-            crate::cluster::storage::open(&stopped.join(palisade_coordinator::CLUSTER_STORE_FILE))
-                .unwrap();
+        let store = palisade_cluster::storage::open(
+            &stopped.join(palisade_coordinator::CLUSTER_STORE_FILE),
+        )
+        .unwrap();
         let error = offline(&stopped).unwrap_err().to_string();
         assert!(error.contains("in use"), "{error}");
         drop(store);

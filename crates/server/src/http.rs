@@ -19,8 +19,8 @@ use serde_json::json;
 
 use crate::api::Api;
 use crate::auth::{Caller, Denied, Limited, Right};
-use crate::cluster::MembershipError;
 use crate::tls::CertificatePrincipal;
+use palisade_cluster::MembershipError;
 use palisade_coordinator::engine::{CoordinatorError, MAX_LIST};
 
 /// Largest request body accepted. An acquire body is under 300 bytes.
@@ -452,7 +452,7 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
 async fn cluster_status(State(api): State<Api>, _caller: Caller) -> Json<serde_json::Value> {
     match &api.cluster {
         Some(member) => {
-            let status = crate::cluster::node_status(&member.raft, api.coordinator.is_ready());
+            let status = palisade_cluster::node_status(&member.raft, api.coordinator.is_ready());
             let mut value = serde_json::to_value(status).expect("status serializes");
             value["mode"] = json!("cluster");
             Json(value)
@@ -587,11 +587,11 @@ async fn retire_key(
             ),
         ));
     }
-    let command = crate::cluster::Command::RetireKey {
+    let command = palisade_cluster::Command::RetireKey {
         key_id: key_id.clone(),
     };
     match tokio::time::timeout(
-        crate::cluster::COMMIT_TIMEOUT,
+        palisade_cluster::COMMIT_TIMEOUT,
         member.raft.client_write(command),
     )
     .await

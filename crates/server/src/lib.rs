@@ -12,7 +12,6 @@ pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod backup;
-pub mod cluster;
 pub mod console;
 pub mod grpc;
 pub mod http;
@@ -32,7 +31,7 @@ use tokio::task::JoinHandle;
 use palisade_coordinator::{engine, high_water, keys, log_store, metrics, store, STORE_FILE};
 
 use crate::api::{Api, ClusterMember};
-use crate::cluster::ClusterConfig;
+use palisade_cluster::ClusterConfig;
 use palisade_coordinator::gateway::Gateway;
 use palisade_coordinator::metrics::Metrics;
 use palisade_coordinator::store::StoreError;
@@ -59,7 +58,7 @@ pub struct ServerConfig {
     /// Serve without authentication on a non-loopback address (`--insecure`).
     pub insecure: bool,
     /// Cluster mode: this member's peer credentials (mutual TLS between members).
-    pub peer_tls: Option<Arc<cluster::peer_tls::PeerTls>>,
+    pub peer_tls: Option<Arc<palisade_cluster::peer_tls::PeerTls>>,
     /// The epoch high-water file of a single node ([`high_water`]); `None`: the data
     /// directory's sibling `DIR.high-water`.
     pub high_water: Option<PathBuf>,
@@ -136,7 +135,7 @@ pub enum ServerError {
     Store(#[from] StoreError),
     /// Cluster mode could not start (bad membership, unreadable cluster store, Raft failure).
     #[error("cluster: {0}")]
-    Cluster(#[from] cluster::ClusterError),
+    Cluster(#[from] palisade_cluster::ClusterError),
     /// The data directory has a signing key but its store is gone: starting would forget every
     /// lease held.
     #[error(
@@ -227,7 +226,7 @@ impl RunningServer {
 /// crash can leave a key without a store.
 fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), ServerError> {
     let store = dir.join(if cluster {
-        cluster::CLUSTER_STORE_FILE
+        palisade_cluster::CLUSTER_STORE_FILE
     } else {
         STORE_FILE
     });
@@ -254,7 +253,7 @@ fn create_store_before_key(dir: &std::path::Path, cluster: bool) -> Result<(), S
     }
     // Opening creates the file and fsyncs its directory.
     if cluster {
-        drop(cluster::storage::open(&store)?);
+        drop(palisade_cluster::storage::open(&store)?);
     } else {
         drop(log_store::open_in(dir)?);
     }
@@ -320,7 +319,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             .high_water
             .clone()
             .unwrap_or_else(|| high_water::default_path(dir)),
-        Some(_) => cluster::witness::default_path(dir),
+        Some(_) => palisade_cluster::witness::default_path(dir),
     };
     refuse_side_file_inside(dir, &side_file)?;
     create_store_before_key(dir, config.cluster.is_some())?;
@@ -378,15 +377,15 @@ fn start_single(
     metrics: Arc<Metrics>,
     shutdown_signal: watch::Receiver<bool>,
 ) -> Result<(Api, Option<RaftService>, Core), ServerError> {
-    let cluster_store = dir.join(cluster::CLUSTER_STORE_FILE);
+    let cluster_store = dir.join(palisade_cluster::CLUSTER_STORE_FILE);
     if cluster_store.exists() {
-        return Err(ServerError::Cluster(cluster::ClusterError::DataDirectory(
-            format!(
+        return Err(ServerError::Cluster(
+            palisade_cluster::ClusterError::DataDirectory(format!(
                 "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
                 dir.display(),
                 cluster_store.display()
-            ),
-        )));
+            )),
+        ));
     }
     let mut store = log_store::open_in(dir)?;
     store.count_syncs(metrics.store_syncs.clone());
@@ -455,10 +454,10 @@ async fn start_cluster(
     dir: &Path,
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
-    peer_tls: Option<Arc<cluster::peer_tls::PeerTls>>,
+    peer_tls: Option<Arc<palisade_cluster::peer_tls::PeerTls>>,
     shutdown_signal: watch::Receiver<bool>,
 ) -> Result<(Api, Option<RaftService>, Core), ServerError> {
-    let member = cluster::start_member(
+    let member = palisade_cluster::start_member(
         cluster,
         dir,
         &signer,
@@ -493,7 +492,7 @@ async fn start_cluster(
         }
         outcome.map_err(ServerError::Cluster)
     });
-    let service = cluster::network::service(
+    let service = palisade_cluster::network::service(
         cluster.node_id,
         member.raft,
         member.identity,
@@ -507,7 +506,8 @@ async fn start_cluster(
 const KEEPALIVE_METHOD: &str = "/palisade.v1.Coordinator/Keepalive";
 
 /// The Raft gRPC service of a cluster member.
-type RaftService = palisade_proto::v1::raft_server::RaftServer<cluster::network::RaftService>;
+type RaftService =
+    palisade_proto::v1::raft_server::RaftServer<palisade_cluster::network::RaftService>;
 
 /// Serves HTTP and gRPC (and Raft traffic) on `config.listen` until the core ends; then stops
 /// the front ends within the grace period.

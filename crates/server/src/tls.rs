@@ -1,6 +1,6 @@
 //! TLS on the coordinator's one port: its clients (HTTPS and gRPC: `--tls-cert`, `--tls-key`,
 //! and `--client-ca` for client certificates) and its cluster peers (`--peer-cert`,
-//! `--peer-key`, `--peer-ca`, see [`crate::cluster::peer_tls`]).
+//! `--peer-key`, `--peer-ca`, see [`palisade_cluster::peer_tls`]).
 //!
 //! One handshake serves both. The certificate the server shows is chosen by the name the
 //! client asks for (SNI): members dial each other as `node-N.palisade` and get the member's
@@ -34,7 +34,7 @@ use palisade_listener::credentials::{
     certificates, certified_key, provider, read_pem, roots, verifier, TlsError,
 };
 
-use crate::cluster::peer_tls::PeerTls;
+use palisade_cluster::peer_tls::PeerTls;
 
 /// The principal named by a client certificate the client CA signed (its subject's common
 /// name), on every request of that connection.

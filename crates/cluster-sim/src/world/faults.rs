@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_server::cluster::membership::Changes;
-use palisade_server::cluster::{MembershipError, NodeId};
+use palisade_cluster::membership::Changes;
+use palisade_cluster::{MembershipError, NodeId};
 
 use super::{Cluster, RECOVERY_MS};
 use crate::disk::Disk;

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::super::{Network, STORE_METADATA};
 use super::*;
-use crate::cluster::identity::Identity;
+use crate::identity::Identity;
 
 const PEER_STORE: &str = "00000000000000aa";
 

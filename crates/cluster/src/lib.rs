@@ -1,4 +1,5 @@
-//! Cluster mode: the coordinator replicated over an openraft group of 3 or 5 members.
+//! Cluster mode: the coordinator replicated over an openraft group of 1 to [`MAX_MEMBERS`]
+//! members (3 or 5 in production).
 //!
 //! The division of labour stays the one of a single node: the **engine** decides (lease table,
 //! group commit) and a [`LeaseStore`] makes its decisions durable. In a cluster the store is
@@ -17,6 +18,8 @@
 //!    its engine's answers all fail; and the state machine never lowers the counter.
 //!
 //! Every lease restarts at its full TTL when a new engine loads it (a TTL is a lower bound).
+
+#![forbid(unsafe_code)]
 
 mod error;
 pub mod identity;
@@ -109,7 +112,7 @@ pub enum Command {
         /// Its public key (base64url).
         public_key: String,
         /// The epoch counter a restore started this member at (`palisade restore --cluster`,
-        /// [`crate::backup`]): applying the entry raises the counter to it (0: none).
+        /// `palisade restore --cluster`, `palisade_coordinator::backup`): applying the entry raises the counter to it (0: none).
         #[serde(default, skip_serializing_if = "is_zero")]
         floor: Epoch,
     },

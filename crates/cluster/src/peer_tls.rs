@@ -92,8 +92,8 @@ impl PeerTls {
         })
     }
 
-    /// What the port's TLS ([`crate::tls::listener_tls`]) needs of these credentials.
-    pub(crate) fn side(&self) -> PeerSide {
+    /// What the port's TLS (`palisade_server::tls::listener_tls`) needs of these credentials.
+    pub fn side(&self) -> PeerSide {
         PeerSide {
             key: self.key.clone(),
             ca: self.ca.clone(),
@@ -111,7 +111,7 @@ impl PeerTls {
     }
 
     /// Whether a connection's certificates (verified against the peer CA alone, see
-    /// [`crate::tls`]) name `node`.
+    /// `palisade_server::tls`) name `node`.
     pub fn certifies(certificates: &PeerCertificates, node: NodeId) -> bool {
         certificates.0.first().is_some_and(|leaf| names(leaf, node))
     }
