@@ -286,7 +286,7 @@ impl palisade_cluster::membership::Introducer for Phantom {
         _addr: &str,
     ) -> palisade_cluster::membership::Introducing {
         Box::pin(async {
-            Ok(palisade_cluster::membership::Introduction {
+            Ok(palisade_cluster::identity::Introduction {
                 node_id: 4,
                 store: "44444444444444444444444444444444".into(),
                 holds_log: false,

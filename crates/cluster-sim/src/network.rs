@@ -18,7 +18,8 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use palisade_cluster::identity::Identity;
-use palisade_cluster::membership::{Introducer, Introducing, Introduction};
+use palisade_cluster::identity::Introduction;
+use palisade_cluster::membership::{Introducer, Introducing};
 use palisade_cluster::network::{check_append_entries, check_history, AppendReach};
 use palisade_cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;

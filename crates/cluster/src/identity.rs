@@ -104,6 +104,7 @@ use std::time::Duration;
 
 use openraft::{LogId, Membership, RaftMetrics};
 use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{ClusterError, MemberNode, NodeId};
@@ -519,7 +520,7 @@ impl Identity {
     /// holding the floor is gone, elections this member takes part in wait for it (the entries
     /// only it may hold must not be lost). Every round, however few answer, raises the term
     /// below which a leader is deposed ([`Identity::may_follow`]).
-    pub fn record_census(&self, answers: &[super::membership::Introduction]) {
+    pub fn record_census(&self, answers: &[Introduction]) {
         let Some(metrics) = self.metrics.get() else {
             return;
         };
@@ -634,6 +635,43 @@ fn new_store_id() -> Result<String, ClusterError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| ClusterError::Randomness(e.to_string()))?;
     Ok(palisade_core::hex(&bytes))
+}
+
+/// Who a node says it is (the `Identify` Raft RPC).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Introduction {
+    /// Its `--node-id`.
+    pub node_id: NodeId,
+    /// Its store id.
+    pub store: String,
+    /// True when it holds log entries (of a cluster founded before).
+    pub holds_log: bool,
+    /// The id of its last log entry, for a restarted member's census (`identity` rule 4).
+    #[serde(default)]
+    pub last_log: Option<openraft::LogId<NodeId>>,
+    /// Its vote (term and candidate), for the same census.
+    #[serde(default)]
+    pub vote: Option<openraft::Vote<NodeId>>,
+}
+
+impl Introduction {
+    /// How member `node_id`, with `identity` and Raft `metrics`, introduces itself. Its history
+    /// ends at its last log entry, or at its last applied one when that is later (a snapshot
+    /// installed over a shorter log, before the log's purge caught up): a census must not hear
+    /// less than the member holds.
+    pub fn of(
+        node_id: NodeId,
+        identity: &Identity,
+        metrics: &openraft::RaftMetrics<NodeId, MemberNode>,
+    ) -> Self {
+        Self {
+            node_id,
+            store: identity.store().to_owned(),
+            holds_log: metrics.last_log_index.is_some(),
+            last_log: holds_up_to(identity.last_log(), metrics.last_applied),
+            vote: Some(metrics.vote),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -44,8 +44,8 @@ fn introduction(
     store: &str,
     last: Option<LogId<NodeId>>,
     vote: openraft::Vote<NodeId>,
-) -> super::super::membership::Introduction {
-    super::super::membership::Introduction {
+) -> super::Introduction {
+    super::Introduction {
         node_id: node,
         store: store.to_owned(),
         holds_log: last.is_some(),
@@ -445,9 +445,9 @@ fn p8_a_member_introduces_itself_with_what_it_applied_beyond_its_log() {
     let mut metrics = tx.borrow().clone();
     metrics.last_applied = Some(log_id(8, 2, 90));
     tx.send_replace(metrics);
-    let introduction = super::super::membership::Introduction::of(2, &identity, &tx.borrow());
+    let introduction = super::Introduction::of(2, &identity, &tx.borrow());
     assert_eq!(introduction.last_log, Some(log_id(8, 2, 90)));
     identity.set_last_log(Some(log_id(8, 2, 95)));
-    let introduction = super::super::membership::Introduction::of(2, &identity, &tx.borrow());
+    let introduction = super::Introduction::of(2, &identity, &tx.borrow());
     assert_eq!(introduction.last_log, Some(log_id(8, 2, 95)));
 }

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ChangeMembers;
-use serde::{Deserialize, Serialize};
 
+use super::identity::Introduction;
 use super::{MemberNode, MembershipError, NodeId, RaftNode, MAX_MEMBERS};
 
 /// How long a new member has to catch up as a learner before `add` gives up.
@@ -37,43 +37,6 @@ pub const INTRODUCE_TIMEOUT: Duration = Duration::from_secs(2);
 const FOUND_RETRY: Duration = Duration::from_millis(100);
 /// Between two "still waiting to found" log lines.
 const FOUND_LOG_EVERY: Duration = Duration::from_secs(5);
-
-/// Who a node says it is (the `Identify` Raft RPC).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Introduction {
-    /// Its `--node-id`.
-    pub node_id: NodeId,
-    /// Its store id.
-    pub store: String,
-    /// True when it holds log entries (of a cluster founded before).
-    pub holds_log: bool,
-    /// The id of its last log entry, for a restarted member's census (`identity` rule 4).
-    #[serde(default)]
-    pub last_log: Option<openraft::LogId<NodeId>>,
-    /// Its vote (term and candidate), for the same census.
-    #[serde(default)]
-    pub vote: Option<openraft::Vote<NodeId>>,
-}
-
-impl Introduction {
-    /// How member `node_id`, with `identity` and Raft `metrics`, introduces itself. Its history
-    /// ends at its last log entry, or at its last applied one when that is later (a snapshot
-    /// installed over a shorter log, before the log's purge caught up): a census must not hear
-    /// less than the member holds.
-    pub fn of(
-        node_id: NodeId,
-        identity: &super::identity::Identity,
-        metrics: &openraft::RaftMetrics<NodeId, MemberNode>,
-    ) -> Self {
-        Self {
-            node_id,
-            store: identity.store().to_owned(),
-            holds_log: metrics.last_log_index.is_some(),
-            last_log: super::identity::holds_up_to(identity.last_log(), metrics.last_applied),
-            vote: Some(metrics.vote),
-        }
-    }
-}
 
 /// A boxed future of an introduction.
 pub type Introducing = Pin<Box<dyn Future<Output = Result<Introduction, String>> + Send>>;

@@ -30,8 +30,8 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
-use super::identity::{Identity, FROM_METADATA, STORE_METADATA};
-use super::membership::{Introducer, Introducing, Introduction, INTRODUCE_TIMEOUT};
+use super::identity::{Identity, Introduction, FROM_METADATA, STORE_METADATA};
+use super::membership::{Introducer, Introducing, INTRODUCE_TIMEOUT};
 use super::peer_tls::PeerTls;
 use super::{MemberNode, NodeId, RaftNode, TypeConfig};
 

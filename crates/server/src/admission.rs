@@ -15,7 +15,7 @@ use http::{header, Method};
 use std::sync::Arc;
 
 use crate::auth::Auth;
-use crate::http::ApiError;
+use crate::http_error::ApiError;
 use crate::tls::CertificatePrincipal;
 
 /// The path prefix of the coordinator's gRPC methods.

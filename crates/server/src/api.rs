@@ -51,7 +51,7 @@ pub struct Api {
     /// The recent ownership transitions, for the console.
     pub feed: Arc<palisade_coordinator::feed::Feed>,
     /// The audits: one at a time, the last one reused briefly.
-    pub audits: Arc<crate::console::Audits>,
+    pub audits: Arc<Audits>,
 }
 
 /// A cluster member, for `/v1/cluster` and `/v1/keys`.
@@ -179,4 +179,11 @@ fn refusal_reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::Refused(PolicyRefusal::Downgrade { .. }) => "policy_downgrade",
         CoordinatorError::Refused(PolicyRefusal::NoBoundary { .. }) => "policy_no_boundary",
     }
+}
+
+/// The audits of one coordinator: one at a time (a page left open in many tabs cannot multiply
+/// the load on the boundaries), and the last one without probes.
+#[derive(Default)]
+pub struct Audits {
+    pub(crate) turn: tokio::sync::Mutex<Option<(std::time::Instant, palisade_audit::Report)>>,
 }

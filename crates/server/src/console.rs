@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::api::Api;
 use crate::auth::{Caller, Right};
-use crate::http::ApiError;
+use crate::http_error::ApiError;
 use palisade_coordinator::engine::MAX_LIST;
 
 const INDEX_HTML: &str = include_str!("../ui/index.html");
@@ -31,13 +31,6 @@ const STYLE_CSS: &str = include_str!("../ui/style.css");
 /// How long an audit without probes is served again instead of asking the boundaries anew:
 /// several consoles polling one coordinator share it.
 pub const AUDIT_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// The audits of one coordinator: one at a time (a page left open in many tabs cannot multiply
-/// the load on the boundaries), and the last one without probes.
-#[derive(Default)]
-pub struct Audits {
-    turn: tokio::sync::Mutex<Option<(std::time::Instant, Report)>>,
-}
 
 /// The console's and the audit's routes.
 pub fn routes() -> Router<Api> {

@@ -15,6 +15,7 @@ pub mod backup;
 pub mod console;
 pub mod grpc;
 pub mod http;
+pub mod http_error;
 pub mod policy;
 pub mod tls;
 
