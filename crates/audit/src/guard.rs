@@ -189,13 +189,7 @@ async fn check_triggers(
             ));
             continue;
         };
-        let enabled: String = row.get(1);
-        if enabled != "A" {
-            let how = match enabled.as_str() {
-                "D" => "disabled",
-                "R" => "enabled for replica sessions only",
-                _ => "enabled for origin sessions only (SET session_replication_role = replica skips it)",
-            };
+        if let Some(how) = not_always_enabled(&row.get::<_, String>(1)) {
             problems.push(problem(
                 Severity::Critical,
                 "guard_trigger_disabled",
@@ -206,30 +200,7 @@ async fn check_triggers(
                 &proof,
             ));
         }
-        let (function, in_schema): (String, bool) = (row.get(2), row.get(3));
-        let (tgtype, has_when, columns): (i32, bool, String) = (row.get(4), row.get(5), row.get(6));
-        let args: Vec<String> = row
-            .get::<_, String>(7)
-            .split("\\000")
-            .filter(|a| !a.is_empty())
-            .map(str::to_owned)
-            .collect();
-        let mut differs = Vec::new();
-        if function != want.function || !in_schema {
-            differs.push(format!("runs {function}, not Palisade's {}", want.function));
-        }
-        if tgtype != want.tgtype {
-            differs.push(format!("fires on tgtype {tgtype}, not {}", want.tgtype));
-        }
-        if has_when {
-            differs.push("has a WHEN condition (it can exempt a role or a row)".to_owned());
-        }
-        if !columns.trim().is_empty() {
-            differs.push(format!("fires only on UPDATE OF columns {columns}"));
-        }
-        if args != want.args {
-            differs.push(format!("has arguments {args:?}, not {:?}", want.args));
-        }
+        let differs = trigger_differences(row, want);
         if !differs.is_empty() {
             problems.push(problem(
                 Severity::Critical,
@@ -244,7 +215,20 @@ async fn check_triggers(
             ));
         }
     }
-    for row in &rows {
+    foreign_triggers(&rows, &expected, table, &proof, problems);
+    Ok(())
+}
+
+/// Any other enabled `BEFORE` row trigger on INSERT or UPDATE of `table`: it could rewrite a
+/// row (`last_fence` included) after the guard checked it.
+fn foreign_triggers(
+    rows: &[tokio_postgres::Row],
+    expected: &[Expected],
+    table: &str,
+    proof: &str,
+    problems: &mut Vec<Problem>,
+) {
+    for row in rows {
         let name: String = row.get(0);
         let (enabled, tgtype): (String, i32) = (row.get(1), row.get(4));
         let rewrites = tgtype & ROW != 0 && tgtype & BEFORE != 0 && tgtype & (INSERT | UPDATE) != 0;
@@ -257,11 +241,52 @@ async fn check_triggers(
                      a row (last_fence included) after Palisade's guard checked it: drop it, or \
                      make it an AFTER trigger"
                 ),
-                &proof,
+                proof,
             ));
         }
     }
-    Ok(())
+}
+
+/// How a trigger whose `tgenabled` is `enabled` fails to fire always, or `None` (`A`).
+fn not_always_enabled(enabled: &str) -> Option<&'static str> {
+    match enabled {
+        "A" => None,
+        "D" => Some("disabled"),
+        "R" => Some("enabled for replica sessions only"),
+        _ => Some(
+            "enabled for origin sessions only (SET session_replication_role = replica skips it)",
+        ),
+    }
+}
+
+/// How the trigger of `row` (a row of [`TRIGGERS`]) differs from Palisade's `want`: its
+/// function, events and timing, `WHEN` condition, column list and arguments.
+fn trigger_differences(row: &tokio_postgres::Row, want: &Expected) -> Vec<String> {
+    let (function, in_schema): (String, bool) = (row.get(2), row.get(3));
+    let (tgtype, has_when, columns): (i32, bool, String) = (row.get(4), row.get(5), row.get(6));
+    let args: Vec<String> = row
+        .get::<_, String>(7)
+        .split("\\000")
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut differs = Vec::new();
+    if function != want.function || !in_schema {
+        differs.push(format!("runs {function}, not Palisade's {}", want.function));
+    }
+    if tgtype != want.tgtype {
+        differs.push(format!("fires on tgtype {tgtype}, not {}", want.tgtype));
+    }
+    if has_when {
+        differs.push("has a WHEN condition (it can exempt a role or a row)".to_owned());
+    }
+    if !columns.trim().is_empty() {
+        differs.push(format!("fires only on UPDATE OF columns {columns}"));
+    }
+    if args != want.args {
+        differs.push(format!("has arguments {args:?}, not {:?}", want.args));
+    }
+    differs
 }
 
 const FUNCTION: &str =

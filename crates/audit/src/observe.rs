@@ -487,41 +487,19 @@ pub async fn probe_resource(
         Ok(info) => info["mode"].as_str().unwrap_or("strict").to_owned(),
         Err(detail) => return Probe::Failed { detail },
     };
-    let put = |key: String, token: String| {
-        let mut request = http
-            .put(format!("{base}/v1/kv/{}/{}", encode(lock), encode(&key)))
-            .header("palisade-token", token)
-            .body("probe");
-        if mode == "sequenced" {
-            request = request.header("palisade-seq", "1");
-        }
-        async move {
-            let response = request.send().await.map_err(|e| without_url(&e))?;
-            let status = response.status();
-            let body = read_body_limited(response).await.unwrap_or_default();
-            let body = serde_json::from_slice(&body).unwrap_or_else(|_| {
-                Value::String(String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned())
-            });
-            Ok::<_, String>(Answer { status, body })
-        }
+    let store = ProbedStore {
+        http,
+        base,
+        lock,
+        mode,
     };
-    if mode == "activated" {
-        let activated = http
-            .post(format!("{base}/v1/fences/{}/activate", encode(lock)))
-            .header("palisade-token", newer.1)
-            .send()
-            .await;
-        if let Err(e) = activated.as_ref().map_err(without_url).and_then(|r| {
-            r.status()
-                .is_success()
-                .then_some(())
-                .ok_or_else(|| format!("activation answered {}", r.status()))
-        }) {
-            return Probe::Failed { detail: e };
+    if store.mode == "activated" {
+        if let Err(detail) = store.activate(newer.1).await {
+            return Probe::Failed { detail };
         }
     }
     let (written, fresh) = (unpredictable(), unpredictable());
-    match put(written.clone(), newer.1.to_owned()).await {
+    match store.put(&written, newer.1).await {
         Ok(answer) if answer.status.is_success() => {}
         Ok(answer) => {
             return Probe::Failed {
@@ -535,7 +513,7 @@ pub async fn probe_resource(
         Err(detail) => return Probe::Failed { detail },
     }
     let mut attempts = vec![(written, "the key the newer epoch wrote")];
-    if mode == "strict" {
+    if store.mode == "strict" {
         attempts.push((fresh, "a key nobody wrote (strict mode's lock-wide rule)"));
     }
     let mut refusals = Vec::new();
@@ -544,40 +522,98 @@ pub async fn probe_resource(
             "PUT {base}/v1/kv/{lock}/{key} with epoch {} ({which})",
             older.0
         );
-        match put(key, older.1.to_owned()).await {
-            Ok(answer)
-                if answer.status == reqwest::StatusCode::CONFLICT
-                    && answer.body["error"] == "stale_epoch" =>
-            {
-                refusals.push(format!(
-                    "epoch {} refused after epoch {} wrote: {what}: 409 stale_epoch (fence {})",
-                    older.0,
-                    newer.0,
-                    palisade_core::json::read(&answer.body["fence"])
-                        .map_or_else(|| "?".to_owned(), |fence| fence.to_string())
-                ));
-            }
-            Ok(answer) if answer.status.is_success() => {
-                return Probe::Accepted {
-                    detail: format!("{what}: ACCEPTED ({})", answer.status),
-                }
-            }
-            Ok(answer) => {
-                return Probe::Failed {
-                    detail: format!(
-                        "{what}: {} {} — not a refusal as stale_epoch, so it proves nothing",
-                        answer.status, answer.body
-                    ),
-                }
-            }
-            Err(detail) => {
-                return Probe::Failed {
-                    detail: format!("{what}: {detail}"),
-                }
-            }
+        match stale_refusal(&what, store.put(&key, older.1).await, older.0, newer.0) {
+            Ok(refusal) => refusals.push(refusal),
+            Err(verdict) => return verdict,
         }
     }
     Probe::Refused {
         detail: refusals.join("; "),
+    }
+}
+
+/// A reference store being probed: its URL without the trailing `/`, the probed lock, and the
+/// store's mode.
+struct ProbedStore<'a> {
+    http: &'a reqwest::Client,
+    base: &'a str,
+    lock: &'a str,
+    mode: String,
+}
+
+impl ProbedStore<'_> {
+    /// Writes `probe` to `key` with `token` (and a sequence number in sequenced mode).
+    async fn put(&self, key: &str, token: &str) -> Result<Answer, String> {
+        let (base, lock) = (self.base, self.lock);
+        let mut request = self
+            .http
+            .put(format!("{base}/v1/kv/{}/{}", encode(lock), encode(key)))
+            .header("palisade-token", token)
+            .body("probe");
+        if self.mode == "sequenced" {
+            request = request.header("palisade-seq", "1");
+        }
+        let response = request.send().await.map_err(|e| without_url(&e))?;
+        let status = response.status();
+        let body = read_body_limited(response).await.unwrap_or_default();
+        let body = serde_json::from_slice(&body).unwrap_or_else(|_| {
+            Value::String(String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned())
+        });
+        Ok(Answer { status, body })
+    }
+
+    /// Activates `token`'s epoch (activated mode).
+    async fn activate(&self, token: &str) -> Result<(), String> {
+        let answer = self
+            .http
+            .post(format!(
+                "{}/v1/fences/{}/activate",
+                self.base,
+                encode(self.lock)
+            ))
+            .header("palisade-token", token)
+            .send()
+            .await
+            .map_err(|e| without_url(&e))?;
+        answer
+            .status()
+            .is_success()
+            .then_some(())
+            .ok_or_else(|| format!("activation answered {}", answer.status()))
+    }
+}
+
+/// What the store's answer to the older epoch's write `what` proves: `Ok` with the refusal's
+/// description when it is a `409 stale_epoch`, else the probe's verdict (accepted, or failed:
+/// any other refusal proves nothing).
+fn stale_refusal(
+    what: &str,
+    answer: Result<Answer, String>,
+    older: u64,
+    newer: u64,
+) -> Result<String, Probe> {
+    match answer {
+        Ok(answer)
+            if answer.status == reqwest::StatusCode::CONFLICT
+                && answer.body["error"] == "stale_epoch" =>
+        {
+            Ok(format!(
+                "epoch {older} refused after epoch {newer} wrote: {what}: 409 stale_epoch (fence {})",
+                palisade_core::json::read(&answer.body["fence"])
+                    .map_or_else(|| "?".to_owned(), |fence| fence.to_string())
+            ))
+        }
+        Ok(answer) if answer.status.is_success() => Err(Probe::Accepted {
+            detail: format!("{what}: ACCEPTED ({})", answer.status),
+        }),
+        Ok(answer) => Err(Probe::Failed {
+            detail: format!(
+                "{what}: {} {} — not a refusal as stale_epoch, so it proves nothing",
+                answer.status, answer.body
+            ),
+        }),
+        Err(detail) => Err(Probe::Failed {
+            detail: format!("{what}: {detail}"),
+        }),
     }
 }

@@ -194,37 +194,7 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
     anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.locks >= 1, "--locks must be at least 1");
     if args.with_auth {
-        let open = measure(&args, None, Secured::Open).await?;
-        let auth = measure(&args, None, Secured::Auth).await?;
-        let tls = match args.with_tls {
-            true => Some(measure(&args, None, Secured::AuthTls).await?),
-            false => None,
-        };
-        let per_open =
-            |report: &Report| report.ops_per_sec / open.ops_per_sec.max(f64::MIN_POSITIVE);
-        let ratio = per_open(&auth);
-        let tls_ratio = tls.as_ref().map(per_open);
-        if json {
-            print_json(&serde_json::json!({
-                "open": open,
-                "auth": auth,
-                "auth_vs_open": ratio,
-                "auth_tls": tls,
-                "auth_tls_vs_open": tls_ratio,
-            }));
-        } else {
-            println!("open (no authentication):");
-            print_report(&open, false);
-            println!("\nbearer secret + ACL (same run):");
-            print_report(&auth, false);
-            println!("\nauth / open: {ratio:.2}× the cycles per second");
-            if let (Some(tls), Some(tls_ratio)) = (&tls, tls_ratio) {
-                println!("\nbearer secret + ACL over TLS (same run):");
-                print_report(tls, false);
-                println!("\nauth over TLS / open: {tls_ratio:.2}× the cycles per second");
-            }
-        }
-        return Ok(());
+        return run_secured(&args, json).await;
     }
     let Some(members) = args.cluster else {
         let report = measure(&args, None, Secured::Open).await?;
@@ -241,53 +211,128 @@ pub async fn run_acquire(args: AcquireBenchArgs, json: bool) -> anyhow::Result<(
         "--cluster takes 1 to {} members",
         palisade_cluster::MAX_MEMBERS
     );
-    let single = measure(&args, None, Secured::Open).await?;
-    let cluster = measure(&args, Some((members, false)), Secured::Open).await?;
-    let ratio = cluster.ops_per_sec / single.ops_per_sec.max(f64::MIN_POSITIVE);
-    let tls = match args.peer_tls {
-        true => Some(measure(&args, Some((members, true)), Secured::Open).await?),
+    run_cluster(&args, members, json).await
+}
+
+/// `--with-auth`: an open coordinator, then bearer secrets and an ACL, then (with
+/// `--with-tls`) the same over TLS, in one run.
+async fn run_secured(args: &AcquireBenchArgs, json: bool) -> anyhow::Result<()> {
+    let open = measure(args, None, Secured::Open).await?;
+    let auth = measure(args, None, Secured::Auth).await?;
+    let tls = match args.with_tls {
+        true => Some(measure(args, None, Secured::AuthTls).await?),
         false => None,
     };
-    let tls_ratio = tls
-        .as_ref()
-        .map(|tls| tls.ops_per_sec / cluster.ops_per_sec.max(f64::MIN_POSITIVE));
-    let others = measure_others(&args).await?;
-    let versus = |other: &Report| cluster.ops_per_sec / other.ops_per_sec.max(f64::MIN_POSITIVE);
+    let per_open = |report: &Report| report.ops_per_sec / open.ops_per_sec.max(f64::MIN_POSITIVE);
+    let ratio = per_open(&auth);
+    let tls_ratio = tls.as_ref().map(per_open);
     if json {
+        print_json(&serde_json::json!({
+            "open": open,
+            "auth": auth,
+            "auth_vs_open": ratio,
+            "auth_tls": tls,
+            "auth_tls_vs_open": tls_ratio,
+        }));
+        return Ok(());
+    }
+    println!("open (no authentication):");
+    print_report(&open, false);
+    println!("\nbearer secret + ACL (same run):");
+    print_report(&auth, false);
+    println!("\nauth / open: {ratio:.2}× the cycles per second");
+    if let (Some(tls), Some(tls_ratio)) = (&tls, tls_ratio) {
+        println!("\nbearer secret + ACL over TLS (same run):");
+        print_report(tls, false);
+        println!("\nauth over TLS / open: {tls_ratio:.2}× the cycles per second");
+    }
+    Ok(())
+}
+
+/// The reports of a `--cluster` run, all measured in the same run.
+struct ClusterRun {
+    members: usize,
+    single: Report,
+    cluster: Report,
+    /// With `--peer-tls`: the cluster with its members over mutual TLS.
+    tls: Option<Report>,
+    /// The `--compare` targets.
+    others: Vec<(String, Report)>,
+}
+
+/// `--cluster N`: a single node, then a cluster of `members`, then (with `--peer-tls`) the
+/// cluster over mutual TLS, then each `--compare` target.
+async fn run_cluster(args: &AcquireBenchArgs, members: usize, json: bool) -> anyhow::Result<()> {
+    let single = measure(args, None, Secured::Open).await?;
+    let cluster = measure(args, Some((members, false)), Secured::Open).await?;
+    let tls = match args.peer_tls {
+        true => Some(measure(args, Some((members, true)), Secured::Open).await?),
+        false => None,
+    };
+    let others = measure_others(args).await?;
+    let run = ClusterRun {
+        members,
+        single,
+        cluster,
+        tls,
+        others,
+    };
+    match json {
+        true => print_json(&run.to_json()),
+        false => run.print(),
+    }
+    Ok(())
+}
+
+impl ClusterRun {
+    /// The cluster's cycles per second over `other`'s.
+    fn versus(&self, other: &Report) -> f64 {
+        self.cluster.ops_per_sec / other.ops_per_sec.max(f64::MIN_POSITIVE)
+    }
+
+    /// The mutual-TLS cluster's cycles per second over the clear one's.
+    fn tls_ratio(&self) -> Option<f64> {
+        self.tls
+            .as_ref()
+            .map(|tls| tls.ops_per_sec / self.cluster.ops_per_sec.max(f64::MIN_POSITIVE))
+    }
+
+    fn to_json(&self) -> serde_json::Value {
         let mut value = serde_json::json!({
-            "single": single,
-            "cluster": cluster,
-            "members": members,
-            "cluster_vs_single": ratio,
-            "cluster_peer_tls": tls,
-            "peer_tls_vs_clear": tls_ratio,
+            "single": self.single,
+            "cluster": self.cluster,
+            "members": self.members,
+            "cluster_vs_single": self.versus(&self.single),
+            "cluster_peer_tls": self.tls,
+            "peer_tls_vs_clear": self.tls_ratio(),
         });
-        for (name, other) in &others {
+        for (name, other) in &self.others {
             value[name.as_str()] = serde_json::to_value(other).expect("serializes");
-            value[format!("cluster_vs_{name}")] = serde_json::json!(versus(other));
+            value[format!("cluster_vs_{name}")] = serde_json::json!(self.versus(other));
         }
-        print_json(&value);
-    } else {
+        value
+    }
+
+    fn print(&self) {
+        let members = self.members;
         println!("single node:");
-        print_report(&single, false);
+        print_report(&self.single, false);
         println!("\n{members}-member cluster (same run):");
-        print_report(&cluster, false);
+        print_report(&self.cluster, false);
+        let ratio = self.versus(&self.single);
         println!("\ncluster / single: {ratio:.2}× the cycles per second");
-        if let (Some(tls), Some(tls_ratio)) = (&tls, tls_ratio) {
+        if let (Some(tls), Some(tls_ratio)) = (&self.tls, self.tls_ratio()) {
             println!("\n{members}-member cluster, members over mutual TLS (same run):");
             print_report(tls, false);
             println!("\nmutual TLS / clear: {tls_ratio:.2}× the cycles per second");
         }
-        for (name, other) in &others {
+        for (name, other) in &self.others {
             println!("\n{name} (same run):");
             print_report(other, false);
-            println!(
-                "\ncluster / {name}: {:.2}× the cycles per second",
-                versus(other)
-            );
+            let versus = self.versus(other);
+            println!("\ncluster / {name}: {versus:.2}× the cycles per second");
         }
     }
-    Ok(())
 }
 
 /// The same workload against each `--compare` target, one after the other.
@@ -406,96 +451,29 @@ async fn measure(
     secured: Secured,
 ) -> anyhow::Result<Report> {
     let mut credentials = bench_credentials(args)?;
-    let mut servers = Vec::new();
-    let mut fsyncs_per_sec = None;
-    // Lives until the servers have stopped.
-    let mut _data = None;
-    let endpoints = match &args.endpoint {
-        Some(endpoints) => endpoints.clone(),
-        None => {
-            let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-            let probe_path = dir.path().to_path_buf();
-            let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
-                .await?
-                .context("cannot measure the fdatasync rate")?;
-            fsyncs_per_sec = Some(rate);
-            let urls = match cluster {
-                Some((count, peer_tls)) => {
-                    let (members, urls) = start_cluster(dir.path(), count, peer_tls).await?;
-                    servers = members;
-                    // Wait (bounded by the client's failover budget) until a leader serves.
-                    let client = Client::connect(&urls).await?;
-                    client
-                        .list()
-                        .await
-                        .context("the cluster elected no leader")?;
-                    urls
-                }
-                None => {
-                    let mut config = ServerConfig {
-                        data_dir: dir.path().join("data"),
-                        listen: "127.0.0.1:0".parse().expect("valid address"),
-                        cluster: None,
-                        ..Default::default()
-                    };
-                    if secured != Secured::Open {
-                        let (policy, bearer) = bench_auth(dir.path())?;
-                        config.auth = std::sync::Arc::new(policy);
-                        credentials = bearer;
-                    }
-                    let mut scheme = "http";
-                    if secured == Secured::AuthTls {
-                        let pki = dir.path().join("pki");
-                        palisade_drill::certs::client_credentials(&pki, &[])?;
-                        config.client_tls =
-                            Some(std::sync::Arc::new(palisade_server::tls::ClientTls::load(
-                                &pki.join("server.pem"),
-                                &pki.join("server.key"),
-                                None,
-                            )?));
-                        credentials =
-                            credentials.with_ca_pem(&std::fs::read(pki.join("server-ca.pem"))?);
-                        scheme = "https";
-                    }
-                    let server = palisade_server::start(config).await?;
-                    let url = format!("{scheme}://{}", server.local_addr);
-                    servers.push(server);
-                    vec![url]
-                }
-            };
-            _data = Some(dir);
-            urls
-        }
+    let target = match &args.endpoint {
+        Some(endpoints) => Target::remote(endpoints.clone()),
+        None => Target::embedded(cluster, secured, &mut credentials).await?,
     };
-    let counters_before = commit_counters(&endpoints).await;
+    let endpoints = &target.endpoints;
+    let counters_before = commit_counters(endpoints).await;
     let cpu_before = own_cpu_seconds();
-    let started = Instant::now();
-    let deadline = started + args.duration;
-    let mut tasks = Vec::with_capacity(args.clients);
-    for index in 0..args.clients {
-        let client = Client::connect_with(&endpoints, credentials.clone()).await?;
-        tasks.push(tokio::spawn(client_loop(
-            client, index, args.locks, deadline,
-        )));
-    }
-    let mut cycles = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        let (mine, failed) = task.await?;
-        cycles.extend(mine);
-        errors += failed;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+    let (cycles, errors, elapsed) = run_clients(args, endpoints, &credentials).await?;
     let own_cpu = own_cpu_seconds() - cpu_before;
-    let counters_after = commit_counters(&endpoints).await;
-    let embedded = servers.len();
-    for server in servers {
-        server.shutdown().await?;
-    }
-    let mut report = summarize(args, &endpoints, cycles, errors, elapsed, fsyncs_per_sec);
+    let counters_after = commit_counters(endpoints).await;
+    let embedded = !target.servers.is_empty();
+    let mut report = summarize(
+        args,
+        endpoints,
+        cycles,
+        errors,
+        elapsed,
+        target.fsyncs_per_sec,
+    );
+    target.stop().await?;
     let per_cycle =
         |seconds: f64| (report.cycles > 0).then(|| seconds * 1e6 / report.cycles as f64);
-    if embedded > 0 {
+    if embedded {
         report.total_cpu_us_per_cycle = per_cycle(own_cpu);
     } else {
         report.client_cpu_us_per_cycle = per_cycle(own_cpu);
@@ -507,11 +485,138 @@ async fn measure(
             (commits > 0.0).then(|| (after.requests - before.requests) / commits);
         let syncs = after.syncs - before.syncs;
         report.fsyncs_per_commit = (commits > 0.0 && syncs > 0.0).then(|| syncs / commits);
-        if embedded == 0 {
+        if !embedded {
             report.server_cpu_us_per_cycle = per_cycle(after.cpu_seconds - before.cpu_seconds);
         }
     }
     Ok(report)
+}
+
+/// `args.clients` clients, each on its own connection, cycling until the run's end; returns
+/// their cycles, their errors and the run's length in seconds.
+async fn run_clients(
+    args: &AcquireBenchArgs,
+    endpoints: &[String],
+    credentials: &Credentials,
+) -> anyhow::Result<(Vec<Cycle>, usize, f64)> {
+    let started = Instant::now();
+    let deadline = started + args.duration;
+    let mut tasks = Vec::with_capacity(args.clients);
+    for index in 0..args.clients {
+        let client = Client::connect_with(endpoints, credentials.clone()).await?;
+        tasks.push(tokio::spawn(client_loop(
+            client, index, args.locks, deadline,
+        )));
+    }
+    let mut cycles = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (mine, failed) = task.await?;
+        cycles.extend(mine);
+        errors += failed;
+    }
+    Ok((cycles, errors, started.elapsed().as_secs_f64()))
+}
+
+/// What a run measures: coordinators it started (in a temporary directory), or ones given.
+struct Target {
+    endpoints: Vec<String>,
+    servers: Vec<palisade_server::RunningServer>,
+    /// The temporary directory's fdatasync rate (embedded runs only).
+    fsyncs_per_sec: Option<f64>,
+    /// Lives until the servers have stopped.
+    _data: Option<tempfile::TempDir>,
+}
+
+impl Target {
+    fn remote(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            servers: Vec::new(),
+            fsyncs_per_sec: None,
+            _data: None,
+        }
+    }
+
+    /// Coordinators of this run in a temporary directory: a cluster of `cluster.0` members
+    /// (over mutual TLS with `cluster.1`) or a single node secured as `secured` (the clients'
+    /// `credentials` follow), after measuring the directory's fdatasync rate.
+    async fn embedded(
+        cluster: Option<(usize, bool)>,
+        secured: Secured,
+        credentials: &mut Credentials,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+        let probe_path = dir.path().to_path_buf();
+        let rate = tokio::task::spawn_blocking(move || measure_fdatasync(&probe_path))
+            .await?
+            .context("cannot measure the fdatasync rate")?;
+        let (servers, endpoints) = match cluster {
+            Some((count, peer_tls)) => {
+                let (members, urls) = start_cluster(dir.path(), count, peer_tls).await?;
+                // Wait (bounded by the client's failover budget) until a leader serves.
+                let client = Client::connect(&urls).await?;
+                client
+                    .list()
+                    .await
+                    .context("the cluster elected no leader")?;
+                (members, urls)
+            }
+            None => {
+                let (server, url) = start_single(dir.path(), secured, credentials).await?;
+                (vec![server], vec![url])
+            }
+        };
+        Ok(Self {
+            endpoints,
+            servers,
+            fsyncs_per_sec: Some(rate),
+            _data: Some(dir),
+        })
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        for server in self.servers {
+            server.shutdown().await?;
+        }
+        Ok(())
+    }
+}
+
+/// A single node in `dir`, secured as `secured`; `credentials` become what its clients need.
+async fn start_single(
+    dir: &Path,
+    secured: Secured,
+    credentials: &mut Credentials,
+) -> anyhow::Result<(palisade_server::RunningServer, String)> {
+    let mut config = ServerConfig {
+        data_dir: dir.join("data"),
+        listen: "127.0.0.1:0".parse().expect("valid address"),
+        cluster: None,
+        ..Default::default()
+    };
+    if secured != Secured::Open {
+        let (policy, bearer) = bench_auth(dir)?;
+        config.auth = std::sync::Arc::new(policy);
+        *credentials = bearer;
+    }
+    let mut scheme = "http";
+    if secured == Secured::AuthTls {
+        let pki = dir.join("pki");
+        palisade_drill::certs::client_credentials(&pki, &[])?;
+        config.client_tls = Some(std::sync::Arc::new(palisade_server::tls::ClientTls::load(
+            &pki.join("server.pem"),
+            &pki.join("server.key"),
+            None,
+        )?));
+        *credentials = credentials
+            .clone()
+            .with_ca_pem(&std::fs::read(pki.join("server-ca.pem"))?);
+        scheme = "https";
+    }
+    let server = palisade_server::start(config).await?;
+    let url = format!("{scheme}://{}", server.local_addr);
+    Ok((server, url))
 }
 
 async fn client_loop(

@@ -77,34 +77,18 @@ pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result
             .map(|e| token(&signer, &hot_lock, e))
             .collect(),
     );
+    let base = Run {
+        fence: fence.clone(),
+        table: table.clone(),
+        signer: signer.clone(),
+        hot_tokens,
+        adapter: false,
+        hot: false,
+    };
     let mut rows = Vec::new();
     for &clients in &args.clients {
         for hot in [false, true] {
-            let mut results = [0.0, 0.0];
-            let mut accepted = 0;
-            // Raw first, then the adapter, each on a freshly reset table.
-            for (index, adapter) in [false, true].into_iter().enumerate() {
-                reset_table(&fence, &table, max_clients).await?;
-                let run = Run {
-                    fence: fence.clone(),
-                    table: table.clone(),
-                    signer: signer.clone(),
-                    hot_tokens: hot_tokens.clone(),
-                    adapter,
-                    hot,
-                };
-                let (count, ok) = run.measure(clients, args.duration).await?;
-                results[index] = count;
-                accepted = ok;
-            }
-            rows.push(Row {
-                clients,
-                rows: if hot { "one hot row" } else { "distinct rows" },
-                raw_per_sec: results[0],
-                adapter_per_sec: results[1],
-                ratio: results[1] / results[0],
-                adapter_accepted: accepted,
-            });
+            rows.push(raw_and_adapter(&base, clients, hot, max_clients, args.duration).await?);
         }
     }
     let client = fence.pool().get().await?;
@@ -113,6 +97,43 @@ pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result
             "BEGIN; SELECT palisade_drop_guard('{TABLE}'); DROP TABLE {TABLE}; COMMIT"
         ))
         .await?;
+    print_postgres_rows(&rows, json);
+    Ok(())
+}
+
+/// One row of the PostgreSQL table: `clients` writing distinct rows or (`hot`) one row, raw
+/// SQL first, then the adapter, each on a freshly reset table.
+async fn raw_and_adapter(
+    base: &Run,
+    clients: usize,
+    hot: bool,
+    max_clients: usize,
+    duration: Duration,
+) -> anyhow::Result<Row> {
+    let mut results = [0.0, 0.0];
+    let mut accepted = 0;
+    for (index, adapter) in [false, true].into_iter().enumerate() {
+        reset_table(&base.fence, &base.table, max_clients).await?;
+        let run = Run {
+            adapter,
+            hot,
+            ..base.clone()
+        };
+        let (count, ok) = run.measure(clients, duration).await?;
+        results[index] = count;
+        accepted = ok;
+    }
+    Ok(Row {
+        clients,
+        rows: if hot { "one hot row" } else { "distinct rows" },
+        raw_per_sec: results[0],
+        adapter_per_sec: results[1],
+        ratio: results[1] / results[0],
+        adapter_accepted: accepted,
+    })
+}
+
+fn print_postgres_rows(rows: &[Row], json: bool) {
     if json {
         print_json(&serde_json::json!({ "postgres": rows }));
     } else {
@@ -133,7 +154,6 @@ pub async fn run_postgres(args: PostgresBenchArgs, json: bool) -> anyhow::Result
             &table,
         );
     }
-    Ok(())
 }
 
 async fn reset_table(
@@ -308,12 +328,47 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
     };
     let resource = palisade_resource::start(config).await?;
     let base = format!("http://{}", resource.local_addr);
-    let deadline = Instant::now() + args.duration;
     let started = Instant::now();
+    let (writes, rejected) = fenced_puts(&base, &signer, args.clients, args.duration).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    resource.shutdown().await;
+    let puts_per_sec = writes as f64 / elapsed;
+    let report = ResourceReport {
+        clients: args.clients,
+        writes,
+        rejected,
+        puts_per_sec,
+        fsyncs_per_sec,
+        puts_per_fsync: puts_per_sec / fsyncs_per_sec,
+    };
+    if json {
+        print_json(&serde_json::to_value(&report)?);
+    } else {
+        print_fields(&[
+            ("clients", report.clients.to_string()),
+            ("fenced PUTs", report.writes.to_string()),
+            ("rejected", report.rejected.to_string()),
+            ("PUTs/s", format!("{:.0}", report.puts_per_sec)),
+            ("fdatasync/s", format!("{:.0}", report.fsyncs_per_sec)),
+            ("PUTs/fsync", format!("{:.2}", report.puts_per_fsync)),
+        ]);
+    }
+    Ok(())
+}
+
+/// `clients` clients, each writing new keys of its own lock with a valid token until
+/// `duration` has passed; returns the writes and how many were rejected.
+async fn fenced_puts(
+    base: &str,
+    signer: &TokenSigner,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<(u64, u64)> {
+    let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
-    for client in 0..args.clients {
+    for client in 0..clients {
         let lock = LockName::new(format!("bench/{client}"))?;
-        let token = token(&signer, &lock, 1);
+        let token = token(signer, &lock, 1);
         let url = format!("{base}/v1/kv/bench%2F{client}");
         tasks.push(tokio::spawn(async move {
             let http = reqwest::Client::new();
@@ -339,28 +394,5 @@ pub async fn run_resource(args: ResourceBenchArgs, json: bool) -> anyhow::Result
         writes += w;
         rejected += r;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    resource.shutdown().await;
-    let puts_per_sec = writes as f64 / elapsed;
-    let report = ResourceReport {
-        clients: args.clients,
-        writes,
-        rejected,
-        puts_per_sec,
-        fsyncs_per_sec,
-        puts_per_fsync: puts_per_sec / fsyncs_per_sec,
-    };
-    if json {
-        print_json(&serde_json::to_value(&report)?);
-    } else {
-        print_fields(&[
-            ("clients", report.clients.to_string()),
-            ("fenced PUTs", report.writes.to_string()),
-            ("rejected", report.rejected.to_string()),
-            ("PUTs/s", format!("{:.0}", report.puts_per_sec)),
-            ("fdatasync/s", format!("{:.0}", report.fsyncs_per_sec)),
-            ("PUTs/fsync", format!("{:.2}", report.puts_per_fsync)),
-        ]);
-    }
-    Ok(())
+    Ok((writes, rejected))
 }

@@ -250,20 +250,7 @@ pub fn restore(
     now_ms: u64,
     target: Target,
 ) -> Result<RestoreRecord, BackupError> {
-    for existing in [
-        crate::STORE_FILE,
-        crate::LEGACY_STORE_FILE,
-        crate::CLUSTER_STORE_FILE,
-        crate::keys::SIGNING_KEY_FILE,
-    ] {
-        if data_dir.join(existing).exists() {
-            return Err(BackupError::Refused(format!(
-                "{} already holds a coordinator ({existing}): restore into a new directory \
-                 (move this one aside first)",
-                data_dir.display()
-            )));
-        }
-    }
+    refuse_a_coordinator_in(data_dir)?;
     let mut floors = vec![Floor {
         source: format!("backup ({}, {})", backup.mode, backup.taken),
         epoch: backup.last_epoch,
@@ -293,21 +280,7 @@ pub fn restore(
         source: format!("clock ({now_ms} ms × 2^{CLOCK_SHIFT})"),
         epoch: now_ms.saturating_mul(1 << CLOCK_SHIFT),
     });
-    let (counter, decided) = restored_counter(known, now_ms).ok_or_else(|| {
-        BackupError::Refused(format!(
-            "the floor {known} leaves no room for epochs above it (u64)"
-        ))
-    })?;
-    let decided_by = match decided {
-        DecidedBy::Clock => "the clock".to_owned(),
-        DecidedBy::Floor => format!("{known_source} + 2^32"),
-    };
-    if counter > i64::MAX as u64 {
-        return Err(BackupError::Refused(format!(
-            "the restored counter {counter} would pass 2^63, which PostgreSQL resources cannot \
-             store"
-        )));
-    }
+    let (counter, decided_by) = counter_above(known, &known_source, now_ms)?;
     crate::keys::create_data_dir(data_dir).map_err(io(data_dir))?;
     // The bound first: once it is raised, no copy of any data directory can issue below it.
     if let Some(bound) = &mut bound {
@@ -333,6 +306,50 @@ pub fn restore(
     let json = serde_json::to_vec_pretty(&record).expect("a record serializes");
     palisade_durable::write_file(&path, &json).map_err(io(&path))?;
     Ok(record)
+}
+
+/// Refuses a data directory that already holds a coordinator's store or signing key.
+fn refuse_a_coordinator_in(data_dir: &Path) -> Result<(), BackupError> {
+    for existing in [
+        crate::STORE_FILE,
+        crate::LEGACY_STORE_FILE,
+        crate::CLUSTER_STORE_FILE,
+        crate::keys::SIGNING_KEY_FILE,
+    ] {
+        if data_dir.join(existing).exists() {
+            return Err(BackupError::Refused(format!(
+                "{} already holds a coordinator ({existing}): restore into a new directory \
+                 (move this one aside first)",
+                data_dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The restored counter above the greatest known epoch `known` (from `known_source`) and the
+/// clock floor at `now_ms`, with what decided it; refused when no room is left below 2^63.
+fn counter_above(
+    known: u64,
+    known_source: &str,
+    now_ms: u64,
+) -> Result<(u64, String), BackupError> {
+    let (counter, decided) = restored_counter(known, now_ms).ok_or_else(|| {
+        BackupError::Refused(format!(
+            "the floor {known} leaves no room for epochs above it (u64)"
+        ))
+    })?;
+    let decided_by = match decided {
+        DecidedBy::Clock => "the clock".to_owned(),
+        DecidedBy::Floor => format!("{known_source} + 2^32"),
+    };
+    if counter > i64::MAX as u64 {
+        return Err(BackupError::Refused(format!(
+            "the restored counter {counter} would pass 2^63, which PostgreSQL resources cannot \
+             store"
+        )));
+    }
+    Ok((counter, decided_by))
 }
 
 /// The restore record of `data_dir`, if it was made by `palisade restore`.

@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use palisade_effects::fake::Event;
-use palisade_effects::{AnyLedger, Capability, Ledger as _, ListFilter, OpId, OpState, Verdict};
+use palisade_effects::{
+    AnyLedger, Capability, Ledger as _, ListFilter, OpId, OpState, Record, Verdict,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -250,41 +252,14 @@ async fn run_capability(
     progress: bool,
 ) -> anyhow::Result<EffectsFigures> {
     let dir = tempfile::tempdir()?;
-    let path = |name: &str| dir.path().join(name).display().to_string();
     let run = format!(
         "{}-{}",
         std::process::id(),
         crate::clock::now_ns() % 1_000_000_007
     );
-    let coordinator = Service::start(
-        binary,
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &path("coordinator"),
-        ],
-    )?;
-    let coordinator_url = format!("http://{}", coordinator.address);
-    let keys = reqwest::get(format!("{coordinator_url}/v1/keys"))
-        .await?
-        .text()
-        .await?;
-    let keys_file = dir.path().join("keys.json");
-    std::fs::write(&keys_file, keys)?;
-    let secret_file = dir.path().join("admin-secret");
-    std::fs::write(&secret_file, ADMIN_SECRET)?;
-    let mut services = vec![coordinator];
-    let ledger_url = match ledger {
-        ResourceSpec::Embedded => {
-            let store = start_store(binary, &coordinator_url, &path("store"), &secret_file)?;
-            let url = format!("http://{}", store.address);
-            services.push(store);
-            url
-        }
-        ResourceSpec::Postgres(url) => url.clone(),
-    };
+    let (services, ledger_url, keys_file, secret_file) =
+        start_ledger(binary, ledger, dir.path()).await?;
+    let coordinator_url = format!("http://{}", services[0].address);
     let port = free_port()?;
     let receiver_url = format!("http://127.0.0.1:{port}");
     let receiver_dir = dir.path().join("receiver");
@@ -325,6 +300,47 @@ async fn run_capability(
         forget_drill_operations(url, &run).await?;
     }
     Ok(figures)
+}
+
+/// A coordinator, and (for the embedded ledger) the reference store that hosts the ledger,
+/// in `dir`: the services (the coordinator first), the ledger's URL, the coordinator's keys
+/// in a file, and the admin secret's file.
+async fn start_ledger(
+    binary: &Path,
+    ledger: &ResourceSpec,
+    dir: &Path,
+) -> anyhow::Result<(Vec<Service>, String, std::path::PathBuf, std::path::PathBuf)> {
+    let path = |name: &str| dir.join(name).display().to_string();
+    let coordinator = Service::start(
+        binary,
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &path("coordinator"),
+        ],
+    )?;
+    let coordinator_url = format!("http://{}", coordinator.address);
+    let keys = reqwest::get(format!("{coordinator_url}/v1/keys"))
+        .await?
+        .text()
+        .await?;
+    let keys_file = dir.join("keys.json");
+    std::fs::write(&keys_file, keys)?;
+    let secret_file = dir.join("admin-secret");
+    std::fs::write(&secret_file, ADMIN_SECRET)?;
+    let mut services = vec![coordinator];
+    let ledger_url = match ledger {
+        ResourceSpec::Embedded => {
+            let store = start_store(binary, &coordinator_url, &path("store"), &secret_file)?;
+            let url = format!("http://{}", store.address);
+            services.push(store);
+            url
+        }
+        ResourceSpec::Postgres(url) => url.clone(),
+    };
+    Ok((services, ledger_url, keys_file, secret_file))
 }
 
 /// The reference store hosting the embedded ledger, with the drill's admin secret.
@@ -660,6 +676,27 @@ async fn judge(
             }
         }
     }
+    unrecorded_sends(events, &records, figures, &mut problems);
+    if let Some(stale) = figures.violation.take() {
+        problems.push(stale);
+    }
+    if figures.duplicates > 0 {
+        let dups: Vec<_> = performed.iter().filter(|(_, n)| **n > 1).collect();
+        problems.push(format!("duplicate effects: {dups:?}"));
+    }
+    figures.passed = problems.is_empty();
+    figures.violation = (!problems.is_empty()).then(|| problems.join("\n"));
+    Ok(())
+}
+
+/// Every send the receiver saw (performed, replayed or refused as late) must be an attempt the
+/// ledger recorded before it: one that is not is counted and named in `problems`.
+fn unrecorded_sends(
+    events: &[Event],
+    records: &HashMap<String, Record>,
+    figures: &mut EffectsFigures,
+    problems: &mut Vec<String>,
+) {
     for event in events {
         if !matches!(
             event.kind.as_str(),
@@ -680,16 +717,6 @@ async fn judge(
             ));
         }
     }
-    if let Some(stale) = figures.violation.take() {
-        problems.push(stale);
-    }
-    if figures.duplicates > 0 {
-        let dups: Vec<_> = performed.iter().filter(|(_, n)| **n > 1).collect();
-        problems.push(format!("duplicate effects: {dups:?}"));
-    }
-    figures.passed = problems.is_empty();
-    figures.violation = (!problems.is_empty()).then(|| problems.join("\n"));
-    Ok(())
 }
 
 /// A worker's plan (`palisade effects-worker`).

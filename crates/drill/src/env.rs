@@ -117,25 +117,7 @@ impl DrillEnv {
         let mut services = vec![coordinator];
         let (activated_target, strict_target, strict_store_file, table) = match &config.resource {
             ResourceSpec::Embedded => {
-                let store = |mode: &str, name: &str| {
-                    Service::start(
-                        binary,
-                        &[
-                            "resource",
-                            "serve",
-                            "--listen",
-                            "127.0.0.1:0",
-                            "--mode",
-                            mode,
-                            "--coordinator",
-                            &coordinator_url,
-                            "--data-dir",
-                            &data(name),
-                        ],
-                    )
-                };
-                let activated = store("activated", "activated-store")?;
-                let strict = store("strict", "strict-store")?;
+                let (activated, strict) = start_stores(binary, &coordinator_url, dir.path())?;
                 let urls = (
                     format!("http://{}", activated.address),
                     format!("http://{}", strict.address),
@@ -392,4 +374,34 @@ impl WorkerProcess {
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT)?;
         Ok(())
     }
+}
+
+/// Two reference stores trusting the coordinator at `coordinator_url`, in `dir`: one in
+/// activated mode, one in strict mode.
+fn start_stores(
+    binary: &Path,
+    coordinator_url: &str,
+    dir: &Path,
+) -> anyhow::Result<(Service, Service)> {
+    let store = |mode: &str, name: &str| {
+        Service::start(
+            binary,
+            &[
+                "resource",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--mode",
+                mode,
+                "--coordinator",
+                coordinator_url,
+                "--data-dir",
+                &dir.join(name).display().to_string(),
+            ],
+        )
+    };
+    Ok((
+        store("activated", "activated-store")?,
+        store("strict", "strict-store")?,
+    ))
 }

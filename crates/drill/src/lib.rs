@@ -244,78 +244,77 @@ pub async fn run(
     let mut reports = Vec::new();
     for &scenario in scenarios {
         let mut report = ScenarioReport::new(scenario, &config.resource);
-        if scenario == Scenario::CoordinatorFailover {
-            // Its own processes: three coordinator members; iterations = leader kills.
-            let figures = failover::run(
-                &config.binary,
-                config.iterations,
-                config.progress,
-                &mut report,
-            )
-            .await?;
-            report.failover = Some(figures);
-            reports.push(report);
-            continue;
-        }
-        if scenario == Scenario::Effects {
-            // Its own coordinator, ledger, receiver and reconciler per capability.
-            let figures = effects::run(
-                &config.binary,
-                &config.resource,
-                config.iterations,
-                config.progress,
-            )
-            .await?;
-            report.iterations = config.iterations;
-            report.stale_attempted = figures.iter().map(|f| f.stale_begins_tried).sum();
-            report.stale_accepted = figures.iter().map(|f| f.stale_begins_accepted).sum();
-            if let Some(failed) = figures.iter().find(|f| !f.passed) {
-                report.passed = false;
-                report.violation = failed.violation.clone();
-            }
-            report.effects = Some(figures);
-            reports.push(report);
-            continue;
-        }
-        if let Some(kind) = match scenario {
-            Scenario::Restore => Some(restore::Kind::Coordinator),
-            Scenario::ResourceRestore => Some(restore::Kind::Resource),
-            Scenario::Rollback => Some(restore::Kind::Rollback),
-            _ => None,
-        } {
-            // Its own coordinator and reference store (restored, copied back).
-            report.resource = "embedded";
-            let figures = restore::run(
-                &config.binary,
-                kind,
-                config.iterations,
-                config.progress,
-                &mut report,
-            )
-            .await?;
-            report.restore = Some(figures);
-            reports.push(report);
-            continue;
-        }
-        for iteration in 0..config.iterations {
-            if config.progress {
-                eprint!(
-                    "\r{}: iteration {}/{}   ",
-                    scenario.name(),
-                    iteration + 1,
-                    config.iterations
-                );
-            }
-            let held = scenarios::run_iteration(&env, scenario, iteration, &mut report).await?;
-            if !held {
-                break; // the first violation is the one worth reading
-            }
-        }
-        if config.progress {
-            eprintln!();
+        if !run_with_own_processes(&config, scenario, &mut report).await? {
+            run_iterations(&env, &config, scenario, &mut report).await?;
         }
         reports.push(report);
     }
     env.stop().await;
     Ok(reports)
+}
+
+/// The scenarios that start processes of their own (a cluster, a ledger per capability, a
+/// coordinator and store to restore): runs `scenario` if it is one of them into `report`, and
+/// says whether it was.
+async fn run_with_own_processes(
+    config: &DrillConfig,
+    scenario: Scenario,
+    report: &mut ScenarioReport,
+) -> anyhow::Result<bool> {
+    let restore = match scenario {
+        Scenario::Restore => Some(restore::Kind::Coordinator),
+        Scenario::ResourceRestore => Some(restore::Kind::Resource),
+        Scenario::Rollback => Some(restore::Kind::Rollback),
+        _ => None,
+    };
+    let (binary, iterations, progress) = (&config.binary, config.iterations, config.progress);
+    if scenario == Scenario::CoordinatorFailover {
+        // Three coordinator members; iterations = leader kills.
+        report.failover = Some(failover::run(binary, iterations, progress, report).await?);
+    } else if scenario == Scenario::Effects {
+        // A coordinator, ledger, receiver and reconciler per capability.
+        let figures = effects::run(binary, &config.resource, iterations, progress).await?;
+        report.iterations = iterations;
+        report.stale_attempted = figures.iter().map(|f| f.stale_begins_tried).sum();
+        report.stale_accepted = figures.iter().map(|f| f.stale_begins_accepted).sum();
+        if let Some(failed) = figures.iter().find(|f| !f.passed) {
+            report.passed = false;
+            report.violation = failed.violation.clone();
+        }
+        report.effects = Some(figures);
+    } else if let Some(kind) = restore {
+        // A coordinator and reference store (restored, copied back).
+        report.resource = "embedded";
+        report.restore = Some(restore::run(binary, kind, iterations, progress, report).await?);
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// `config.iterations` of `scenario` on the shared environment, up to the first violation
+/// (the one worth reading).
+async fn run_iterations(
+    env: &DrillEnv,
+    config: &DrillConfig,
+    scenario: Scenario,
+    report: &mut ScenarioReport,
+) -> anyhow::Result<()> {
+    for iteration in 0..config.iterations {
+        if config.progress {
+            eprint!(
+                "\r{}: iteration {}/{}   ",
+                scenario.name(),
+                iteration + 1,
+                config.iterations
+            );
+        }
+        if !scenarios::run_iteration(env, scenario, iteration, report).await? {
+            break;
+        }
+    }
+    if config.progress {
+        eprintln!();
+    }
+    Ok(())
 }

@@ -470,87 +470,14 @@ pub async fn run(
     report: &mut ScenarioReport,
 ) -> anyhow::Result<RestoreFigures> {
     let dir = tempfile::tempdir()?;
-    let coordinator_url = format!("http://{}", free_address()?);
-    // In a volume of its own: the rollback drill puts back the folder holding the data
-    // directory *and* its high-water file.
-    let coordinator_dir = dir.path().join("volume").join("coordinator");
-    std::fs::create_dir_all(dir.path().join("volume"))?;
-    let store_address = free_address()?;
-    let store_dir = dir.path().join("store");
-    let store_args = [
-        "resource",
-        "serve",
-        "--listen",
-        &store_address,
-        "--mode",
-        "strict",
-        "--coordinator",
-        &coordinator_url,
-        "--data-dir",
-        &store_dir.display().to_string(),
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let mut drill = Drill {
-        binary,
-        dir: dir.path().to_owned(),
-        coordinator: Process {
-            args: coordinator_args(&coordinator_url, &coordinator_dir),
-            service: None,
-        },
-        coordinator_url,
-        coordinator_dir,
-        store_url: format!("http://{store_address}"),
-        store_target: Target::connect(
-            &format!("http://{store_address}"),
-            palisade_fence::FenceMode::Strict,
-            "",
-            "",
-        )
-        .await?,
-        store_dir,
-        store: Process {
-            args: store_args,
-            service: None,
-        },
-        lock: LockName::new(format!(
-            "drill/restore/{}",
-            crate::clock::now_ns() % 1_000_000_007
-        ))?,
-        origin: Instant::now(),
-        history: History::default(),
-        owners: Vec::new(),
-        figures: RestoreFigures::default(),
-    };
+    let mut drill = Drill::new(binary, dir.path()).await?;
     drill.coordinator.start(binary)?;
     drill.store.start(binary)?;
     drill
         .owners_write(1)
         .await
         .context("the first owner's write")?;
-    let name = match kind {
-        Kind::Coordinator => "restore",
-        Kind::Resource => "resource-restore",
-        Kind::Rollback => "rollback",
-    };
-    let mut outcome = Ok(());
-    for iteration in 0..iterations {
-        if progress {
-            eprint!("\r{name}: restore {}/{iterations}   ", iteration + 1);
-        }
-        let step = match kind {
-            Kind::Coordinator => drill.coordinator_iteration(iteration).await,
-            Kind::Resource => drill.resource_iteration(iteration).await,
-            Kind::Rollback => drill.rollback_iteration(iteration).await,
-        };
-        if let Err(error) = step {
-            outcome = Err(error);
-            break;
-        }
-    }
-    if progress {
-        eprintln!();
-    }
+    let outcome = drill.iterate(kind, iterations, progress).await;
     report.absorb(&drill.history, Mode::Strict);
     // A step that failed because a property broke (an epoch granted again, then refused at
     // the store) is reported as that violation, which the history names; otherwise as an error.
@@ -558,16 +485,115 @@ pub async fn run(
         outcome?;
     }
     report.iterations = iterations;
-    let mut figures = drill.figures;
-    let mut epochs: Vec<u64> = drill.owners.iter().map(|o| o.1).collect();
-    let granted = epochs.len();
-    epochs.sort_unstable();
-    epochs.dedup();
-    figures.epochs_reused = granted - epochs.len();
-    let mut sorted = figures.restore_to_write_ms.clone();
-    sorted.sort_unstable();
-    figures.restore_to_write_p50_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
-    figures.last_epoch = epochs.last().copied().unwrap_or(0);
-    figures.restores_left = (i64::MAX as u64).saturating_sub(figures.last_epoch) / RESTORE_MARGIN;
-    Ok(figures)
+    Ok(drill.figures())
+}
+
+impl<'a> Drill<'a> {
+    /// A coordinator and a strict reference store in `dir`, on free loopback ports, not
+    /// started yet.
+    async fn new(binary: &'a Path, dir: &Path) -> anyhow::Result<Self> {
+        let coordinator_url = format!("http://{}", free_address()?);
+        // In a volume of its own: the rollback drill puts back the folder holding the data
+        // directory *and* its high-water file.
+        let coordinator_dir = dir.join("volume").join("coordinator");
+        std::fs::create_dir_all(dir.join("volume"))?;
+        let store_address = free_address()?;
+        let store_dir = dir.join("store");
+        let store_args = [
+            "resource",
+            "serve",
+            "--listen",
+            &store_address,
+            "--mode",
+            "strict",
+            "--coordinator",
+            &coordinator_url,
+            "--data-dir",
+            &store_dir.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Ok(Drill {
+            binary,
+            dir: dir.to_owned(),
+            coordinator: Process {
+                args: coordinator_args(&coordinator_url, &coordinator_dir),
+                service: None,
+            },
+            coordinator_url,
+            coordinator_dir,
+            store_url: format!("http://{store_address}"),
+            store_target: Target::connect(
+                &format!("http://{store_address}"),
+                palisade_fence::FenceMode::Strict,
+                "",
+                "",
+            )
+            .await?,
+            store_dir,
+            store: Process {
+                args: store_args,
+                service: None,
+            },
+            lock: LockName::new(format!(
+                "drill/restore/{}",
+                crate::clock::now_ns() % 1_000_000_007
+            ))?,
+            origin: Instant::now(),
+            history: History::default(),
+            owners: Vec::new(),
+            figures: RestoreFigures::default(),
+        })
+    }
+
+    /// `iterations` restores of `kind`, up to the first that fails.
+    async fn iterate(
+        &mut self,
+        kind: Kind,
+        iterations: usize,
+        progress: bool,
+    ) -> anyhow::Result<()> {
+        let name = match kind {
+            Kind::Coordinator => "restore",
+            Kind::Resource => "resource-restore",
+            Kind::Rollback => "rollback",
+        };
+        let mut outcome = Ok(());
+        for iteration in 0..iterations {
+            if progress {
+                eprint!("\r{name}: restore {}/{iterations}   ", iteration + 1);
+            }
+            let step = match kind {
+                Kind::Coordinator => self.coordinator_iteration(iteration).await,
+                Kind::Resource => self.resource_iteration(iteration).await,
+                Kind::Rollback => self.rollback_iteration(iteration).await,
+            };
+            if let Err(error) = step {
+                outcome = Err(error);
+                break;
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        outcome
+    }
+
+    /// The drill's figures, with the epochs granted reused, the median time from a restore to
+    /// the next owner's write, and the restores left before the epochs run out.
+    fn figures(self) -> RestoreFigures {
+        let mut figures = self.figures;
+        let mut epochs: Vec<u64> = self.owners.iter().map(|o| o.1).collect();
+        let granted = epochs.len();
+        epochs.sort_unstable();
+        epochs.dedup();
+        figures.epochs_reused = granted - epochs.len();
+        let mut sorted = figures.restore_to_write_ms.clone();
+        sorted.sort_unstable();
+        figures.restore_to_write_p50_ms = sorted.get(sorted.len() / 2).copied().unwrap_or(0);
+        figures.last_epoch = epochs.last().copied().unwrap_or(0);
+        figures.restores_left =
+            (i64::MAX as u64).saturating_sub(figures.last_epoch) / RESTORE_MARGIN;
+        figures
+    }
 }

@@ -430,8 +430,11 @@ async fn forged_token(env: &DrillEnv, lock: &str, history: &mut History) -> anyh
 
 async fn bypass(env: &DrillEnv, lock: &str, history: &mut History) -> anyhow::Result<()> {
     let key = "k0".to_string();
-    let mut attempt = |path: &str, succeeded: bool| {
-        let at = now_ns();
+    let attempts = match &env.config.resource {
+        ResourceSpec::Embedded => bypass_store(env, lock).await?,
+        ResourceSpec::Postgres(_) => bypass_table(env, lock, &key).await?,
+    };
+    for (path, succeeded, at) in attempts {
         let outcome = if succeeded {
             Outcome::Accepted
         } else {
@@ -450,89 +453,101 @@ async fn bypass(env: &DrillEnv, lock: &str, history: &mut History) -> anyhow::Re
             at,
             outcome,
         ));
-    };
-    match &env.config.resource {
-        ResourceSpec::Embedded => {
-            let base = &env.strict_target;
-            let url = format!(
-                "{base}/v1/kv/{}/k0",
-                palisade_client::encode_path_segment(lock)
-            );
-            let no_token = env.http.put(&url).body("bypass").send().await?;
-            attempt("PUT without a token", no_token.status().is_success());
-            let bad_header = env
-                .http
-                .put(&url)
-                .header("Palisade-Token", "admin")
-                .body("bypass")
-                .send()
-                .await?;
-            attempt(
-                "PUT with a non-token header",
-                bad_header.status().is_success(),
-            );
-            let activate = format!(
-                "{base}/v1/fences/{}/activate",
-                palisade_client::encode_path_segment(lock)
-            );
-            let activation = env.http.post(&activate).send().await?;
-            attempt("activate without a token", activation.status().is_success());
-            // The store's file is locked by the running store: no second writer can open it.
-            let file = env.strict_store_file.clone().expect("embedded store file");
-            let opened = redb::Database::create(&file).is_ok();
-            attempt("open the store's file directly", opened);
-        }
-        ResourceSpec::Postgres(_) => {
-            let (fence, guarded, table) = env.table.as_ref().expect("the drill table");
-            // A row written through the fence, so that every attempt below has a row to hit.
-            let grant = env.client.acquire_once(&AcquireOptions::new(lock)).await?;
-            let name = LockName::new(lock)?;
-            let id = crate::target::row_id(&name, &key);
-            let created = guarded
-                .insert(fence, &name, &id, &grant.token, &"owner")
-                .await?;
-            env.client.release(&grant.lease_id).await?;
-            anyhow::ensure!(
-                matches!(created, palisade_fence::Outcome::Accepted { .. }),
-                "the owner's fenced insert was refused: {created:?}"
-            );
-            let client = fence.pool().get().await?;
-            for (path, sql) in [
-                (
-                    "plain UPDATE",
-                    format!("UPDATE {table} SET payload = 'bypass'"),
-                ),
-                (
-                    "UPDATE lowering the fence",
-                    format!("UPDATE {table} SET payload = 'bypass', last_fence = 0"),
-                ),
-                (
-                    "UPDATE moving a row to another lock",
-                    format!("UPDATE {table} SET lock = 'other', last_fence = last_fence + 1"),
-                ),
-                (
-                    "INSERT outside the fenced path",
-                    format!("INSERT INTO {table} (id, lock, payload) VALUES ('x', 'x', 'bypass')"),
-                ),
-                (
-                    "DELETE outside the fenced path",
-                    format!("DELETE FROM {table}"),
-                ),
-                ("TRUNCATE", format!("TRUNCATE {table}")),
-                (
-                    "UPDATE with the triggers in replica mode",
-                    format!(
-                        "BEGIN; SET LOCAL session_replication_role = replica; \
-                         UPDATE {table} SET payload = 'bypass', last_fence = 0; COMMIT"
-                    ),
-                ),
-            ] {
-                let succeeded = client.batch_execute(&sql).await.is_ok();
-                // A failed transaction block stays open until it is rolled back.
-                client.batch_execute("ROLLBACK").await.ok();
-                attempt(path, succeeded);
-            }
-        }
     }
     Ok(())
+}
+
+/// A bypass attempt: its path, whether it was accepted, when it was answered (ns).
+type Attempt = (&'static str, bool, u64);
+
+/// Writes to the reference store that skip the fence.
+async fn bypass_store(env: &DrillEnv, lock: &str) -> anyhow::Result<Vec<Attempt>> {
+    let base = &env.strict_target;
+    let segment = palisade_client::encode_path_segment(lock);
+    let url = format!("{base}/v1/kv/{segment}/k0");
+    let no_token = env.http.put(&url).body("bypass").send().await?;
+    let no_token = (
+        "PUT without a token",
+        no_token.status().is_success(),
+        now_ns(),
+    );
+    let bad_header = env
+        .http
+        .put(&url)
+        .header("Palisade-Token", "admin")
+        .body("bypass")
+        .send()
+        .await?;
+    let bad_header = (
+        "PUT with a non-token header",
+        bad_header.status().is_success(),
+        now_ns(),
+    );
+    let activate = format!("{base}/v1/fences/{segment}/activate");
+    let activation = env.http.post(&activate).send().await?;
+    let activation = (
+        "activate without a token",
+        activation.status().is_success(),
+        now_ns(),
+    );
+    // The store's file is locked by the running store: no second writer can open it.
+    let file = env.strict_store_file.clone().expect("embedded store file");
+    let opened = redb::Database::create(&file).is_ok();
+    let opened = ("open the store's file directly", opened, now_ns());
+    Ok(vec![no_token, bad_header, activation, opened])
+}
+
+/// Plain SQL on the guarded table that skips the fence (after one fenced insert, so that
+/// every statement has a row to hit).
+async fn bypass_table(env: &DrillEnv, lock: &str, key: &str) -> anyhow::Result<Vec<Attempt>> {
+    let (fence, guarded, table) = env.table.as_ref().expect("the drill table");
+    let grant = env.client.acquire_once(&AcquireOptions::new(lock)).await?;
+    let name = LockName::new(lock)?;
+    let id = crate::target::row_id(&name, key);
+    let created = guarded
+        .insert(fence, &name, &id, &grant.token, &"owner")
+        .await?;
+    env.client.release(&grant.lease_id).await?;
+    anyhow::ensure!(
+        matches!(created, palisade_fence::Outcome::Accepted { .. }),
+        "the owner's fenced insert was refused: {created:?}"
+    );
+    let client = fence.pool().get().await?;
+    let mut attempts = Vec::new();
+    for (path, sql) in [
+        (
+            "plain UPDATE",
+            format!("UPDATE {table} SET payload = 'bypass'"),
+        ),
+        (
+            "UPDATE lowering the fence",
+            format!("UPDATE {table} SET payload = 'bypass', last_fence = 0"),
+        ),
+        (
+            "UPDATE moving a row to another lock",
+            format!("UPDATE {table} SET lock = 'other', last_fence = last_fence + 1"),
+        ),
+        (
+            "INSERT outside the fenced path",
+            format!("INSERT INTO {table} (id, lock, payload) VALUES ('x', 'x', 'bypass')"),
+        ),
+        (
+            "DELETE outside the fenced path",
+            format!("DELETE FROM {table}"),
+        ),
+        ("TRUNCATE", format!("TRUNCATE {table}")),
+        (
+            "UPDATE with the triggers in replica mode",
+            format!(
+                "BEGIN; SET LOCAL session_replication_role = replica; \
+                 UPDATE {table} SET payload = 'bypass', last_fence = 0; COMMIT"
+            ),
+        ),
+    ] {
+        let succeeded = client.batch_execute(&sql).await.is_ok();
+        // A failed transaction block stays open until it is rolled back.
+        client.batch_execute("ROLLBACK").await.ok();
+        attempts.push((path, succeeded, now_ns()));
+    }
+    Ok(attempts)
 }

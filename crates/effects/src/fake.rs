@@ -128,7 +128,7 @@ impl Fake {
             .open(&path)?;
         file.set_len(valid_len)?;
         file.sync_all()?;
-        std::fs::File::open(dir)?.sync_all()?;
+        palisade_durable::sync_dir(dir)?;
         let mut by_key: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, event) in events.iter().enumerate() {
             by_key.entry(event.key.clone()).or_default().push(i);

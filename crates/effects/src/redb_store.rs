@@ -55,70 +55,16 @@ impl RedbStore {
     /// Opens (or creates) the ledger file at `path`, judged against (and then followed by) the
     /// witness file at `witness`.
     pub fn open_with(path: &Path, witness: Option<&Path>) -> Result<Self, LedgerError> {
-        let created = !path.exists();
-        let db = Database::create(path).map_err(storage)?;
-        let mut txn = db.begin_write().map_err(storage)?;
-        txn.set_durability(redb::Durability::Immediate)
-            .map_err(storage)?;
-        txn.open_table(FENCES).map_err(storage)?;
-        txn.open_table(OPS).map_err(storage)?;
-        let (id, seq) = {
-            let mut meta = txn.open_table(META).map_err(storage)?;
-            let id = match meta.get("id").map_err(storage)? {
-                Some(id) => id.value().to_owned(),
-                None => {
-                    let mut bytes = [0u8; 16];
-                    getrandom::fill(&mut bytes).map_err(storage)?;
-                    crate::model::hex(&bytes)
-                }
-            };
-            meta.insert("id", id.as_str()).map_err(storage)?;
-            let seq = match meta.get("seq").map_err(storage)? {
-                Some(seq) => seq
-                    .value()
-                    .parse::<u64>()
-                    .map_err(|e| LedgerError::Integrity(format!("unreadable change count: {e}")))?,
-                None => 0,
-            };
-            (id, seq)
-        };
-        txn.commit().map_err(storage)?;
-        if created {
-            // A power cut must not make the new file vanish with the records it holds.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(storage)?;
-            }
-        }
+        let (db, id, seq) = open_file(path)?;
         let current = WitnessRecord {
             kind: WITNESS_KIND.into(),
             store: id,
             mark: seq,
         };
-        let mut behind = None;
-        if let Some(witness) = witness {
-            let found = palisade_fence_redb::witness::read(witness)
-                .map_err(|e| LedgerError::Integrity(e.to_string()))?;
-            match judge(found.as_ref(), &current) {
-                Verdict::Current => {}
-                Verdict::Record => write_witness(witness, &current)?,
-                Verdict::Behind { seen } => {
-                    let why = format!(
-                        "this effects ledger has recorded {seq} changes, but its witness {} saw                          {seen}: it was copied back or restored from an older copy, and has                          forgotten attempts that may have been sent — an owner would send them                          again. It changes nothing until the operations since the copy are                          reconciled by hand against each receiver's records (docs/effects.md,                          \"Restoring a ledger\")",
-                        witness.display()
-                    );
-                    tracing::error!("{why}");
-                    behind = Some(why);
-                }
-                Verdict::OtherKind(kind) => {
-                    return Err(LedgerError::Integrity(format!(
-                        "{} is the witness of a {kind}, not of an effects ledger",
-                        witness.display()
-                    )))
-                }
-            }
-        }
+        let behind = match witness {
+            Some(witness) => check_witness(witness, &current)?,
+            None => None,
+        };
         let db = Arc::new(db);
         let seq = Arc::new(AtomicU64::new(seq));
         let (jobs, queue) = tokio::sync::mpsc::channel(writer::QUEUE_CAPACITY);
@@ -180,6 +126,73 @@ impl Drop for Shared {
 fn write_witness(path: &Path, record: &WitnessRecord) -> Result<(), LedgerError> {
     palisade_fence_redb::witness::record(path, record)
         .map_err(|e| LedgerError::Storage(e.to_string()))
+}
+
+/// Opens (or creates) the ledger's file with its tables; returns it with the ledger's id
+/// (made at creation) and its change count. A new file's directory is fsynced: a power cut
+/// must not make the new file vanish with the records it holds.
+fn open_file(path: &Path) -> Result<(Database, String, u64), LedgerError> {
+    let created = !path.exists();
+    let db = Database::create(path).map_err(storage)?;
+    let mut txn = db.begin_write().map_err(storage)?;
+    txn.set_durability(redb::Durability::Immediate)
+        .map_err(storage)?;
+    txn.open_table(FENCES).map_err(storage)?;
+    txn.open_table(OPS).map_err(storage)?;
+    let (id, seq) = {
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        let id = match meta.get("id").map_err(storage)? {
+            Some(id) => id.value().to_owned(),
+            None => {
+                let mut bytes = [0u8; 16];
+                getrandom::fill(&mut bytes).map_err(storage)?;
+                crate::model::hex(&bytes)
+            }
+        };
+        meta.insert("id", id.as_str()).map_err(storage)?;
+        let seq = match meta.get("seq").map_err(storage)? {
+            Some(seq) => seq
+                .value()
+                .parse::<u64>()
+                .map_err(|e| LedgerError::Integrity(format!("unreadable change count: {e}")))?,
+            None => 0,
+        };
+        (id, seq)
+    };
+    txn.commit().map_err(storage)?;
+    if created {
+        palisade_durable::sync_parent_dir(path).map_err(storage)?;
+    }
+    Ok((db, id, seq))
+}
+
+/// Weighs the ledger (`current`) against its witness: `Ok(Some(why))` when the ledger is
+/// behind it (copied back: it then changes nothing), `Ok(None)` when current (the witness is
+/// written when it has no record yet), an error for another store's witness.
+fn check_witness(witness: &Path, current: &WitnessRecord) -> Result<Option<String>, LedgerError> {
+    let found = palisade_fence_redb::witness::read(witness)
+        .map_err(|e| LedgerError::Integrity(e.to_string()))?;
+    match judge(found.as_ref(), current) {
+        Verdict::Current => Ok(None),
+        Verdict::Record => write_witness(witness, current).map(|()| None),
+        Verdict::Behind { seen } => {
+            let why = format!(
+                "this effects ledger has recorded {} changes, but its witness {} saw {seen}: it \
+                 was copied back or restored from an older copy, and has forgotten attempts that \
+                 may have been sent — an owner would send them again. It changes nothing until \
+                 the operations since the copy are reconciled by hand against each receiver's \
+                 records (docs/effects.md, \"Restoring a ledger\")",
+                current.mark,
+                witness.display()
+            );
+            tracing::error!("{why}");
+            Ok(Some(why))
+        }
+        Verdict::OtherKind(kind) => Err(LedgerError::Integrity(format!(
+            "{} is the witness of a {kind}, not of an effects ledger",
+            witness.display()
+        ))),
+    }
 }
 
 /// Keeps the witness up with the committed changes, every [`WITNESS_INTERVAL`], until the

@@ -111,56 +111,26 @@ pub async fn perform<L: Ledger, R: Receiver>(
                 attempt_timeout_ms: options.attempt_timeout.as_millis() as u64,
             })
             .await?;
-        match begin {
+        let round = match begin {
             Begin::Send { attempt } => {
-                let result = if now_ms() >= attempt.deadline_ms {
-                    SendResult::Expired {
-                        reason: "not sent: the attempt's deadline passed before sending".into(),
-                    }
-                } else {
-                    // The window no check can close: a pause here sends the attempt late.
-                    hook(Step::Recorded, &attempt);
-                    receiver.send(&attempt).await
-                };
-                hook(Step::Answered, &attempt);
-                match ledger.finish(token, id, attempt.n, result).await? {
-                    Answer::Recorded { record } | Answer::Superseded { record } => {
-                        if record.state.is_final() || record.state == OpState::NeedsReview {
-                            return Ok(Done::of(record));
-                        }
-                        last = Some(record);
-                    }
-                    Answer::Rejected { rejection } => return Err(RunError::Rejected(rejection)),
-                }
+                send_round(ledger, receiver, token, id, attempt, &hook).await?
             }
-            Begin::Final { record } | Begin::Review { record } => return Ok(Done::of(record)),
-            Begin::Lookup { record } => match receiver.status(&record.key).await {
-                Ok(status) => {
-                    let settlement = match status {
-                        Status::Performed { reference } => Settlement::Performed { reference },
-                        Status::NotPerformed => Settlement::NotPerformed,
-                    };
-                    match ledger
-                        .settle(Some(token), id, record.attempt, settlement)
-                        .await?
-                    {
-                        Answer::Rejected { rejection } => {
-                            return Err(RunError::Rejected(rejection))
-                        }
-                        answer => last = answer.record().cloned(),
-                    }
-                }
-                Err(_) => return Ok(Done::InDoubt(record)),
-            },
+            Begin::Final { record } | Begin::Review { record } => Round::Done(Done::of(record)),
+            Begin::Lookup { record } => lookup_round(ledger, receiver, token, id, record).await?,
             Begin::Wait { until_ms, record } => {
                 let wait = until_ms.saturating_sub(now_ms());
                 if wait > options.max_wait.as_millis() as u64 {
-                    return Ok(Done::InDoubt(record));
+                    Round::Done(Done::InDoubt(record))
+                } else {
+                    tokio::time::sleep(Duration::from_millis(wait + 1)).await;
+                    Round::Again(Some(record))
                 }
-                tokio::time::sleep(Duration::from_millis(wait + 1)).await;
-                last = Some(record);
             }
             Begin::Rejected { rejection } => return Err(RunError::Rejected(rejection)),
+        };
+        match round {
+            Round::Done(done) => return Ok(done),
+            Round::Again(record) => last = record,
         }
     }
     match last {
@@ -168,6 +138,70 @@ pub async fn perform<L: Ledger, R: Receiver>(
         None => Err(RunError::Ledger(LedgerError::Storage(
             "no answer from the ledger".into(),
         ))),
+    }
+}
+
+/// What one round of [`perform`] came to.
+enum Round {
+    /// The operation's outcome, for the caller.
+    Done(Done),
+    /// Not settled yet: another round, with the record as last seen (if any).
+    Again(Option<Record>),
+}
+
+/// Sends the recorded `attempt` (unless its deadline passed) and records the answer.
+async fn send_round<L: Ledger, R: Receiver>(
+    ledger: &L,
+    receiver: &R,
+    token: &str,
+    id: &OpId,
+    attempt: Attempt,
+    hook: &impl Fn(Step, &Attempt),
+) -> Result<Round, RunError> {
+    let result = if now_ms() >= attempt.deadline_ms {
+        SendResult::Expired {
+            reason: "not sent: the attempt's deadline passed before sending".into(),
+        }
+    } else {
+        // The window no check can close: a pause here sends the attempt late.
+        hook(Step::Recorded, &attempt);
+        receiver.send(&attempt).await
+    };
+    hook(Step::Answered, &attempt);
+    match ledger.finish(token, id, attempt.n, result).await? {
+        Answer::Recorded { record } | Answer::Superseded { record } => {
+            if record.state.is_final() || record.state == OpState::NeedsReview {
+                return Ok(Round::Done(Done::of(record)));
+            }
+            Ok(Round::Again(Some(record)))
+        }
+        Answer::Rejected { rejection } => Err(RunError::Rejected(rejection)),
+    }
+}
+
+/// Asks the receiver whether the attempt in doubt was performed, and settles it by the answer
+/// (no answer: the operation stays in doubt).
+async fn lookup_round<L: Ledger, R: Receiver>(
+    ledger: &L,
+    receiver: &R,
+    token: &str,
+    id: &OpId,
+    record: Record,
+) -> Result<Round, RunError> {
+    let status = match receiver.status(&record.key).await {
+        Ok(status) => status,
+        Err(_) => return Ok(Round::Done(Done::InDoubt(record))),
+    };
+    let settlement = match status {
+        Status::Performed { reference } => Settlement::Performed { reference },
+        Status::NotPerformed => Settlement::NotPerformed,
+    };
+    match ledger
+        .settle(Some(token), id, record.attempt, settlement)
+        .await?
+    {
+        Answer::Rejected { rejection } => Err(RunError::Rejected(rejection)),
+        answer => Ok(Round::Again(answer.record().cloned())),
     }
 }
 
@@ -242,82 +276,122 @@ pub async fn reconcile_once<L: Ledger, R: Receiver>(
             report.not_due += 1;
             continue;
         }
-        match record.capability {
+        let resolved = match record.capability {
             Capability::Idempotent => {
-                let answer = ledger
-                    .reattempt(
-                        &record.id,
-                        record.attempt,
-                        attempt_timeout.as_millis() as u64,
-                    )
-                    .await?;
-                let Answer::Recorded { record: retried } = answer else {
-                    report.left += 1;
-                    continue;
-                };
-                let attempt = Attempt {
-                    id: retried.id.clone(),
-                    key: retried.key.clone(),
-                    n: retried.attempt,
-                    epoch: retried.epoch,
-                    deadline_ms: retried.deadline_ms,
-                    payload: retried.payload.clone(),
-                };
-                report.retried += 1;
-                let settlement = match receiver.send(&attempt).await {
-                    SendResult::Performed { reference } => Settlement::Performed { reference },
-                    SendResult::Refused { reason } => Settlement::Refused { reason },
-                    SendResult::Ambiguous { .. } | SendResult::Expired { .. } => {
-                        report.left += 1;
-                        continue;
-                    }
-                };
-                let performed = matches!(settlement, Settlement::Performed { .. });
-                if settle_into(ledger, &retried, attempt.n, settlement).await? {
-                    if performed {
-                        report.performed += 1;
-                    } else {
-                        report.refused += 1;
-                    }
-                } else {
-                    report.left += 1;
+                let resolved = reattempt(ledger, receiver, &record, attempt_timeout).await?;
+                if resolved.is_some() {
+                    report.retried += 1;
                 }
+                resolved.unwrap_or(Resolved::Left)
             }
-            Capability::Lookup => match receiver.status(&record.key).await {
-                Ok(Status::Performed { reference }) => {
-                    let settlement = Settlement::Performed { reference };
-                    if settle_into(ledger, &record, record.attempt, settlement).await? {
-                        report.performed += 1;
-                    } else {
-                        report.left += 1;
-                    }
-                }
-                Ok(Status::NotPerformed) => {
-                    let settlement = Settlement::NotPerformed;
-                    if settle_into(ledger, &record, record.attempt, settlement).await? {
-                        report.not_performed += 1;
-                    } else {
-                        report.left += 1;
-                    }
-                }
-                Err(ReceiverError::Unsupported(_)) | Err(ReceiverError::Unavailable(_)) => {
-                    report.left += 1
-                }
-            },
-            Capability::None => {
-                let reason = format!(
-                    "attempt {} (epoch {}) got no answer before its deadline, and the receiver \
-                     can neither deduplicate nor be asked: check it, then resolve",
-                    record.attempt, record.epoch
-                );
-                let settlement = Settlement::Review { reason };
-                if settle_into(ledger, &record, record.attempt, settlement).await? {
-                    report.to_review += 1;
-                } else {
-                    report.left += 1;
-                }
-            }
+            Capability::Lookup => look_up(ledger, receiver, &record).await?,
+            Capability::None => to_review(ledger, &record).await?,
+        };
+        match resolved {
+            Resolved::Performed => report.performed += 1,
+            Resolved::Refused => report.refused += 1,
+            Resolved::NotPerformed => report.not_performed += 1,
+            Resolved::ToReview => report.to_review += 1,
+            Resolved::Left => report.left += 1,
         }
     }
     Ok(report)
+}
+
+/// What the reconciler made of one operation.
+enum Resolved {
+    Performed,
+    Refused,
+    NotPerformed,
+    ToReview,
+    /// Left as it was (no answer, or the ledger no longer takes this attempt's settlement).
+    Left,
+}
+
+/// Settles `record` at attempt `n` with `settlement`: `then` when the ledger took it, else
+/// [`Resolved::Left`].
+async fn settled<L: Ledger>(
+    ledger: &L,
+    record: &Record,
+    n: u32,
+    settlement: Settlement,
+    then: Resolved,
+) -> Result<Resolved, LedgerError> {
+    Ok(match settle_into(ledger, record, n, settlement).await? {
+        true => then,
+        false => Resolved::Left,
+    })
+}
+
+/// An idempotent receiver: the operation is sent again under a new attempt (same key). `None`
+/// when the ledger hands out no new attempt.
+async fn reattempt<L: Ledger, R: Receiver>(
+    ledger: &L,
+    receiver: &R,
+    record: &Record,
+    attempt_timeout: Duration,
+) -> Result<Option<Resolved>, LedgerError> {
+    let timeout_ms = attempt_timeout.as_millis() as u64;
+    let answer = ledger
+        .reattempt(&record.id, record.attempt, timeout_ms)
+        .await?;
+    let Answer::Recorded { record: retried } = answer else {
+        return Ok(None);
+    };
+    let attempt = Attempt {
+        id: retried.id.clone(),
+        key: retried.key.clone(),
+        n: retried.attempt,
+        epoch: retried.epoch,
+        deadline_ms: retried.deadline_ms,
+        payload: retried.payload.clone(),
+    };
+    let (settlement, then) = match receiver.send(&attempt).await {
+        SendResult::Performed { reference } => {
+            (Settlement::Performed { reference }, Resolved::Performed)
+        }
+        SendResult::Refused { reason } => (Settlement::Refused { reason }, Resolved::Refused),
+        SendResult::Ambiguous { .. } | SendResult::Expired { .. } => {
+            return Ok(Some(Resolved::Left))
+        }
+    };
+    settled(ledger, &retried, attempt.n, settlement, then)
+        .await
+        .map(Some)
+}
+
+/// A receiver that can be asked: its answer for the operation's key settles it.
+async fn look_up<L: Ledger, R: Receiver>(
+    ledger: &L,
+    receiver: &R,
+    record: &Record,
+) -> Result<Resolved, LedgerError> {
+    let (settlement, then) = match receiver.status(&record.key).await {
+        Ok(Status::Performed { reference }) => {
+            (Settlement::Performed { reference }, Resolved::Performed)
+        }
+        Ok(Status::NotPerformed) => (Settlement::NotPerformed, Resolved::NotPerformed),
+        Err(ReceiverError::Unsupported(_)) | Err(ReceiverError::Unavailable(_)) => {
+            return Ok(Resolved::Left)
+        }
+    };
+    settled(ledger, record, record.attempt, settlement, then).await
+}
+
+/// A receiver that can neither deduplicate nor be asked: a person decides.
+async fn to_review<L: Ledger>(ledger: &L, record: &Record) -> Result<Resolved, LedgerError> {
+    let reason = format!(
+        "attempt {} (epoch {}) got no answer before its deadline, and the receiver \
+         can neither deduplicate nor be asked: check it, then resolve",
+        record.attempt, record.epoch
+    );
+    let settlement = Settlement::Review { reason };
+    settled(
+        ledger,
+        record,
+        record.attempt,
+        settlement,
+        Resolved::ToReview,
+    )
+    .await
 }

@@ -342,65 +342,54 @@ impl PostgresFence {
                 };
                 Ok(Outcome::Rejected(rejection))
             }
-            FenceMode::Strict => {
-                let row = client
-                    .query_one(sql::READ_STRICT_FENCES, &[&lock, &write.key])
-                    .await
-                    .map_err(storage)?;
-                let (lock_epoch, key_epoch): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
-                let rule = palisade_fence::rules::strict(
-                    key_epoch.map(from_bigint).transpose()?.map(Epoch),
-                    Epoch(from_bigint(lock_epoch.unwrap_or(0))?),
-                    Epoch(from_bigint(epoch)?),
-                );
-                // Both fences only rise, so what refused this write is still there; a rule
-                // that would accept now means the tables were changed behind the fence.
-                match rule {
-                    Err(rejection) => Ok(Outcome::Rejected(rejection)),
-                    Ok(()) => Err(FenceError::Integrity(format!(
-                        "write at {epoch} rejected but the lock's epoch is {lock_epoch:?} and \
-                         the key's {key_epoch:?}"
-                    ))),
-                }
-            }
-            FenceMode::Sequenced => {
-                if let Some(seq) = seq {
-                    let digest = value_digest(write.value).to_vec();
-                    let ledger = client
-                        .query_opt(sql::READ_LEDGER, &[&lock, &write.key, &epoch, &seq])
-                        .await
-                        .map_err(storage)?;
-                    if let Some(row) = ledger {
-                        let (epoch, seq) = (Epoch(from_bigint(epoch)?), from_bigint(seq)?);
-                        let recorded: Vec<u8> = row.get(0);
-                        return Ok(if recorded == digest {
-                            Outcome::Replayed { epoch, seq }
-                        } else {
-                            Outcome::Rejected(Rejection::ReplayMismatch { epoch, seq })
-                        });
-                    }
-                }
-                let row = client
-                    .query_opt(sql::READ_PAIR, &[&lock, &write.key])
-                    .await
-                    .map_err(storage)?
-                    .ok_or_else(|| {
-                        FenceError::Integrity("a rejected write found no stored row".into())
-                    })?;
-                let (fence, fence_seq): (i64, Option<i64>) = (row.get(0), row.get(1));
-                // Fences only rise, so the row that beat this write carries an epoch (pair) at
-                // least as high; anything else means the table was changed behind the fence.
-                if (fence, fence_seq.unwrap_or(0)) < (epoch, seq.unwrap_or(0)) {
-                    return Err(FenceError::Integrity(format!(
-                        "write at {epoch} rejected but the stored epoch is {fence}"
-                    )));
-                }
-                Ok(Outcome::Rejected(Rejection::StaleEpoch {
-                    fence: Epoch(from_bigint(fence)?),
-                    fence_seq: fence_seq.map(from_bigint).transpose()?,
-                }))
+            FenceMode::Strict => strict_refusal(client, write, epoch).await,
+            FenceMode::Sequenced => self.sequenced_refusal(client, write, epoch, seq).await,
+        }
+    }
+
+    /// Why sequenced mode refused `write` at (`epoch`, `seq`): a replay of the recorded write
+    /// (or a different value under its pair), or the stored pair that beat it.
+    async fn sequenced_refusal(
+        &self,
+        client: &tokio_postgres::Client,
+        write: &Write<'_>,
+        epoch: i64,
+        seq: Option<i64>,
+    ) -> Result<Outcome, FenceError> {
+        let lock = write.lock.as_str();
+        if let Some(seq) = seq {
+            let digest = value_digest(write.value).to_vec();
+            let ledger = client
+                .query_opt(sql::READ_LEDGER, &[&lock, &write.key, &epoch, &seq])
+                .await
+                .map_err(storage)?;
+            if let Some(row) = ledger {
+                let (epoch, seq) = (Epoch(from_bigint(epoch)?), from_bigint(seq)?);
+                let recorded: Vec<u8> = row.get(0);
+                return Ok(if recorded == digest {
+                    Outcome::Replayed { epoch, seq }
+                } else {
+                    Outcome::Rejected(Rejection::ReplayMismatch { epoch, seq })
+                });
             }
         }
+        let row = client
+            .query_opt(sql::READ_PAIR, &[&lock, &write.key])
+            .await
+            .map_err(storage)?
+            .ok_or_else(|| FenceError::Integrity("a rejected write found no stored row".into()))?;
+        let (fence, fence_seq): (i64, Option<i64>) = (row.get(0), row.get(1));
+        // Fences only rise, so the row that beat this write carries an epoch (pair) at
+        // least as high; anything else means the table was changed behind the fence.
+        if (fence, fence_seq.unwrap_or(0)) < (epoch, seq.unwrap_or(0)) {
+            return Err(FenceError::Integrity(format!(
+                "write at {epoch} rejected but the stored epoch is {fence}"
+            )));
+        }
+        Ok(Outcome::Rejected(Rejection::StaleEpoch {
+            fence: Epoch(from_bigint(fence)?),
+            fence_seq: fence_seq.map(from_bigint).transpose()?,
+        }))
     }
 }
 
@@ -694,4 +683,33 @@ pub async fn apply_restore_floor(
         highest_before,
         floor: from_bigint(applied)?,
     })
+}
+
+/// Why strict mode refused `write` at `epoch`: the lock's or the key's fence, re-read (both
+/// only rise, so what refused it is still there).
+async fn strict_refusal(
+    client: &tokio_postgres::Client,
+    write: &Write<'_>,
+    epoch: i64,
+) -> Result<Outcome, FenceError> {
+    let lock = write.lock.as_str();
+    let row = client
+        .query_one(sql::READ_STRICT_FENCES, &[&lock, &write.key])
+        .await
+        .map_err(storage)?;
+    let (lock_epoch, key_epoch): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+    let rule = palisade_fence::rules::strict(
+        key_epoch.map(from_bigint).transpose()?.map(Epoch),
+        Epoch(from_bigint(lock_epoch.unwrap_or(0))?),
+        Epoch(from_bigint(epoch)?),
+    );
+    // Both fences only rise, so what refused this write is still there; a rule
+    // that would accept now means the tables were changed behind the fence.
+    match rule {
+        Err(rejection) => Ok(Outcome::Rejected(rejection)),
+        Ok(()) => Err(FenceError::Integrity(format!(
+            "write at {epoch} rejected but the lock's epoch is {lock_epoch:?} and \
+             the key's {key_epoch:?}"
+        ))),
+    }
 }

@@ -265,18 +265,7 @@ pub fn apply_restore_floor(
     let mut txn = db.begin_write().map_err(storage)?;
     txn.set_durability(redb::Durability::Immediate)
         .map_err(storage)?;
-    let (store_id, highest_before, old_floor) = {
-        let meta = txn.open_table(META).map_err(storage)?;
-        let store_id = meta
-            .get(records::STORE_ID)
-            .map_err(storage)?
-            .map(|v| v.value().to_owned());
-        (
-            store_id,
-            records::meta_u64(&meta, records::HIGHEST)?,
-            records::meta_u64(&meta, records::RESTORE_FLOOR)?.unwrap_or(0),
-        )
-    };
+    let (store_id, highest_before, old_floor) = restore_meta(&txn)?;
     let (Some(store_id), Some(highest_before)) = (store_id, highest_before) else {
         return Err(FenceError::Integrity(format!(
             "{} was never opened by this version of the store: start it once (it accepts no \
@@ -284,12 +273,7 @@ pub fn apply_restore_floor(
             path.display()
         )));
     };
-    let seen = match witness {
-        Some(witness) => witness::read(witness)?
-            .filter(|w| w.store == store_id && w.kind == witness::KIND)
-            .map_or(0, |w| w.mark),
-        None => 0,
-    };
+    let seen = witnessed_epoch(witness, &store_id)?;
     if floor <= seen {
         return Err(FenceError::Integrity(format!(
             "the coordinator's floor {floor} is not above epoch {seen}, which this store \
@@ -323,6 +307,33 @@ pub fn apply_restore_floor(
         highest_before,
         witness_seen: seen,
         floor: new_floor,
+    })
+}
+
+/// The store's id, highest accepted epoch and restore floor, as its metadata holds them.
+fn restore_meta(
+    txn: &redb::WriteTransaction,
+) -> Result<(Option<String>, Option<u64>, u64), FenceError> {
+    let meta = txn.open_table(META).map_err(storage)?;
+    let store_id = meta
+        .get(records::STORE_ID)
+        .map_err(storage)?
+        .map(|v| v.value().to_owned());
+    Ok((
+        store_id,
+        records::meta_u64(&meta, records::HIGHEST)?,
+        records::meta_u64(&meta, records::RESTORE_FLOOR)?.unwrap_or(0),
+    ))
+}
+
+/// The highest epoch `witness` saw this store (`store_id`) accept (0: no witness, or one of
+/// another store).
+fn witnessed_epoch(witness: Option<&Path>, store_id: &str) -> Result<u64, FenceError> {
+    Ok(match witness {
+        Some(witness) => witness::read(witness)?
+            .filter(|w| w.store == store_id && w.kind == witness::KIND)
+            .map_or(0, |w| w.mark),
+        None => 0,
     })
 }
 

@@ -603,24 +603,7 @@ pub async fn serve_with_tls(
             tls: tls.clone(),
             shutdown: shutdown.clone(),
         };
-        let admission = admission.clone();
-        connections.spawn(async move {
-            let slot = match ticket {
-                Ticket::Admitted(slot) => slot,
-                Ticket::Waiting(waiting) => {
-                    let slot = admission
-                        .wait(&connection.registry, connection.shutdown.clone())
-                        .await;
-                    drop(waiting);
-                    match slot {
-                        Some(slot) => slot,
-                        None => return, // dropping `tcp` closes it
-                    }
-                }
-            };
-            connection.run(tcp).await;
-            drop(slot);
-        });
+        connections.spawn(connection.admit_and_run(tcp, ticket, admission.clone()));
     }
     drop(listener);
     // Every connection saw `shutdown` and is closing gracefully.
@@ -655,6 +638,24 @@ struct Connection {
 }
 
 impl Connection {
+    /// Serves `tcp` once it holds a connection slot: at once with an admitted `ticket`, else
+    /// after waiting beside the accept loop (until shutdown, which closes `tcp` unserved).
+    async fn admit_and_run(self, tcp: TcpStream, ticket: Ticket, admission: Arc<Admission>) {
+        let slot = match ticket {
+            Ticket::Admitted(slot) => slot,
+            Ticket::Waiting(waiting) => {
+                let slot = admission.wait(&self.registry, self.shutdown.clone()).await;
+                drop(waiting);
+                match slot {
+                    Some(slot) => slot,
+                    None => return, // dropping `tcp` closes it
+                }
+            }
+        };
+        self.run(tcp).await;
+        drop(slot);
+    }
+
     /// Registers the connection, serves it (over TLS when it opens a handshake and the port
     /// has TLS) until it ends, and unregisters it.
     async fn run(self, tcp: TcpStream) {

@@ -166,26 +166,7 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
     )?;
     keys.load_initial().await?;
     let keys = Arc::new(keys);
-    let store = RedbFence::open_with(
-        &config.data_dir.join(STORE_FILE),
-        config.mode,
-        verifier.clone(),
-        Some(&witness_path(&config.data_dir)),
-    )?;
-    let ledger = palisade_effects::LocalLedger::new(
-        palisade_effects::RedbStore::open_with(
-            &config.data_dir.join(EFFECTS_FILE),
-            Some(&effects_witness_path(&config.data_dir)),
-        )?,
-        verifier,
-    );
-    let state = http::State::new(
-        store,
-        keys.clone(),
-        ledger,
-        config.effects_admin_secret.clone(),
-    );
-    let app = http::router(state);
+    let app = http::router(open_state(&config, verifier, keys.clone())?);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
@@ -201,19 +182,11 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         keys.clone()
             .refresh_periodically(config.key_refresh, shutdown.subscribe()),
     );
-    let mut grace_signal = shutdown.subscribe();
+    let grace_signal = shutdown.subscribe();
     let task = tokio::spawn(async move {
         let limits = palisade_listener::Limits::default();
         let serve = palisade_listener::serve_with_tls(listener, app, limits, tls, signal);
-        tokio::pin!(serve);
-        tokio::select! {
-            () = &mut serve => {}
-            () = async { let _ = grace_signal.wait_for(|stop| *stop).await; } => {
-                if tokio::time::timeout(SHUTDOWN_GRACE, serve).await.is_err() {
-                    tracing::warn!("connections still open after the grace period; closing");
-                }
-            }
-        }
+        serve_until_grace(serve, grace_signal).await;
         tracing::info!("fenced store stopped");
     });
     Ok(RunningResource {
@@ -221,4 +194,49 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
         shutdown,
         task,
     })
+}
+
+/// The store's state: the fenced store and the effects ledger in the data directory (each
+/// checked against its witness), the key ring and the ledger's admin secret.
+fn open_state(
+    config: &ResourceConfig,
+    verifier: Arc<Verifier>,
+    keys: Arc<keys::KeyRing>,
+) -> Result<http::State, ResourceError> {
+    let store = RedbFence::open_with(
+        &config.data_dir.join(STORE_FILE),
+        config.mode,
+        verifier.clone(),
+        Some(&witness_path(&config.data_dir)),
+    )?;
+    let ledger = palisade_effects::LocalLedger::new(
+        palisade_effects::RedbStore::open_with(
+            &config.data_dir.join(EFFECTS_FILE),
+            Some(&effects_witness_path(&config.data_dir)),
+        )?,
+        verifier,
+    );
+    Ok(http::State::new(
+        store,
+        keys,
+        ledger,
+        config.effects_admin_secret.clone(),
+    ))
+}
+
+/// Runs `serve` until it ends; once `grace_signal` is set, gives open connections
+/// [`SHUTDOWN_GRACE`] to finish.
+async fn serve_until_grace(
+    serve: impl std::future::Future<Output = ()>,
+    mut grace_signal: watch::Receiver<bool>,
+) {
+    tokio::pin!(serve);
+    tokio::select! {
+        () = &mut serve => {}
+        () = async { let _ = grace_signal.wait_for(|stop| *stop).await; } => {
+            if tokio::time::timeout(SHUTDOWN_GRACE, serve).await.is_err() {
+                tracing::warn!("connections still open after the grace period; closing");
+            }
+        }
+    }
 }

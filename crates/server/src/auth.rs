@@ -599,98 +599,96 @@ fn lines(text: &str) -> impl Iterator<Item = (usize, Vec<&str>)> {
 }
 
 fn load(auth_file: Option<&Path>, acl_file: &Path) -> Result<Policy, AuthConfigError> {
-    let mut policy = Policy::default();
-    let mut rules: HashMap<Principal, Vec<Rule>> = HashMap::new();
-    let syntax = |path: &Path, line, message: String| AuthConfigError::Syntax {
-        path: path.to_owned(),
-        line,
-        message,
-    };
     let auth_text = match auth_file {
         Some(path) => read_config_file(path)?,
         None => String::new(),
     };
     let auth_file = auth_file.unwrap_or(Path::new("(no auth file)"));
-    for (line, fields) in lines(&auth_text) {
-        let [name, hash] = fields[..] else {
-            return Err(syntax(
-                auth_file,
-                line,
-                "expected: PRINCIPAL sha256:HEX".into(),
-            ));
-        };
-        let principal = Principal::new(name).map_err(|e| syntax(auth_file, line, e.0))?;
-        let digest = parse_hash(hash).ok_or_else(|| {
-            syntax(
-                auth_file,
-                line,
-                "the secret's hash must be sha256: and 64 hex digits \
-                 (palisade auth hash makes it)"
-                    .into(),
-            )
-        })?;
-        if let Some(other) = policy.secrets.insert(digest, principal.clone()) {
-            if other != principal {
-                return Err(syntax(
-                    auth_file,
-                    line,
-                    format!("this secret already names principal {other}"),
-                ));
-            }
-        }
-    }
+    let mut policy = Policy {
+        secrets: load_secrets(auth_file, &auth_text)?,
+        ..Policy::default()
+    };
+    let mut rules: HashMap<Principal, Vec<Rule>> = HashMap::new();
     let mut count = 0;
     for (line, fields) in lines(&read_config_file(acl_file)?) {
+        let syntax = |message: String| syntax(acl_file, line, message);
         let [name, right, scope] = fields[..] else {
             return Err(syntax(
-                acl_file,
-                line,
                 "expected: PRINCIPAL read|acquire|admin NAME/ (or =NAME for one lock, or * for \
                  every lock)"
                     .into(),
             ));
         };
-        let principal = Principal::new(name).map_err(|e| syntax(acl_file, line, e.0))?;
+        let principal = Principal::new(name).map_err(|e| syntax(e.0))?;
         if right == "limits" {
-            let limits = parse_limits(scope).map_err(|e| syntax(acl_file, line, e))?;
+            let limits = parse_limits(scope).map_err(syntax)?;
             if policy.limits.insert(principal, limits).is_some() {
-                return Err(syntax(acl_file, line, "a second limits line".into()));
+                return Err(syntax("a second limits line".into()));
             }
             continue;
         }
-        let right = Right::parse(right).ok_or_else(|| {
-            syntax(
-                acl_file,
-                line,
-                format!("right {right:?} is unknown; use read, acquire or admin"),
-            )
-        })?;
-        let scope = Scope::parse(scope).map_err(|e| syntax(acl_file, line, e))?;
-        if right == Right::Admin && scope != Scope::Every {
-            return Err(syntax(
-                acl_file,
-                line,
-                "admin covers the whole coordinator: its prefix must be *".into(),
-            ));
-        }
+        let rule = parse_rule(right, scope).map_err(syntax)?;
         count += 1;
         if count > MAX_ACL_RULES {
-            return Err(syntax(
-                acl_file,
-                line,
-                format!("more than {MAX_ACL_RULES} rules"),
-            ));
+            return Err(syntax(format!("more than {MAX_ACL_RULES} rules")));
         }
-        rules
-            .entry(principal)
-            .or_default()
-            .push(Rule { right, scope });
+        rules.entry(principal).or_default().push(rule);
     }
     policy.rules = rules
         .into_iter()
         .map(|(principal, rules)| (principal, Arc::from(rules)))
         .collect();
     Ok(policy)
+}
+
+/// A syntax error at `line` of `path`.
+fn syntax(path: &Path, line: usize, message: String) -> AuthConfigError {
+    AuthConfigError::Syntax {
+        path: path.to_owned(),
+        line,
+        message,
+    }
+}
+
+/// The auth file's lines, `PRINCIPAL sha256:HEX`: each secret's hash → its principal.
+fn load_secrets(
+    auth_file: &Path,
+    text: &str,
+) -> Result<HashMap<[u8; 32], Principal>, AuthConfigError> {
+    let mut secrets = HashMap::new();
+    for (line, fields) in lines(text) {
+        let syntax = |message: String| syntax(auth_file, line, message);
+        let [name, hash] = fields[..] else {
+            return Err(syntax("expected: PRINCIPAL sha256:HEX".into()));
+        };
+        let principal = Principal::new(name).map_err(|e| syntax(e.0))?;
+        let digest = parse_hash(hash).ok_or_else(|| {
+            syntax(
+                "the secret's hash must be sha256: and 64 hex digits \
+                 (palisade auth hash makes it)"
+                    .into(),
+            )
+        })?;
+        if let Some(other) = secrets.insert(digest, principal.clone()) {
+            if other != principal {
+                return Err(syntax(format!(
+                    "this secret already names principal {other}"
+                )));
+            }
+        }
+    }
+    Ok(secrets)
+}
+
+/// An ACL rule from its right and scope fields.
+fn parse_rule(right: &str, scope: &str) -> Result<Rule, String> {
+    let right = Right::parse(right)
+        .ok_or_else(|| format!("right {right:?} is unknown; use read, acquire or admin"))?;
+    let scope = Scope::parse(scope)?;
+    if right == Right::Admin && scope != Scope::Every {
+        return Err("admin covers the whole coordinator: its prefix must be *".into());
+    }
+    Ok(Rule { right, scope })
 }
 
 fn parse_hash(text: &str) -> Option<[u8; 32]> {

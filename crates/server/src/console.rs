@@ -138,7 +138,34 @@ pub async fn run(api: &Api, probe: bool) -> Result<Report, ApiError> {
 
 async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
     let policy = api.policy.current();
-    let locks: Vec<LiveLock> = api
+    let locks = live_locks(api).await?;
+    let http = http_client();
+    let known = boundaries(&policy);
+    let observing = known.iter().map(|(boundary, patterns)| {
+        let asked = locks_to_ask(&policy, boundary, &locks);
+        let (http, policy) = (&http, &policy);
+        async move {
+            let mut report = observe::observe(http, boundary, patterns.clone(), &asked).await;
+            if probe {
+                report.probe = Some(probe_boundary(api, http, policy, boundary, patterns).await);
+            }
+            report
+        }
+    });
+    let observed = futures::future::join_all(observing).await;
+    Ok(palisade_audit::assess(
+        &policy,
+        api.policy.file().map(|f| f.display().to_string()),
+        api.policy.require(),
+        &locks,
+        observed,
+        now_ms(),
+    ))
+}
+
+/// The held locks, less the audit's own probe locks.
+async fn live_locks(api: &Api) -> Result<Vec<LiveLock>, ApiError> {
+    Ok(api
         .coordinator
         .list(MAX_LIST)
         .await?
@@ -155,64 +182,47 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
                 waiters: summary.waiters,
             })
         })
-        .collect();
-    let http = http_client();
-    let known = boundaries(&policy);
-    let observing = known.iter().map(|(boundary, patterns)| {
-        let asked = locks_to_ask(&policy, boundary, &locks);
-        let http = &http;
-        let policy = &policy;
-        async move {
-            let mut report = observe::observe(http, boundary, patterns.clone(), &asked).await;
-            if probe {
-                report.probe = Some(match boundary {
-                    Boundary::Resource { url } => {
-                        // A lock shaped like the ones this store fences, that no store can
-                        // predict; the tokens name a random holder too.
-                        let lock = observe::probe_lock(
-                            patterns.first().map(String::as_str),
-                            &observe::unpredictable(),
-                            |lock| {
-                                policy.rule_for(lock).and_then(|r| r.boundary.as_ref())
-                                    == Some(boundary)
-                            },
-                        );
-                        let holder = recent_holder(api, |lock| {
-                            policy.rule_for(lock).and_then(|r| r.boundary.as_ref())
-                                == Some(boundary)
-                        });
-                        match probe_tokens(api, &lock, holder).await {
-                            Ok((older, newer)) => {
-                                let older = (older.0, older.1.as_str());
-                                let newer = (newer.0, newer.1.as_str());
-                                observe::probe_resource(http, url, &lock, older, newer).await
-                            }
-                            Err(detail) => Probe::Failed { detail },
-                        }
-                    }
-                    Boundary::Postgres { table, url, .. } => {
-                        observe::probe_postgres(url, table).await
-                    }
-                    Boundary::Effects { .. } => Probe::NotSupported {
-                        detail: "an effects ledger has no probe: it would record an operation; \
-                                 its fence is checked by its conformance suite and `palisade \
-                                 drill effects`"
-                            .into(),
-                    },
-                });
+        .collect())
+}
+
+/// Probes `boundary` (whose locks match `patterns`): an obsolete epoch's write to a reference
+/// store, the guard of a PostgreSQL table; an effects ledger has no probe.
+async fn probe_boundary(
+    api: &Api,
+    http: &reqwest::Client,
+    policy: &palisade_audit::Policy,
+    boundary: &Boundary,
+    patterns: &[String],
+) -> Probe {
+    match boundary {
+        Boundary::Resource { url } => {
+            let fenced_here = |lock: &str| {
+                policy.rule_for(lock).and_then(|r| r.boundary.as_ref()) == Some(boundary)
+            };
+            // A lock shaped like the ones this store fences, that no store can predict; the
+            // tokens name a random holder too.
+            let lock = observe::probe_lock(
+                patterns.first().map(String::as_str),
+                &observe::unpredictable(),
+                fenced_here,
+            );
+            let holder = recent_holder(api, fenced_here);
+            match probe_tokens(api, &lock, holder).await {
+                Ok((older, newer)) => {
+                    let older = (older.0, older.1.as_str());
+                    let newer = (newer.0, newer.1.as_str());
+                    observe::probe_resource(http, url, &lock, older, newer).await
+                }
+                Err(detail) => Probe::Failed { detail },
             }
-            report
         }
-    });
-    let observed = futures::future::join_all(observing).await;
-    Ok(palisade_audit::assess(
-        &policy,
-        api.policy.file().map(|f| f.display().to_string()),
-        api.policy.require(),
-        &locks,
-        observed,
-        now_ms(),
-    ))
+        Boundary::Postgres { table, url, .. } => observe::probe_postgres(url, table).await,
+        Boundary::Effects { .. } => Probe::NotSupported {
+            detail: "an effects ledger has no probe: it would record an operation; its fence is \
+                     checked by its conformance suite and `palisade drill effects`"
+                .into(),
+        },
+    }
 }
 
 type ProbeToken = (u64, String);

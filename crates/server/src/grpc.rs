@@ -311,88 +311,24 @@ impl Coordinator for GrpcApi {
             .admit(&caller, Limited::Watches)
             .map_err(|at_limit| Status::resource_exhausted(at_limit.to_string()))?;
         // Subscribe before reading the current state, so no transition falls in between.
-        let mut transitions = self.api.coordinator.subscribe();
+        let transitions = self.api.coordinator.subscribe();
         let current = self
             .api
             .coordinator
             .describe(lock.clone())
             .await
             .map_err(status)?;
-        let auth = self.api.auth.clone();
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        let watch = Watch {
+            auth: self.api.auth.clone(),
+            caller,
+            lock,
+            sender,
+        };
         tokio::spawn(async move {
             // The watch counts against its principal's limit until the stream ends.
             let _slot = slot;
-            let first = pb::LockEvent {
-                state: Some(lock_info(&current, &caller)),
-                kind: "current".into(),
-            };
-            if sender.send(Ok(first)).await.is_err() {
-                return;
-            }
-            let mut caller = caller;
-            let mut recheck = tokio::time::interval(RIGHTS_RECHECK);
-            loop {
-                let transition = tokio::select! {
-                    received = transitions.recv() => Some(received),
-                    () = sender.closed() => return,
-                    _ = recheck.tick() => None,
-                };
-                // Rights hold for as long as the stream lives: a principal removed, or one
-                // that lost `read` on the lock (SIGHUP), is told so and the stream ends.
-                let lost = match auth.refreshed(&caller) {
-                    None => Some(Status::unauthenticated("the watch's principal was removed")),
-                    Some(current) if !current.can(Right::Read, Some(&lock)) => {
-                        Some(Status::permission_denied(format!(
-                            "{} no longer has the read right on lock {lock}",
-                            current.principal()
-                        )))
-                    }
-                    Some(current) => {
-                        caller = current;
-                        None
-                    }
-                };
-                if let Some(lost) = lost {
-                    let _ = sender.send(Err(lost)).await;
-                    return;
-                }
-                let Some(transition) = transition else {
-                    continue;
-                };
-                let event = match transition {
-                    Ok(t) if t.lease.lock != lock => continue,
-                    Ok(t) => {
-                        let mut state = pb::LockInfo {
-                            lock: lock.to_string(),
-                            ..Default::default()
-                        };
-                        if t.kind == TransitionKind::Granted {
-                            fill_lease(&mut state, &t.lease, &caller);
-                            state.remaining_ms = t.remaining_ms;
-                        } else {
-                            state.epoch = t.lease.epoch.0;
-                            if caller.sees_lease_id(&t.lease) {
-                                state.lease_id = t.lease.id.to_string();
-                            }
-                            state.holder = t.lease.holder.to_string();
-                            state.principal = t.lease.principal.to_string();
-                        }
-                        Ok(pb::LockEvent {
-                            state: Some(state),
-                            kind: t.kind.as_str().into(),
-                        })
-                    }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => Err(Status::data_loss(
-                        format!("watch fell {missed} transitions behind; watch again"),
-                    )),
-                    Err(broadcast::error::RecvError::Closed) => return,
-                };
-                let stop = event.is_err();
-                if sender.send(event).await.is_err() || stop {
-                    return;
-                }
-            }
+            watch.run(current, transitions).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
@@ -420,5 +356,99 @@ fn renew_response(lease: &Lease) -> pb::RenewResponse {
         lease_id: lease.id.to_string(),
         ttl_ms: lease.ttl_ms,
         epoch: lease.epoch.0,
+    }
+}
+
+/// One watch stream: the lock's transitions, to a caller whose rights are checked again on
+/// each transition and every [`RIGHTS_RECHECK`].
+struct Watch {
+    auth: std::sync::Arc<crate::auth::Auth>,
+    caller: Caller,
+    lock: LockName,
+    sender: mpsc::Sender<Result<pb::LockEvent, Status>>,
+}
+
+impl Watch {
+    /// Sends the lock's `current` state, then each of its transitions, until the caller goes
+    /// away, loses its right, falls behind, or the coordinator stops.
+    async fn run(
+        mut self,
+        current: LockSummary,
+        mut transitions: broadcast::Receiver<palisade_coordinator::engine::Transition>,
+    ) {
+        let first = pb::LockEvent {
+            state: Some(lock_info(&current, &self.caller)),
+            kind: "current".into(),
+        };
+        if self.sender.send(Ok(first)).await.is_err() {
+            return;
+        }
+        let mut recheck = tokio::time::interval(RIGHTS_RECHECK);
+        loop {
+            let transition = tokio::select! {
+                received = transitions.recv() => Some(received),
+                () = self.sender.closed() => return,
+                _ = recheck.tick() => None,
+            };
+            if let Err(lost) = self.recheck_rights() {
+                let _ = self.sender.send(Err(lost)).await;
+                return;
+            }
+            let event = match transition {
+                None => continue,
+                Some(Ok(t)) if t.lease.lock != self.lock => continue,
+                Some(Ok(t)) => Ok(self.event(&t)),
+                Some(Err(broadcast::error::RecvError::Lagged(missed))) => Err(Status::data_loss(
+                    format!("watch fell {missed} transitions behind; watch again"),
+                )),
+                Some(Err(broadcast::error::RecvError::Closed)) => return,
+            };
+            let stop = event.is_err();
+            if self.sender.send(event).await.is_err() || stop {
+                return;
+            }
+        }
+    }
+
+    /// Rights hold for as long as the stream lives: a principal removed, or one that lost
+    /// `read` on the lock (SIGHUP), is told so and the stream ends.
+    fn recheck_rights(&mut self) -> Result<(), Status> {
+        match self.auth.refreshed(&self.caller) {
+            None => Err(Status::unauthenticated("the watch's principal was removed")),
+            Some(current) if !current.can(Right::Read, Some(&self.lock)) => {
+                Err(Status::permission_denied(format!(
+                    "{} no longer has the read right on lock {}",
+                    current.principal(),
+                    self.lock
+                )))
+            }
+            Some(current) => {
+                self.caller = current;
+                Ok(())
+            }
+        }
+    }
+
+    /// The event of transition `t` of the watched lock, as this caller may see it.
+    fn event(&self, t: &palisade_coordinator::engine::Transition) -> pb::LockEvent {
+        let mut state = pb::LockInfo {
+            lock: self.lock.to_string(),
+            ..Default::default()
+        };
+        if t.kind == TransitionKind::Granted {
+            fill_lease(&mut state, &t.lease, &self.caller);
+            state.remaining_ms = t.remaining_ms;
+        } else {
+            state.epoch = t.lease.epoch.0;
+            if self.caller.sees_lease_id(&t.lease) {
+                state.lease_id = t.lease.id.to_string();
+            }
+            state.holder = t.lease.holder.to_string();
+            state.principal = t.lease.principal.to_string();
+        }
+        pb::LockEvent {
+            state: Some(state),
+            kind: t.kind.as_str().into(),
+        }
     }
 }

@@ -283,30 +283,7 @@ fn refuse_side_file_inside(dir: &Path, side_file: &Path) -> Result<(), ServerErr
 
 /// Opens the data directory and starts serving.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
-    if !config.auth.is_enabled() && !config.listen.ip().is_loopback() {
-        if !config.insecure {
-            return Err(ServerError::Unauthenticated {
-                listen: config.listen,
-            });
-        }
-        tracing::warn!(
-            listen = %config.listen,
-            "--insecure: serving WITHOUT authentication on a non-loopback address"
-        );
-    }
-    if let Some(cluster) = &config.cluster {
-        if config.peer_tls.is_none() {
-            if !config.insecure_peers {
-                return Err(ServerError::UnauthenticatedPeers {
-                    node: cluster.node_id,
-                });
-            }
-            tracing::warn!(
-                "--insecure-peers: Raft traffic is NOT authenticated; anyone who can reach \
-                 this port can forge cluster messages and signing keys"
-            );
-        }
-    }
+    refuse_unauthenticated(&config)?;
     // Checked before anything starts: a TLS mistake must not leave a half-started member.
     let tls = tls::listener_tls(
         config.client_tls.as_deref(),
@@ -315,11 +292,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     )?;
     let dir = &config.data_dir;
     keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
+    let high_water = config
+        .high_water
+        .clone()
+        .unwrap_or_else(|| high_water::default_path(dir));
     let side_file = match &config.cluster {
-        None => config
-            .high_water
-            .clone()
-            .unwrap_or_else(|| high_water::default_path(dir)),
+        None => high_water.clone(),
         Some(_) => palisade_cluster::witness::default_path(dir),
     };
     refuse_side_file_inside(dir, &side_file)?;
@@ -329,13 +307,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
     let (mut api, raft_service, core) = match &config.cluster {
-        None => {
-            let high_water = config
-                .high_water
-                .clone()
-                .unwrap_or_else(|| high_water::default_path(dir));
-            start_single(dir, &high_water, signer, metrics, shutdown_signal.clone())?
-        }
+        None => start_single(dir, &high_water, signer, metrics, shutdown_signal.clone())?,
         Some(cluster) => {
             let peer_tls = config.peer_tls.clone();
             let cluster = ClusterConfig {
@@ -370,28 +342,40 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     .await
 }
 
-/// A single node: the engine over the lease log (`coordinator.log`).
-fn start_single(
-    dir: &Path,
-    high_water: &Path,
-    signer: Arc<palisade_core::TokenSigner>,
-    metrics: Arc<Metrics>,
-    shutdown_signal: watch::Receiver<bool>,
-) -> Result<(Api, Option<RaftService>, Core), ServerError> {
-    let cluster_store = dir.join(palisade_cluster::CLUSTER_STORE_FILE);
-    if cluster_store.exists() {
-        return Err(ServerError::Cluster(
-            palisade_cluster::ClusterError::DataDirectory(format!(
-                "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
-                dir.display(),
-                cluster_store.display()
-            )),
-        ));
+/// Refuses to serve clients without authentication on a non-loopback address, and a cluster
+/// whose members do not authenticate each other, unless the operator said `--insecure` or
+/// `--insecure-peers` (then it warns).
+fn refuse_unauthenticated(config: &ServerConfig) -> Result<(), ServerError> {
+    if !config.auth.is_enabled() && !config.listen.ip().is_loopback() {
+        if !config.insecure {
+            return Err(ServerError::Unauthenticated {
+                listen: config.listen,
+            });
+        }
+        tracing::warn!(
+            listen = %config.listen,
+            "--insecure: serving WITHOUT authentication on a non-loopback address"
+        );
     }
-    let mut store = log_store::open_in(dir)?;
-    store.count_syncs(metrics.store_syncs.clone());
-    let bound = high_water::HighWater::open(high_water)?;
-    let stored = store::LeaseStore::load(&store)?.last_epoch;
+    if let Some(cluster) = &config.cluster {
+        if config.peer_tls.is_none() {
+            if !config.insecure_peers {
+                return Err(ServerError::UnauthenticatedPeers {
+                    node: cluster.node_id,
+                });
+            }
+            tracing::warn!(
+                "--insecure-peers: Raft traffic is NOT authenticated; anyone who can reach \
+                 this port can forge cluster messages and signing keys"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Says, at a single node's start, what its epoch counter starts above: the high-water bound,
+/// a missing bound for a directory that has issued epochs, a restore.
+fn log_where_epochs_start(dir: &Path, bound: &high_water::HighWater, stored: palisade_core::Epoch) {
     if bound.bound() > stored.0 {
         tracing::info!(
             high_water = %bound.path().display(),
@@ -419,6 +403,31 @@ fn start_single(
             "this data directory was made by palisade restore"
         );
     }
+}
+
+/// A single node: the engine over the lease log (`coordinator.log`).
+fn start_single(
+    dir: &Path,
+    high_water: &Path,
+    signer: Arc<palisade_core::TokenSigner>,
+    metrics: Arc<Metrics>,
+    shutdown_signal: watch::Receiver<bool>,
+) -> Result<(Api, Option<RaftService>, Core), ServerError> {
+    let cluster_store = dir.join(palisade_cluster::CLUSTER_STORE_FILE);
+    if cluster_store.exists() {
+        return Err(ServerError::Cluster(
+            palisade_cluster::ClusterError::DataDirectory(format!(
+                "{} belongs to a cluster member ({}); start it with --node-id and --cluster",
+                dir.display(),
+                cluster_store.display()
+            )),
+        ));
+    }
+    let mut store = log_store::open_in(dir)?;
+    store.count_syncs(metrics.store_syncs.clone());
+    let bound = high_water::HighWater::open(high_water)?;
+    let stored = store::LeaseStore::load(&store)?.last_epoch;
+    log_where_epochs_start(dir, &bound, stored);
     let store = high_water::Bounded::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
     let (handle, engine) = engine::start_with(

@@ -158,9 +158,31 @@ pub fn listener_tls(
         peer: peer.as_ref().map(|p| p.key.clone()),
     }));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let peer_verifier = peer.map(|p| p.verifier);
-    let client_verifier = client_ca.map(|(_, verifier)| verifier);
-    let identify: palisade_listener::Identify = Arc::new(move |chain| {
+    let identify = identify_by_ca(
+        peer.map(|p| p.verifier),
+        client_ca.map(|(_, verifier)| verifier),
+    );
+    let clear_text = if client.is_some() && !clear_peers {
+        ClearText::Refuse
+    } else {
+        ClearText::Serve
+    };
+    Ok(Some(palisade_listener::Tls {
+        acceptor: TlsAcceptor::from(Arc::new(config)),
+        identify,
+        clear_text,
+    }))
+}
+
+/// What the server makes of a connection's verified client certificates, once per
+/// connection: checked against the peer CA alone, then the client CA alone, so that the two
+/// never stand in for each other. A member's chain becomes [`PeerCertificates`], a client's
+/// the [`CertificatePrincipal`] its common name names.
+fn identify_by_ca(
+    peer_verifier: Option<Arc<dyn ClientCertVerifier>>,
+    client_verifier: Option<Arc<dyn ClientCertVerifier>>,
+) -> palisade_listener::Identify {
+    Arc::new(move |chain| {
         let mut extensions = http::Extensions::new();
         let Some((leaf, intermediates)) = chain.split_first() else {
             return extensions;
@@ -179,17 +201,7 @@ pub fn listener_tls(
             }
         }
         extensions
-    });
-    let clear_text = if client.is_some() && !clear_peers {
-        ClearText::Refuse
-    } else {
-        ClearText::Serve
-    };
-    Ok(Some(palisade_listener::Tls {
-        acceptor: TlsAcceptor::from(Arc::new(config)),
-        identify,
-        clear_text,
-    }))
+    })
 }
 
 #[cfg(test)]
