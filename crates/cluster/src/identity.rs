@@ -536,28 +536,12 @@ impl Identity {
         }
         let n = voters.len();
         let needed = n - n / 2;
-        let mut heard = std::collections::BTreeSet::new();
-        let mut lost = std::collections::BTreeSet::new();
-        let mut floor: Floor = None;
-        let mut votes = Vec::new();
-        for answer in answers {
-            let node = answer.node_id;
-            if node == me || !voters.contains(&node) {
-                continue;
-            }
-            if lost_its_store(&membership, node, &answer.store) {
-                lost.insert(node);
-                continue;
-            }
-            let counted = check(&membership, node, &answer.store).is_ok();
-            if !counted || !heard.insert(node) {
-                continue;
-            }
-            if !at_or_above(floor.as_ref(), answer.last_log.as_ref()) {
-                floor = answer.last_log;
-            }
-            votes.extend(answer.vote);
-        }
+        let Tally {
+            heard,
+            lost,
+            floor,
+            votes,
+        } = Tally::of(me, &membership, &voters, answers);
         let leader_term = votes
             .iter()
             .filter(|vote| vote.committed)
@@ -635,6 +619,54 @@ fn new_store_id() -> Result<String, ClusterError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| ClusterError::Randomness(e.to_string()))?;
     Ok(palisade_core::hex(&bytes))
+}
+
+/// What one census round heard from the other voters.
+struct Tally {
+    /// Voters that answered from the store the membership names.
+    heard: std::collections::BTreeSet<NodeId>,
+    /// Voters that answered from another store: they lost their disk.
+    lost: std::collections::BTreeSet<NodeId>,
+    /// The greatest log end `heard` reported.
+    floor: Floor,
+    /// Their votes.
+    votes: Vec<openraft::Vote<NodeId>>,
+}
+
+impl Tally {
+    /// Counts `answers` of the `voters` of `membership` other than `me`, each once.
+    fn of(
+        me: NodeId,
+        membership: &Membership<NodeId, MemberNode>,
+        voters: &[NodeId],
+        answers: &[Introduction],
+    ) -> Self {
+        let mut tally = Tally {
+            heard: std::collections::BTreeSet::new(),
+            lost: std::collections::BTreeSet::new(),
+            floor: None,
+            votes: Vec::new(),
+        };
+        for answer in answers {
+            let node = answer.node_id;
+            if node == me || !voters.contains(&node) {
+                continue;
+            }
+            if lost_its_store(membership, node, &answer.store) {
+                tally.lost.insert(node);
+                continue;
+            }
+            let counted = check(membership, node, &answer.store).is_ok();
+            if !counted || !tally.heard.insert(node) {
+                continue;
+            }
+            if !at_or_above(tally.floor.as_ref(), answer.last_log.as_ref()) {
+                tally.floor = answer.last_log;
+            }
+            tally.votes.extend(answer.vote);
+        }
+        tally
+    }
 }
 
 /// Who a node says it is (the `Identify` Raft RPC).

@@ -574,71 +574,19 @@ impl MemberStart<'_> {
         let durable_applied = sm.durable_applied_watch();
         let state = sm.shared();
         let identity = sm.identity();
-        // Elections start switched off: the supervisor switches them on once the membership
-        // names this member with its own store (see `identity`: a member that lost its data
-        // must not campaign, and a rejoining one must not while it replays old memberships).
-        let raft_config = openraft::Config {
-            enable_elect: false,
-            ..self.raft_config
-        }
-        .validate()
-        .map_err(|e| ClusterError::Config(e.to_string()))?;
-        let raft = openraft::Raft::new(config.node_id, Arc::new(raft_config), network, log, sm)
-            .await
-            .map_err(|e| ClusterError::Raft(format!("raft did not start: {e}")))?;
-        // The membership its storage holds, from Raft itself (its published metrics may not
-        // show it yet); peers are checked only once the metrics do.
-        let stored = raft
-            .with_raft_state(|st| st.membership_state.effective().clone())
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        raft.wait(Some(Duration::from_secs(10)))
-            .metrics(
-                |m| m.membership_config.log_id() == stored.log_id(),
-                "the metrics show the stored membership",
-            )
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let voted = raft
-            .with_raft_state(|st| *st.vote_ref() != openraft::Vote::default())
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let raft = start_raft(config.node_id, self.raft_config, network, log, sm).await?;
+        let (stored, voted) = stored_membership(&raft).await?;
         identity.attach(raft.metrics(), voted);
-        let holds_membership = stored.membership().nodes().next().is_some();
         // A member may have voted in the founder's first election without receiving its first
         // entry (openraft calls it initialised): with no membership yet, it waits like a new one.
-        if holds_membership {
-            if let Err(error) =
-                check_stored_membership(stored.membership(), config, &self.store_name)
-            {
+        if stored.nodes().next().is_some() {
+            if let Err(error) = check_stored_membership(&stored, config, &self.store_name) {
                 let _ = raft.shutdown().await;
                 return Err(error);
             }
-        } else if config.join {
-            tracing::info!(
-                "waiting to be added to a cluster (`palisade cluster add` on its leader)"
-            );
         } else {
-            let founder = *config
-                .members
-                .keys()
-                .next()
-                .expect("--cluster lists a member");
-            if founder == config.node_id {
-                tokio::spawn(membership::found(
-                    raft.clone(),
-                    (config.node_id, identity.store().to_owned()),
-                    config.members.clone(),
-                    self.introducer.clone(),
-                    self.shutdown.clone(),
-                ));
-            } else {
-                tracing::info!(
-                    founder,
-                    "waiting for node {founder} to found the cluster (it does once every member \
-                     has started)"
-                );
-            }
+            let me = (config.node_id, identity.store().to_owned());
+            found_or_wait(&raft, config, me, &self.introducer, &self.shutdown);
         }
         let changes = Arc::new(membership::Changes::new(
             raft.clone(),
@@ -677,6 +625,91 @@ impl MemberStart<'_> {
             supervisor,
             durable_applied,
         })
+    }
+}
+
+/// Starts Raft for `node_id` over `network` and its stores. Elections start switched off: the
+/// supervisor switches them on once the membership names this member with its own store (see
+/// `identity`: a member that lost its data must not campaign, and a rejoining one must not
+/// while it replays old memberships).
+async fn start_raft<N>(
+    node_id: NodeId,
+    raft_config: openraft::Config,
+    network: N,
+    log: storage::LogStore,
+    sm: storage::StateMachine,
+) -> Result<RaftNode, ClusterError>
+where
+    N: openraft::RaftNetworkFactory<TypeConfig>,
+{
+    let raft_config = openraft::Config {
+        enable_elect: false,
+        ..raft_config
+    }
+    .validate()
+    .map_err(|e| ClusterError::Config(e.to_string()))?;
+    openraft::Raft::new(node_id, Arc::new(raft_config), network, log, sm)
+        .await
+        .map_err(|e| ClusterError::Raft(format!("raft did not start: {e}")))
+}
+
+/// The membership Raft's storage holds (from Raft itself: its published metrics may not show
+/// it yet; this waits until they do, so that peers are checked against it), and whether the
+/// storage holds a vote.
+async fn stored_membership(
+    raft: &RaftNode,
+) -> Result<(openraft::Membership<NodeId, MemberNode>, bool), ClusterError> {
+    let stored = raft
+        .with_raft_state(|st| st.membership_state.effective().clone())
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    raft.wait(Some(Duration::from_secs(10)))
+        .metrics(
+            |m| m.membership_config.log_id() == stored.log_id(),
+            "the metrics show the stored membership",
+        )
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    let voted = raft
+        .with_raft_state(|st| *st.vote_ref() != openraft::Vote::default())
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    Ok((stored.membership().clone(), voted))
+}
+
+/// A member with no membership yet: with `--join` it waits to be added; the first member of
+/// the `--cluster` list founds the cluster once every member has started (`me`: its id and
+/// store); the others wait for it.
+fn found_or_wait(
+    raft: &RaftNode,
+    config: &ClusterConfig,
+    me: (NodeId, String),
+    introducer: &Arc<dyn membership::Introducer>,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+) {
+    if config.join {
+        tracing::info!("waiting to be added to a cluster (`palisade cluster add` on its leader)");
+        return;
+    }
+    let founder = *config
+        .members
+        .keys()
+        .next()
+        .expect("--cluster lists a member");
+    if founder == config.node_id {
+        tokio::spawn(membership::found(
+            raft.clone(),
+            me,
+            config.members.clone(),
+            introducer.clone(),
+            shutdown.clone(),
+        ));
+    } else {
+        tracing::info!(
+            founder,
+            "waiting for node {founder} to found the cluster (it does once every member has \
+             started)"
+        );
     }
 }
 

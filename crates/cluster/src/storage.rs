@@ -578,7 +578,8 @@ impl StateMachine {
         self.identity.clone()
     }
 
-    /// The durably applied log id, as it changes (published after each apply's commit).
+    /// The applied log id, as it changes (published after each apply's commit, which is not
+    /// fsynced: what the disk holds is [`Self::durable_applied_watch`]).
     pub fn applied_watch(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
         self.applied.subscribe()
     }

@@ -10,13 +10,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::ServerState;
+use openraft::{RaftMetrics, ServerState};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use super::storage::SmState;
 use super::{
-    ClusterError, Command, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT, QUORUM_LOSS_MS,
+    ClusterError, Command, MemberNode, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT,
+    QUORUM_LOSS_MS,
 };
 use palisade_coordinator::engine::{self, LeaderHint, Transition};
 use palisade_coordinator::gateway::Serving;
@@ -200,11 +201,8 @@ impl Supervisor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut outcome = Ok(());
         let mut electing = false;
-        let mut finishing: Option<JoinHandle<()>> = None;
-        let mut finish_after = tokio::time::Instant::now();
         let mut last_leader = None;
-        let mut census: Option<JoinHandle<()>> = None;
-        let mut census_after = tokio::time::Instant::now();
+        let mut chores = Chores::default();
         loop {
             let mut closed = false;
             tokio::select! {
@@ -225,81 +223,12 @@ impl Supervisor {
             if closed {
                 break;
             }
-            // On probation (restarted with a log, `identity` rule 4): ask the other voters
-            // where their logs end, every CENSUS_RETRY until enough have answered.
-            if census.as_ref().is_none_or(JoinHandle::is_finished)
-                && tokio::time::Instant::now() >= census_after
-                && self.identity.needs_census()
-            {
-                census_after = tokio::time::Instant::now() + CENSUS_RETRY;
-                let (changes, identity) = (self.changes.clone(), self.identity.clone());
-                census = Some(tokio::spawn(async move {
-                    identity.record_census(&changes.census().await);
-                }));
-            }
-            let named = may_elect(&m, self.identity.store());
-            let may_elect = named
-                && self
-                    .identity
-                    .may_campaign(self.identity.last_log().as_ref());
-            if may_elect != electing {
-                electing = may_elect;
-                self.raft.runtime_config().elect(may_elect);
-                if may_elect {
-                    tracing::info!("the membership names this member's store: elections on");
-                } else if !named {
-                    tracing::warn!(
-                        "elections off: {}",
-                        super::identity::Refused::Replaced { node: self.node_id }
-                    );
-                }
-            }
-            let view = View {
-                leader: m.state == ServerState::Leader && m.current_leader == Some(self.node_id),
-                term: m.current_term,
-                quorum: m
-                    .millis_since_quorum_ack
-                    .is_none_or(|ms| ms < QUORUM_LOSS_MS),
-            };
-            let mut action = decide(view, running.as_ref().map(Running::view));
-            if let Action::Stop(why) = action {
-                let _ = self.serving.send(Serving::Unavailable(format!(
-                    "node {} is changing roles: {why}",
-                    self.node_id
-                )));
-                running
-                    .take()
-                    .expect("stop a running engine")
-                    .stop(why)
-                    .await;
-                action = decide(view, None);
-            }
-            match action {
-                Action::Keep | Action::Stop(_) => {}
-                Action::Start => running = self.lead(view.term).await,
-                Action::Follow => self.follow(&m),
-            }
-            let joint = m.membership_config.membership().get_joint_config().len() > 1;
-            let idle = finishing.as_ref().is_none_or(JoinHandle::is_finished);
-            if running.is_some() && joint && idle && finish_after <= tokio::time::Instant::now() {
-                // In its own task: the loop must stay free to stop the engine at once. Spaced
-                // out: every attempt makes openraft publish metrics, which wakes this loop.
-                finish_after = tokio::time::Instant::now() + FINISH_JOINT_INTERVAL;
-                let changes = self.changes.clone();
-                finishing = Some(tokio::spawn(async move {
-                    if let Err(error) = changes.finish_joint().await {
-                        // Busy (an operator's change runs) or not committed yet: next check.
-                        tracing::debug!(%error, "the joint membership is not finished yet");
-                    }
-                }));
-            }
+            chores.census(&self);
+            self.switch_elections(&m, &mut electing);
+            self.step_engine(&m, &mut running).await;
+            chores.finish_joint(&self, &m, running.is_some());
         }
-        if let Some(task) = census {
-            task.abort();
-        }
-        if let Some(task) = finishing {
-            task.abort();
-        }
+        chores.abort();
         let _ = self
             .serving
             .send(Serving::Unavailable("the coordinator is stopping".into()));
@@ -307,6 +236,62 @@ impl Supervisor {
             engine.stop("shutting down").await;
         }
         outcome
+    }
+
+    /// Elections on only while the membership names this member's store and its identity
+    /// lets it campaign; `electing` is what openraft was last told.
+    fn switch_elections(&self, m: &RaftMetrics<NodeId, MemberNode>, electing: &mut bool) {
+        let named = may_elect(m, self.identity.store());
+        let may_elect = named
+            && self
+                .identity
+                .may_campaign(self.identity.last_log().as_ref());
+        if may_elect == *electing {
+            return;
+        }
+        *electing = may_elect;
+        self.raft.runtime_config().elect(may_elect);
+        if may_elect {
+            tracing::info!("the membership names this member's store: elections on");
+        } else if !named {
+            tracing::warn!(
+                "elections off: {}",
+                super::identity::Refused::Replaced { node: self.node_id }
+            );
+        }
+    }
+
+    /// Starts, stops or keeps the engine as [`decide`] says for what Raft now shows.
+    async fn step_engine(
+        &self,
+        m: &RaftMetrics<NodeId, MemberNode>,
+        running: &mut Option<Running>,
+    ) {
+        let view = View {
+            leader: m.state == ServerState::Leader && m.current_leader == Some(self.node_id),
+            term: m.current_term,
+            quorum: m
+                .millis_since_quorum_ack
+                .is_none_or(|ms| ms < QUORUM_LOSS_MS),
+        };
+        let mut action = decide(view, running.as_ref().map(Running::view));
+        if let Action::Stop(why) = action {
+            let _ = self.serving.send(Serving::Unavailable(format!(
+                "node {} is changing roles: {why}",
+                self.node_id
+            )));
+            running
+                .take()
+                .expect("stop a running engine")
+                .stop(why)
+                .await;
+            action = decide(view, None);
+        }
+        match action {
+            Action::Keep | Action::Stop(_) => {}
+            Action::Start => *running = self.lead(view.term).await,
+            Action::Follow => self.follow(m),
+        }
     }
 
     /// Starts deciding in `term`, or says why not (retried on the next check).
@@ -391,6 +376,74 @@ impl Supervisor {
             stop,
             task,
         })
+    }
+}
+
+/// The supervisor's background tasks, each in its own task so that the loop stays free to
+/// stop the engine at once, and each spaced out.
+struct Chores {
+    /// The census of a member on probation (`identity` rule 4).
+    census: Option<JoinHandle<()>>,
+    census_after: tokio::time::Instant,
+    /// Finishing a joint membership a deposed leader left.
+    finishing: Option<JoinHandle<()>>,
+    finish_after: tokio::time::Instant,
+}
+
+impl Default for Chores {
+    fn default() -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            census: None,
+            census_after: now,
+            finishing: None,
+            finish_after: now,
+        }
+    }
+}
+
+impl Chores {
+    /// On probation (restarted with a log, `identity` rule 4): asks the other voters where
+    /// their logs end, every [`CENSUS_RETRY`] until enough have answered.
+    fn census(&mut self, supervisor: &Supervisor) {
+        if self.census.as_ref().is_none_or(JoinHandle::is_finished)
+            && tokio::time::Instant::now() >= self.census_after
+            && supervisor.identity.needs_census()
+        {
+            self.census_after = tokio::time::Instant::now() + CENSUS_RETRY;
+            let (changes, identity) = (supervisor.changes.clone(), supervisor.identity.clone());
+            self.census = Some(tokio::spawn(async move {
+                identity.record_census(&changes.census().await);
+            }));
+        }
+    }
+
+    /// While this member leads (`leading`) a joint membership: finishes it. Spaced out: every
+    /// attempt makes openraft publish metrics, which wakes the loop.
+    fn finish_joint(
+        &mut self,
+        supervisor: &Supervisor,
+        m: &RaftMetrics<NodeId, MemberNode>,
+        leading: bool,
+    ) {
+        let joint = m.membership_config.membership().get_joint_config().len() > 1;
+        let idle = self.finishing.as_ref().is_none_or(JoinHandle::is_finished);
+        if leading && joint && idle && self.finish_after <= tokio::time::Instant::now() {
+            self.finish_after = tokio::time::Instant::now() + FINISH_JOINT_INTERVAL;
+            let changes = supervisor.changes.clone();
+            self.finishing = Some(tokio::spawn(async move {
+                if let Err(error) = changes.finish_joint().await {
+                    // Busy (an operator's change runs) or not committed yet: next check.
+                    tracing::debug!(%error, "the joint membership is not finished yet");
+                }
+            }));
+        }
+    }
+
+    fn abort(self) {
+        for task in [self.census, self.finishing].into_iter().flatten() {
+            task.abort();
+        }
     }
 }
 

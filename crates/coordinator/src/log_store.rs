@@ -232,28 +232,7 @@ impl LogLeaseStore {
         if length < HEADER_BYTES || &bytes[..16] != MAGIC {
             return Err(corrupt(&self.path, "not a Palisade lease log"));
         }
-        let version = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
-        if version != FORMAT_VERSION {
-            return Err(corrupt(
-                &self.path,
-                format!("lease log format {version}; this build reads format {FORMAT_VERSION}"),
-            ));
-        }
-        let at = GROWN_TO_AT as usize;
-        let grown_to = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        if length < grown_to {
-            return Err(corrupt(
-                &self.path,
-                format!(
-                    "the log is {length} bytes but was grown to {grown_to}: it was cut short \
-                     (truncated, or copied incompletely), and the part cut off may hold \
-                     acknowledged leases. Put the whole file back; otherwise restore from a \
-                     backup (palisade restore) or start over in an empty data directory: epochs \
-                     stay above every one issued (the clock floor), but the leases held are \
-                     forgotten, so let their TTLs pass before owners come back"
-                ),
-            ));
-        }
+        check_header(&self.path, &bytes, length)?;
         let mut at = HEADER_BYTES as usize;
         while let Some((payload, next)) = record_at(&bytes, at, self.next_sequence) {
             let payload: Payload = serde_json::from_slice(payload)
@@ -510,6 +489,34 @@ fn encode(payload: &Payload, what: &str) -> Result<Vec<u8>, StoreError> {
         )));
     }
     Ok(encoded)
+}
+
+/// Refuses a log of another format version, or one shorter than the length its header says
+/// it was durably grown to (`length`: the file's length; `bytes`: the file).
+fn check_header(path: &Path, bytes: &[u8], length: u64) -> Result<(), StoreError> {
+    let version = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
+    if version != FORMAT_VERSION {
+        return Err(corrupt(
+            path,
+            format!("lease log format {version}; this build reads format {FORMAT_VERSION}"),
+        ));
+    }
+    let at = GROWN_TO_AT as usize;
+    let grown_to = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    if length < grown_to {
+        return Err(corrupt(
+            path,
+            format!(
+                "the log is {length} bytes but was grown to {grown_to}: it was cut short \
+                     (truncated, or copied incompletely), and the part cut off may hold \
+                     acknowledged leases. Put the whole file back; otherwise restore from a \
+                     backup (palisade restore) or start over in an empty data directory: epochs \
+                     stay above every one issued (the clock floor), but the leases held are \
+                     forgotten, so let their TTLs pass before owners come back"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The record framed: length, sequence, checksum, payload.

@@ -388,38 +388,16 @@ impl LeaseTable {
         // Waits that ended by now must not hold a place in the queue.
         self.expire_due(now);
         let claims = self.claims_of(&request.principal);
-        let at_limit = |principal: &Principal| match max_claims {
+        let within_limit = match max_claims {
             Some(limit) if claims >= limit => Err(LeaseError::PrincipalLimit {
-                principal: principal.clone(),
+                principal: request.principal.clone(),
                 limit,
             }),
             _ => Ok(()),
         };
         let state = self.locks.entry(request.lock.clone()).or_default();
         let Some(current) = &state.lease else {
-            if let Err(refused) = at_limit(&request.principal) {
-                // Nothing was granted or queued: leave no empty entry behind.
-                self.locks.remove(&request.lock);
-                return Err(refused);
-            }
-            debug_assert!(state.waiters.is_empty(), "a free lock has waiters");
-            let lease = self.grant(
-                &request.lock,
-                Grantee {
-                    holder: request.holder,
-                    principal: request.principal,
-                    ttl_ms: request.ttl_ms,
-                    class: request.class,
-                    request_id: request.request_id,
-                },
-                now,
-            );
-            self.events.push(Event::Granted {
-                lease: lease.clone(),
-                waiter: None,
-            });
-            self.check_invariants();
-            return Ok(AcquireOutcome::Granted(lease));
+            return self.grant_free(request, now, within_limit);
         };
         if request.request_id.is_some()
             && current.request_id == request.request_id
@@ -436,7 +414,7 @@ impl LeaseTable {
             let lease = self.renew(id, None, now)?;
             return Ok(AcquireOutcome::Granted(lease));
         }
-        at_limit(&request.principal)?;
+        within_limit?;
         if request.wait_ms == 0 {
             return Err(LeaseError::Held {
                 lock: request.lock,
@@ -445,6 +423,54 @@ impl LeaseTable {
                 remaining_ms: current.expires_at.saturating_sub(now),
             });
         }
+        self.enqueue(request, now)
+    }
+
+    /// Grants the free lock `request.lock` to `request`, unless its principal is at its limit
+    /// (`within_limit`): then nothing is granted or queued, and no empty entry is left behind.
+    fn grant_free(
+        &mut self,
+        request: AcquireRequest,
+        now: Millis,
+        within_limit: Result<(), LeaseError>,
+    ) -> Result<AcquireOutcome, LeaseError> {
+        if let Err(refused) = within_limit {
+            self.locks.remove(&request.lock);
+            return Err(refused);
+        }
+        debug_assert!(
+            self.locks
+                .get(&request.lock)
+                .is_none_or(|state| state.waiters.is_empty()),
+            "a free lock has waiters"
+        );
+        let lease = self.grant(
+            &request.lock,
+            Grantee {
+                holder: request.holder,
+                principal: request.principal,
+                ttl_ms: request.ttl_ms,
+                class: request.class,
+                request_id: request.request_id,
+            },
+            now,
+        );
+        self.events.push(Event::Granted {
+            lease: lease.clone(),
+            waiter: None,
+        });
+        self.check_invariants();
+        Ok(AcquireOutcome::Granted(lease))
+    }
+
+    /// Queues `request` behind the holder of `request.lock` until its wait ends, unless the
+    /// lock's queue is full.
+    fn enqueue(
+        &mut self,
+        request: AcquireRequest,
+        now: Millis,
+    ) -> Result<AcquireOutcome, LeaseError> {
+        let state = self.locks.get_mut(&request.lock).expect("the lock is held");
         if state.waiters.len() >= MAX_WAITERS_PER_LOCK {
             return Err(LeaseError::TooManyWaiters {
                 lock: request.lock,

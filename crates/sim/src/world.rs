@@ -336,16 +336,7 @@ impl World {
             self.clients[id].owner = None;
         }
         let Some(owner) = self.clients[id].owner.clone() else {
-            let lock = self.rng.range(0, self.config.locks as u64) as usize;
-            self.trace(format_args!("client {id} acquires lock {lock}"));
-            let message = Message::Acquire {
-                client: id,
-                lock,
-                ttl_ms: TTL_MS,
-                sent: now,
-            };
-            self.send(Node::Coordinator, message);
-            self.await_answer(id);
+            self.client_acquires(id);
             return;
         };
         // A pause (GC, VM stall, SIGSTOP) — often past the lease's TTL — before acting.
@@ -393,6 +384,20 @@ impl World {
             let next = now + self.rng.range(1, 100);
             self.wake(id, next);
         }
+    }
+
+    /// Client `id`, owning nothing, asks for a lock drawn at random.
+    fn client_acquires(&mut self, id: usize) {
+        let lock = self.rng.range(0, self.config.locks as u64) as usize;
+        self.trace(format_args!("client {id} acquires lock {lock}"));
+        let message = Message::Acquire {
+            client: id,
+            lock,
+            ttl_ms: TTL_MS,
+            sent: self.now,
+        };
+        self.send(Node::Coordinator, message);
+        self.await_answer(id);
     }
 
     fn await_answer(&mut self, id: usize) {

@@ -29,102 +29,115 @@ impl Cluster {
             if self.shared.now_ms() + lasts >= until_ms {
                 break;
             }
-            let minority = (ids.len() - 1) / 2;
             // Every other fault is a crash, so every member crashes in a run of a few seconds.
             let kind = if fault % 2 == 0 {
                 0
             } else {
                 self.shared.range(30, 100)
             };
-            match kind {
-                0..30 => {
-                    let victim = crash_order[next_victim % crash_order.len()];
-                    next_victim += 1;
-                    self.faults.members_crashed = (next_victim as u64).min(ids.len() as u64);
-                    let was_leading = self.serving_leader() == Some(victim);
-                    self.crash(victim).await;
-                    let crashed = self.shared.now_ms();
-                    if was_leading {
-                        // Failover: how long until another member serves.
-                        while self.shared.now_ms() < crashed + lasts {
-                            if self.serving_leader().is_some() {
-                                self.failovers_ms.push(self.shared.now_ms() - crashed);
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                    }
-                    let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
-                    tokio::time::sleep(Duration::from_millis(left)).await;
-                    if self.copy_back_on_crash {
-                        self.copy_or_put_back(victim).await?;
-                    } else if self.wipe_on_crash && self.shared.chance(50) {
-                        // The member's data directory is lost: it restarts empty, with the same
-                        // flags. Its peers must refuse it; the operator then removes it and
-                        // adds it back with --join.
-                        let index = self.index(victim);
-                        self.members[index].disk = Disk::default();
-                        self.faults.wipes += 1;
-                        self.shared.trace(&format!("wipe {victim}"));
-                        self.start(victim).await?;
-                        tokio::time::sleep(Duration::from_millis(self.shared.range(100, 600)))
-                            .await;
-                        self.readd(victim).await?;
-                    } else {
-                        self.start(victim).await?;
-                    }
-                }
-                30..55 => {
-                    // Leader isolation: the serving leader (or anyone) alone, both ways.
-                    let victim = self
-                        .serving_leader()
-                        .unwrap_or_else(|| self.shared.random_node());
-                    self.shared.trace(&format!("isolate leader {victim}"));
-                    self.router.isolate(&[victim], &ids);
-                    self.faults.leader_isolations += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-                55..75 => {
-                    // A minority partition that may or may not hold the leader.
-                    let mut group = ids.clone();
-                    while group.len() > minority {
-                        let i = self.shared.range(0, group.len() as u64) as usize;
-                        group.remove(i);
-                    }
-                    self.shared.trace(&format!("partition {group:?}"));
-                    self.router.isolate(&group, &ids);
-                    self.faults.minority_partitions += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-                75..90 => {
-                    // One-way cut: the leader's messages to one member are lost, not back.
-                    let leader = self
-                        .serving_leader()
-                        .unwrap_or_else(|| self.shared.random_node());
-                    let others: Vec<NodeId> =
-                        ids.iter().copied().filter(|i| *i != leader).collect();
-                    let to = others[self.shared.range(0, others.len() as u64) as usize];
-                    self.shared.trace(&format!("cut {leader} -> {to}"));
-                    self.router.cut(leader, to);
-                    self.faults.one_way_cuts += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
-                _ => {
-                    // A majority lost: every member alone; nobody may decide until it heals.
-                    self.shared.trace("every member alone");
-                    for id in &ids {
-                        self.router.isolate(&[*id], &ids);
-                    }
-                    self.faults.majority_losses += 1;
-                    tokio::time::sleep(Duration::from_millis(lasts)).await;
-                    self.heal();
-                }
+            if kind < 30 {
+                let victim = crash_order[next_victim % crash_order.len()];
+                next_victim += 1;
+                self.faults.members_crashed = (next_victim as u64).min(ids.len() as u64);
+                self.crash_and_restart(victim, lasts).await?;
+            } else {
+                self.cut_network(kind, lasts, &ids).await;
             }
         }
         Ok(())
+    }
+
+    /// Crashes `victim` for `lasts` ms (timing a failover when it was serving), then brings it
+    /// back: its whole volume or an older copy put back, its disk lost (then re-added the
+    /// documented way), or as it was.
+    async fn crash_and_restart(&mut self, victim: NodeId, lasts: u64) -> Result<(), String> {
+        let was_leading = self.serving_leader() == Some(victim);
+        self.crash(victim).await;
+        let crashed = self.shared.now_ms();
+        if was_leading {
+            // Failover: how long until another member serves.
+            while self.shared.now_ms() < crashed + lasts {
+                if self.serving_leader().is_some() {
+                    self.failovers_ms.push(self.shared.now_ms() - crashed);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
+        tokio::time::sleep(Duration::from_millis(left)).await;
+        if self.copy_back_on_crash {
+            self.copy_or_put_back(victim).await?;
+        } else if self.wipe_on_crash && self.shared.chance(50) {
+            // The member's data directory is lost: it restarts empty, with the same
+            // flags. Its peers must refuse it; the operator then removes it and
+            // adds it back with --join.
+            let index = self.index(victim);
+            self.members[index].disk = Disk::default();
+            self.faults.wipes += 1;
+            self.shared.trace(&format!("wipe {victim}"));
+            self.start(victim).await?;
+            tokio::time::sleep(Duration::from_millis(self.shared.range(100, 600))).await;
+            self.readd(victim).await?;
+        } else {
+            self.start(victim).await?;
+        }
+        Ok(())
+    }
+
+    /// A network fault of `kind` (30..100) among `ids` for `lasts` ms, then healed: the
+    /// leader isolated, a minority partition, a one-way cut, or every member alone.
+    async fn cut_network(&mut self, kind: u64, lasts: u64, ids: &[NodeId]) {
+        let minority = (ids.len() - 1) / 2;
+        match kind {
+            30..55 => {
+                // Leader isolation: the serving leader (or anyone) alone, both ways.
+                let victim = self
+                    .serving_leader()
+                    .unwrap_or_else(|| self.shared.random_node());
+                self.shared.trace(&format!("isolate leader {victim}"));
+                self.router.isolate(&[victim], ids);
+                self.faults.leader_isolations += 1;
+                tokio::time::sleep(Duration::from_millis(lasts)).await;
+                self.heal();
+            }
+            55..75 => {
+                // A minority partition that may or may not hold the leader.
+                let mut group = ids.to_vec();
+                while group.len() > minority {
+                    let i = self.shared.range(0, group.len() as u64) as usize;
+                    group.remove(i);
+                }
+                self.shared.trace(&format!("partition {group:?}"));
+                self.router.isolate(&group, ids);
+                self.faults.minority_partitions += 1;
+                tokio::time::sleep(Duration::from_millis(lasts)).await;
+                self.heal();
+            }
+            75..90 => {
+                // One-way cut: the leader's messages to one member are lost, not back.
+                let leader = self
+                    .serving_leader()
+                    .unwrap_or_else(|| self.shared.random_node());
+                let others: Vec<NodeId> = ids.iter().copied().filter(|i| *i != leader).collect();
+                let to = others[self.shared.range(0, others.len() as u64) as usize];
+                self.shared.trace(&format!("cut {leader} -> {to}"));
+                self.router.cut(leader, to);
+                self.faults.one_way_cuts += 1;
+                tokio::time::sleep(Duration::from_millis(lasts)).await;
+                self.heal();
+            }
+            _ => {
+                // A majority lost: every member alone; nobody may decide until it heals.
+                self.shared.trace("every member alone");
+                for id in ids {
+                    self.router.isolate(&[*id], ids);
+                }
+                self.faults.majority_losses += 1;
+                tokio::time::sleep(Duration::from_millis(lasts)).await;
+                self.heal();
+            }
+        }
     }
 
     /// The documented way back for a member that lost its data: `palisade cluster remove`,
