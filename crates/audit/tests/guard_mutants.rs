@@ -319,13 +319,24 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     let clean = setup.audit("clean").await;
     assert!(critical(&clean).is_empty(), "{:#?}", clean.problems);
 
+    let found = table_mutants_found(&setup).await;
+    guard_functions_altered_are_found(&setup).await;
+    restore_checks_disabled_are_found(&setup).await;
+    durability_off_is_reported(&setup).await;
+    println!("audit mutants: {found} planted in tables, 4 in functions, all found as critical");
+    setup.drop().await;
+}
+
+/// Each mutant of [`MUTANTS`] planted in a table of its own is a critical finding with its
+/// proof; returns how many were found.
+async fn table_mutants_found(setup: &Setup) -> usize {
     let mut found = 0;
     for (i, (name, sql, code)) in MUTANTS.iter().enumerate() {
         let table = format!("m{i}");
         setup.table(&table).await;
         setup
             .db
-            .batch_execute(&plant(sql, &table, &setup))
+            .batch_execute(&plant(sql, &table, setup))
             .await
             .unwrap_or_else(|e| panic!("planting {name}: {e:?}"));
         let report = setup.audit(&table).await;
@@ -356,8 +367,12 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     }
     assert_eq!(found, MUTANTS.len());
 
-    // A guard function re-created with an exemption passes every trigger check; its body
-    // does not match Palisade's.
+    found
+}
+
+/// A guard function re-created with an exemption passes every trigger check, but its body
+/// does not match Palisade's; a tombstone function no longer running as its owner.
+async fn guard_functions_altered_are_found(setup: &Setup) {
     let original = palisade_audit::guard::expected_body("palisade_guard_fence").unwrap();
     let exempting = original.replacen(
         "BEGIN",
@@ -403,9 +418,11 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
         .await
         .unwrap();
     assert!(critical(&setup.audit("clean").await).is_empty());
+}
 
-    // A database that never notices its own restore: the incarnation made constant, or the
-    // floor check made a no-op.
+/// A database that never notices its own restore: the incarnation made constant, or the
+/// floor check made a no-op.
+async fn restore_checks_disabled_are_found(setup: &Setup) {
     for (function, signature, returns, planted) in [
         (
             "palisade_incarnation",
@@ -446,9 +463,11 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
         }
     }
     assert!(critical(&setup.audit("clean").await).is_empty());
+}
 
-    // Durability: synchronous_commit off for the fence role is reported (a warning: the
-    // adapter turns it on for its own connections), and so is a shadow table.
+/// Durability: synchronous_commit off for the fence role is reported (a warning: the adapter
+/// turns it on for its own connections), and so is a shadow table.
+async fn durability_off_is_reported(setup: &Setup) {
     setup
         .db
         .batch_execute(&format!(
@@ -467,6 +486,4 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
         .collect();
     assert!(warnings.contains(&"durability_off"), "{report:#?}");
     assert!(warnings.contains(&"unguarded_fenced_table"), "{report:#?}");
-    println!("audit mutants: {found} planted in tables, 4 in functions, all found as critical");
-    setup.drop().await;
 }

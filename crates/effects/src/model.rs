@@ -71,7 +71,7 @@ impl fmt::Display for Capability {
     }
 }
 
-/// An operation's state (PRODUCT.md, "Effects").
+/// An operation's state (docs/effects.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OpState {

@@ -33,7 +33,7 @@ pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 512;
 
-/// How a resource compares epochs (PRODUCT.md, "Fence modes at a resource").
+/// How a resource compares epochs (docs/enforcement.md, "The three modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FenceMode {
     /// One result per epoch: accept iff `epoch > fence`, the fence kept per key.

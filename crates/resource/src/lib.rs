@@ -2,7 +2,7 @@
 //! ([`palisade_fence_redb::RedbFence`]), in one mode chosen by its operator, trusting the
 //! coordinator's published keys (refreshed when a token names an unknown key) or a key file.
 //!
-//! Interface (PRODUCT.md): `PUT /v1/kv/{lock}/{key}` with `Palisade-Token` (and `Palisade-Seq`
+//! Interface (docs/enforcement.md, "The reference fenced store"): `PUT /v1/kv/{lock}/{key}` with `Palisade-Token` (and `Palisade-Seq`
 //! in sequenced mode), `GET /v1/kv/{lock}/{key}`, `POST /v1/fences/{lock}/activate`,
 //! `GET /v1/fences/{lock}`, plus `GET /v1/info`, `/metrics`, `/healthz`, `/readyz`.
 

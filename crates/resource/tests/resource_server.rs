@@ -1,5 +1,6 @@
 //! The reference fenced store over HTTP, trusting a real coordinator's published keys: the
-//! PRODUCT.md interface, each rejection, key refresh, and durability across a restart.
+//! documented interface (docs/enforcement.md), each rejection, key refresh, and durability
+//! across a restart.
 
 use std::net::SocketAddr;
 

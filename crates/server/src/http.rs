@@ -1,4 +1,4 @@
-//! The HTTP/JSON API (PRODUCT.md, "Interfaces"). Every error is `{"error": CODE, "message"}`
+//! The HTTP/JSON API (README.md, "HTTP/JSON"). Every error is `{"error": CODE, "message"}`
 //! with a fitting status; the server keeps serving after any bad request.
 
 use axum::body::Bytes;

@@ -142,7 +142,38 @@ async fn list_show_health_and_metrics() {
 async fn bad_input_gets_a_json_error_and_the_server_keeps_serving() {
     let f = fixture().await;
     let held = f.acquire("busy", json!({"holder": "first"})).await.1;
-    let cases: Vec<(String, String, StatusCode, &str)> = vec![
+    for (path, body, status, code) in bad_requests() {
+        let (got, error) = f.post(&path, &body).await;
+        assert_eq!(got, status, "{path} {body:.60}: {error}");
+        assert_eq!(error["error"], code, "{path} {body:.60}: {error}");
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{error}"
+        );
+    }
+    // A released lease is unknown afterwards.
+    let lease = held["lease_id"].as_str().unwrap();
+    assert_eq!(
+        f.post(&format!("/v1/leases/{lease}/release"), "").await.0,
+        StatusCode::OK
+    );
+    let (status, error) = f.post(&format!("/v1/leases/{lease}/renew"), "").await;
+    assert_eq!(
+        (status, error["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_lease"))
+    );
+    // Still serving.
+    assert_eq!(f.acquire("busy", json!({})).await.0, StatusCode::OK);
+    let (_, metrics) = f.get("/metrics").await;
+    assert!(
+        metrics.contains("palisade_renewal_failures_total 2"),
+        "{metrics}"
+    );
+}
+
+/// Requests the API must refuse (with lock `busy` held): path, body, status, error code.
+fn bad_requests() -> Vec<(String, String, StatusCode, &'static str)> {
+    vec![
         (
             "/v1/locks/bad%20name/acquire".into(),
             "{}".into(),
@@ -239,34 +270,7 @@ async fn bad_input_gets_a_json_error_and_the_server_keeps_serving() {
             StatusCode::NOT_FOUND,
             "not_found",
         ),
-    ];
-    for (path, body, status, code) in cases {
-        let (got, error) = f.post(&path, &body).await;
-        assert_eq!(got, status, "{path} {body:.60}: {error}");
-        assert_eq!(error["error"], code, "{path} {body:.60}: {error}");
-        assert!(
-            error["message"].as_str().is_some_and(|m| !m.is_empty()),
-            "{error}"
-        );
-    }
-    // A released lease is unknown afterwards.
-    let lease = held["lease_id"].as_str().unwrap();
-    assert_eq!(
-        f.post(&format!("/v1/leases/{lease}/release"), "").await.0,
-        StatusCode::OK
-    );
-    let (status, error) = f.post(&format!("/v1/leases/{lease}/renew"), "").await;
-    assert_eq!(
-        (status, error["error"].as_str()),
-        (StatusCode::NOT_FOUND, Some("unknown_lease"))
-    );
-    // Still serving.
-    assert_eq!(f.acquire("busy", json!({})).await.0, StatusCode::OK);
-    let (_, metrics) = f.get("/metrics").await;
-    assert!(
-        metrics.contains("palisade_renewal_failures_total 2"),
-        "{metrics}"
-    );
+    ]
 }
 
 #[tokio::test]

@@ -112,8 +112,44 @@ fn p1_p5_p6_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
     // Coordinator A: someone else's signer, trusted by the store by mistake. Started after
     // this one, so its clock floor — and every epoch it issues — is above this one's.
     let other = ServerProcess::start(&dir.path().join("other"));
-    // The store trusts both coordinators' keys.
-    let keys: Vec<Value> = [&other, &server]
+    let store = store_trusting(dir.path(), &[&other, &server]);
+    let restored = store_copied_back(dir.path(), &server);
+    let liar = lying_store();
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let boundaries = Boundaries {
+        store: &store.url,
+        restored: &restored.url,
+        closed: &closed,
+        liar: &liar,
+    };
+    write_policy(&policy, &boundaries.policy());
+    // The reload is asynchronous: wait until the policy shows six rules.
+    server
+        .reload_policy_until(|shown| shown["policy"]["rules"].as_array().map(Vec::len) == Some(6));
+    let planted = plant_writes(&server, &other, &store);
+    audit_finds_every_problem(&server, &boundaries, planted.foreign_epoch);
+
+    // Fixed: the policy names a boundary for every critical lock, the misclassified and the
+    // foreign-fenced locks are released, the broken boundaries are gone.
+    write_policy(
+        &policy,
+        &format!(
+            "default_class = \"efficiency\"\n[[lock]]\npattern = \"report/*\"\nclass = \
+             \"critical\"\nboundary = {{ kind = \"resource\", url = \"{}\" }}\n",
+            store.url
+        ),
+    );
+    server.reload();
+    for lease in planted.leases {
+        let out = server.cli(&["lock", "release", &lease]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    audit_passes(&server);
+}
+
+/// A reference store that trusts the keys of each of `coordinators`.
+fn store_trusting(dir: &std::path::Path, coordinators: &[&ServerProcess]) -> ResourceProcess {
+    let keys: Vec<Value> = coordinators
         .iter()
         .flat_map(|s| {
             let (status, body) = s.http("GET", "/v1/keys", None, "");
@@ -122,38 +158,54 @@ fn p1_p5_p6_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
             keys["keys"].as_array().unwrap().clone()
         })
         .collect();
-    let key_file = dir.path().join("keys.json");
+    let key_file = dir.join("keys.json");
     std::fs::write(&key_file, serde_json::json!({ "keys": keys }).to_string()).unwrap();
-    let store = ResourceProcess::spawn(
-        &dir.path().join("store"),
+    ResourceProcess::spawn(
+        &dir.join("store"),
         &["--trust-key", key_file.to_str().unwrap()],
-    );
-    // A store copied back from an older copy of its directory: it refuses writes until
-    // `palisade resource restore`, and says so.
-    let restored_dir = dir.path().join("restored");
+    )
+}
+
+/// A store copied back from an older copy of its directory: it refuses writes until
+/// `palisade resource restore`, and says so.
+fn store_copied_back(dir: &std::path::Path, server: &ServerProcess) -> ResourceProcess {
+    let restored_dir = dir.join("restored");
     let mut restored = ResourceProcess::start(&restored_dir, "strict", &server.url);
-    let (_, first, first_lease) = token(&server, "restored/1", "1h");
+    let (_, first, first_lease) = token(server, "restored/1", "1h");
     assert!(put(&restored, "restored/1", &first).status.success());
     restored.kill9();
-    common::cp_a(&restored_dir, &dir.path().join("restored-copy"));
+    common::cp_a(&restored_dir, &dir.join("restored-copy"));
     let mut restored = ResourceProcess::start(&restored_dir, "strict", &server.url);
     assert!(server
         .cli(&["lock", "release", &first_lease])
         .status
         .success());
-    let (_, second, _) = token(&server, "restored/1", "1h");
+    let (_, second, _) = token(server, "restored/1", "1h");
     assert!(put(&restored, "restored/1", &second).status.success());
     // Stopped cleanly, so its witness has seen the second epoch (a kill -9 may leave the
     // witness up to 200 ms behind: docs/operations.md).
     assert!(restored.terminate().success());
     std::fs::remove_dir_all(&restored_dir).unwrap();
-    common::cp_a(&dir.path().join("restored-copy"), &restored_dir);
-    let restored = ResourceProcess::start(&restored_dir, "strict", &server.url);
-    let liar = lying_store();
-    let closed = format!("http://127.0.0.1:{}", free_port());
-    write_policy(
-        &policy,
-        &format!(
+    common::cp_a(&dir.join("restored-copy"), &restored_dir);
+    ResourceProcess::start(&restored_dir, "strict", &server.url)
+}
+
+/// The boundaries the planted policy names.
+struct Boundaries<'a> {
+    /// The store that trusts another signer's keys too.
+    store: &'a str,
+    /// The store copied back.
+    restored: &'a str,
+    /// Nothing listens there.
+    closed: &'a str,
+    /// A store that accepts every write.
+    liar: &'a str,
+}
+
+impl Boundaries<'_> {
+    /// A policy with a problem per lock pattern.
+    fn policy(&self) -> String {
+        format!(
             r#"default_class = "efficiency"
 [[lock]]
 pattern = "report/*"
@@ -179,28 +231,37 @@ pattern = "restored/*"
 class = "critical"
 boundary = {{ kind = "resource", url = "{restored}" }}
 "#,
-            store = store.url,
-            restored = restored.url
-        ),
-    );
-    // The reload is asynchronous: wait until the policy shows six rules.
-    server
-        .reload_policy_until(|shown| shown["policy"]["rules"].as_array().map(Vec::len) == Some(6));
-
-    // Another signer's owner writes report/1 at a high epoch.
-    for i in 0..4 {
-        token(&other, &format!("warmup/{i}"), "1h");
+            store = self.store,
+            closed = self.closed,
+            liar = self.liar,
+            restored = self.restored,
+        )
     }
-    let (foreign_epoch, foreign, _) = token(&other, "report/1", "1h");
-    assert!(put(&store, "report/1", &foreign).status.success());
+}
+
+/// What [`plant_writes`] left: the foreign owner's epoch and the leases to release.
+struct Planted {
+    foreign_epoch: u64,
+    leases: Vec<String>,
+}
+
+/// Another signer's owner writes report/1 at a high epoch, so this coordinator's owner is
+/// refused; an efficiency lock's writes go to the fenced store; a critical lock is held with
+/// no boundary; and a misclassified acquire is refused (exit 7).
+fn plant_writes(server: &ServerProcess, other: &ServerProcess, store: &ResourceProcess) -> Planted {
+    for i in 0..4 {
+        token(other, &format!("warmup/{i}"), "1h");
+    }
+    let (foreign_epoch, foreign, _) = token(other, "report/1", "1h");
+    assert!(put(store, "report/1", &foreign).status.success());
     // This coordinator's holder of report/1 is at a lower epoch: its writes are refused.
-    let (epoch, own, report1_lease) = token(&server, "report/1", "1h");
+    let (epoch, own, report1_lease) = token(server, "report/1", "1h");
     assert!(epoch < foreign_epoch, "{epoch} vs {foreign_epoch}");
-    assert_eq!(put(&store, "report/1", &own).status.code(), Some(5));
+    assert_eq!(put(store, "report/1", &own).status.code(), Some(5));
     // An efficiency lock whose writes go to a fenced store; a critical lock with no boundary.
-    let (_, cache, cache_lease) = token(&server, "cache/1", "1h");
-    assert!(put(&store, "cache/1", &cache).status.success());
-    let (_, _, bare_lease) = token(&server, "bare/1", "1h");
+    let (_, cache, cache_lease) = token(server, "cache/1", "1h");
+    assert!(put(store, "cache/1", &cache).status.success());
+    let (_, _, bare_lease) = token(server, "bare/1", "1h");
     // The policy decides the class: asking efficiency for a critical lock is refused (7).
     let out = server.cli(&["lock", "acquire", "report/2", "--class", "efficiency"]);
     assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
@@ -210,6 +271,15 @@ boundary = {{ kind = "resource", url = "{restored}" }}
         stderr(&out)
     );
 
+    Planted {
+        foreign_epoch,
+        leases: vec![report1_lease, cache_lease, bare_lease],
+    }
+}
+
+/// `palisade audit --probe` finds every planted problem, for scripts and for people; the real
+/// store refused the probe's obsolete epoch.
+fn audit_finds_every_problem(server: &ServerProcess, at: &Boundaries, foreign_epoch: u64) {
     let out = server.cli(&["audit", "--probe", "--json"]);
     assert_eq!(out.status.code(), Some(8), "{}", stderr(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -218,13 +288,13 @@ boundary = {{ kind = "resource", url = "{restored}" }}
     for (severity, code, subject) in [
         ("critical", "no_boundary", "bare/*".to_owned()),
         ("critical", "no_boundary", "bare/1".to_owned()),
-        ("critical", "boundary_unreachable", target(&closed)),
+        ("critical", "boundary_unreachable", target(at.closed)),
         ("critical", "fence_ahead", "report/1".to_owned()),
-        ("critical", "probe_accepted", target(&liar)),
+        ("critical", "probe_accepted", target(at.liar)),
         ("critical", "no_fallback", "pay/*".to_owned()),
-        ("critical", "restore_required", target(&restored.url)),
+        ("critical", "restore_required", target(at.restored)),
         ("warning", "efficiency_fenced", "cache/1".to_owned()),
-        ("critical", "probe_failed", target(&closed)),
+        ("critical", "probe_failed", target(at.closed)),
     ] {
         assert!(
             found
@@ -238,7 +308,7 @@ boundary = {{ kind = "resource", url = "{restored}" }}
         .as_array()
         .unwrap()
         .iter()
-        .find(|b| b["target"] == target(&store.url).as_str())
+        .find(|b| b["target"] == target(at.store).as_str())
         .unwrap();
     assert_eq!(real["probe"]["result"], "refused", "{real}");
     let report1 = report["locks"]
@@ -263,22 +333,11 @@ boundary = {{ kind = "resource", url = "{restored}" }}
         "{}",
         stderr(&out)
     );
+}
 
-    // Fixed: the policy names a boundary for every critical lock, the misclassified and the
-    // foreign-fenced locks are released, the broken boundaries are gone.
-    write_policy(
-        &policy,
-        &format!(
-            "default_class = \"efficiency\"\n[[lock]]\npattern = \"report/*\"\nclass = \
-             \"critical\"\nboundary = {{ kind = \"resource\", url = \"{}\" }}\n",
-            store.url
-        ),
-    );
-    server.reload();
-    for lease in [report1_lease, cache_lease, bare_lease] {
-        let out = server.cli(&["lock", "release", &lease]);
-        assert!(out.status.success(), "{}", stderr(&out));
-    }
+/// Once fixed, `palisade audit` passes (within 5 s: the reload is asynchronous), and the probe
+/// shows the store refusing the obsolete epoch.
+fn audit_passes(server: &ServerProcess) {
     let mut last = None;
     for _ in 0..100 {
         let out = server.cli(&["audit", "--json"]);
