@@ -16,6 +16,7 @@ mod docs_names;
 mod drill;
 mod effects;
 mod hardening;
+mod imports;
 mod lock_run;
 mod metrics_docs;
 mod peer_tls;
