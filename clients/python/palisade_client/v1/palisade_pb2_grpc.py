@@ -422,6 +422,11 @@ class RaftStub:
                 request_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
                 response_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.stream_stream(
+                '/palisade.v1.Raft/AppendStream',
+                request_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
+                response_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
+                _registered_method=True)
         self.Vote = channel.unary_unary(
                 '/palisade.v1.Raft/Vote',
                 request_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
@@ -450,6 +455,15 @@ class RaftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendStream(self, request_iterator, context):
+        """The leader's appends to one follower on one long-lived stream: each message is one
+        AppendEntries request, answered by one reply message, in order. One HTTP/2 DATA frame per
+        message each way, instead of a stream (HEADERS, DATA, trailers) per request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Vote(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -474,6 +488,11 @@ def add_RaftServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'AppendEntries': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendEntries,
+                    request_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
+                    response_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
+            ),
+            'AppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AppendStream,
                     request_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
                     response_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
             ),
@@ -520,6 +539,33 @@ class Raft:
             request,
             target,
             '/palisade.v1.Raft/AppendEntries',
+            palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
+            palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/palisade.v1.Raft/AppendStream',
             palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
             palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
             options,
