@@ -48,64 +48,8 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         .unwrap();
 
     let http = palisade_audit::observe::http_client();
-    let boundary = Boundary::Postgres {
-        table: guarded.clone(),
-        url: url.clone(),
-        writers: Vec::new(),
-    };
-    let report = observe(
-        &http,
-        &boundary,
-        vec!["report/*".into()],
-        &[lock.to_string()],
-    )
-    .await;
-    assert!(report.reachable, "{report:?}");
-    assert_eq!(report.guard_installed, Some(true));
-    assert_eq!(
-        report.fences.get(lock.as_str()),
-        Some(&9),
-        "the highest row fence"
-    );
-    let probe = probe_postgres(&url, &guarded).await;
-    assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
-    // A floor this database has not learned refuses every fenced row too (P5008): that must
-    // not pass for the guard. With the guard's update trigger off and no floor learned, the
-    // probe still sees the update go through.
-    client
-        .batch_execute(&format!(
-            "DELETE FROM palisade_lock_floors WHERE lock = '{lock}';
-             ALTER TABLE {guarded} DISABLE TRIGGER palisade_guard_update"
-        ))
-        .await
-        .unwrap();
-    let probe = probe_postgres(&url, &guarded).await;
-    assert!(matches!(probe, Probe::Accepted { .. }), "{probe:?}");
-    client
-        .batch_execute(&format!(
-            "ALTER TABLE {guarded} ENABLE ALWAYS TRIGGER palisade_guard_update"
-        ))
-        .await
-        .unwrap();
-    let probe = probe_postgres(&url, &guarded).await;
-    assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
-
-    let report = observe(
-        &http,
-        &Boundary::Postgres {
-            table: bare.clone(),
-            url: url.clone(),
-            writers: Vec::new(),
-        },
-        vec![],
-        &[lock.to_string()],
-    )
-    .await;
-    assert!(report.reachable);
-    assert_eq!(report.guard_installed, Some(false));
-    let probe = probe_postgres(&url, &bare).await;
-    assert!(matches!(probe, Probe::Accepted { .. }), "{probe:?}");
-
+    the_guarded_table_is_seen_and_its_probe_refused(&http, &client, &url, &guarded, &lock).await;
+    the_bare_table_is_seen_and_its_probe_accepted(&http, &url, &bare, &lock).await;
     // Nothing changed: the probes' transactions were rolled back.
     let rows: Vec<(i64, String, i64)> = client
         .query(
@@ -119,13 +63,101 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         .collect();
     assert_eq!(rows, vec![(1, "a".into(), 7), (2, "b".into(), 9)]);
 
-    // A table that does not exist, and a database that does not answer, are reported; the
-    // password never shows.
+    missing_tables_and_closed_databases_are_reported(&http, &url, &guarded).await;
+    client
+        .batch_execute(&format!("DROP TABLE {guarded}; DROP TABLE {bare};"))
+        .await
+        .unwrap();
+}
+
+/// The guarded table: installed, its highest row fence, the probe refused; with the update
+/// trigger off (and no floor learned) the probe goes through.
+async fn the_guarded_table_is_seen_and_its_probe_refused(
+    http: &reqwest::Client,
+    client: &tokio_postgres::Client,
+    url: &str,
+    guarded: &str,
+    lock: &LockName,
+) {
+    let boundary = Boundary::Postgres {
+        table: guarded.to_owned(),
+        url: url.to_owned(),
+        writers: Vec::new(),
+    };
+    let report = observe(
+        http,
+        &boundary,
+        vec!["report/*".into()],
+        &[lock.to_string()],
+    )
+    .await;
+    assert!(report.reachable, "{report:?}");
+    assert_eq!(report.guard_installed, Some(true));
+    assert_eq!(
+        report.fences.get(lock.as_str()),
+        Some(&9),
+        "the highest row fence"
+    );
+    let probe = probe_postgres(url, guarded).await;
+    assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
+    // A floor this database has not learned refuses every fenced row too (P5008): that must
+    // not pass for the guard. With the guard's update trigger off and no floor learned, the
+    // probe still sees the update go through.
+    client
+        .batch_execute(&format!(
+            "DELETE FROM palisade_lock_floors WHERE lock = '{lock}';
+             ALTER TABLE {guarded} DISABLE TRIGGER palisade_guard_update"
+        ))
+        .await
+        .unwrap();
+    let probe = probe_postgres(url, guarded).await;
+    assert!(matches!(probe, Probe::Accepted { .. }), "{probe:?}");
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {guarded} ENABLE ALWAYS TRIGGER palisade_guard_update"
+        ))
+        .await
+        .unwrap();
+    let probe = probe_postgres(url, guarded).await;
+    assert!(matches!(probe, Probe::Refused { .. }), "{probe:?}");
+}
+
+/// A table with no guard: seen as such, and the probe's write goes through.
+async fn the_bare_table_is_seen_and_its_probe_accepted(
+    http: &reqwest::Client,
+    url: &str,
+    bare: &str,
+    lock: &LockName,
+) {
+    let report = observe(
+        http,
+        &Boundary::Postgres {
+            table: bare.to_owned(),
+            url: url.to_owned(),
+            writers: Vec::new(),
+        },
+        vec![],
+        &[lock.to_string()],
+    )
+    .await;
+    assert!(report.reachable);
+    assert_eq!(report.guard_installed, Some(false));
+    let probe = probe_postgres(url, bare).await;
+    assert!(matches!(probe, Probe::Accepted { .. }), "{probe:?}");
+}
+
+/// A table that does not exist, and a database that does not answer, are reported; the
+/// password never shows.
+async fn missing_tables_and_closed_databases_are_reported(
+    http: &reqwest::Client,
+    url: &str,
+    guarded: &str,
+) {
     let missing = observe(
-        &http,
+        http,
         &Boundary::Postgres {
             table: "no_such_table".into(),
-            url: url.clone(),
+            url: url.to_owned(),
             writers: Vec::new(),
         },
         vec![],
@@ -140,9 +172,9 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         .unwrap()
         .port();
     let closed = observe(
-        &http,
+        http,
         &Boundary::Postgres {
-            table: guarded.clone(),
+            table: guarded.to_owned(),
             url: format!(
                 "postgres://nobody:secret@127.0.0.1:{port}/none?password=secret&sslpassword=secret"
             ),
@@ -157,8 +189,4 @@ async fn p5_the_audit_sees_a_guarded_tables_fence_and_an_unguarded_table() {
         !closed.error.as_deref().unwrap().contains("secret"),
         "{closed:?}"
     );
-    client
-        .batch_execute(&format!("DROP TABLE {guarded}; DROP TABLE {bare};"))
-        .await
-        .unwrap();
 }

@@ -276,12 +276,45 @@ async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() 
         format!("put_back_{suffix}"),
         format!("put_back_snap_{suffix}"),
     );
+    let running = snapshot_taken_before_the_new_owner_writes(&keys, &lock, &live, &snapshot).await;
+    // The snapshot is put back in the live database's place.
+    disconnect(&live).await;
+    admin(&format!(
+        "DROP DATABASE {live}; ALTER DATABASE {snapshot} RENAME TO {live}"
+    ))
+    .await;
+    assert_eq!(highest_fence(&database_url(&live)).await.unwrap(), 3);
+
+    let started = Database::open(&live, &keys, &lock).await;
+    the_new_incarnation_learns_the_floor(&started, &keys, &lock).await;
+    an_application_that_ran_through_refuses_the_superseded_owner(&running, &keys, &lock).await;
+    let blind = an_adapter_with_no_floor_source_writes_nothing(&live, &keys).await;
+    let owner = with_floors_off_the_superseded_owner_is_accepted(&live, &started).await;
+    // The current owner goes on.
+    assert_eq!(started.write(&keys, &lock, 7, "80").await, (true, true));
+
+    drop((running, started, blind, owner));
+    disconnect(&live).await;
+    admin(&format!(
+        "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {snapshot}"
+    ))
+    .await;
+}
+
+/// Database `live` with a guarded table, owner 3's write, then a copy `snapshot`, then owner
+/// 7 (who supersedes owner 5) writes. Returns the application that was running all along.
+async fn snapshot_taken_before_the_new_owner_writes(
+    keys: &Keys,
+    lock: &LockName,
+    live: &str,
+    snapshot: &str,
+) -> Database {
     admin(&format!(
         "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {snapshot}; \
          CREATE DATABASE {live}"
     ))
     .await;
-    let running = Database::open(&live, &keys, &lock).await;
+    let running = Database::open(live, keys, lock).await;
     let client = running.fence.pool().get().await.unwrap();
     client
         .batch_execute(
@@ -297,40 +330,38 @@ async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() 
         .install_guard(&running.fence, false)
         .await
         .unwrap();
-    assert_eq!(running.write(&keys, &lock, 3, "100").await, (true, true));
+    assert_eq!(running.write(keys, lock, 3, "100").await, (true, true));
     // The snapshot; then owner 5 is superseded by owner 7, who writes.
-    disconnect(&live).await;
-    copy_database(&live, &snapshot).await;
-    keys.floors.set(&lock, Epoch(7));
-    let after_snapshot = Database::open(&live, &keys, &lock).await;
+    disconnect(live).await;
+    copy_database(live, snapshot).await;
+    keys.floors.set(lock, Epoch(7));
+    let after_snapshot = Database::open(live, keys, lock).await;
     assert_eq!(
-        after_snapshot.write(&keys, &lock, 7, "90").await,
+        after_snapshot.write(keys, lock, 7, "90").await,
         (true, true)
     );
     assert_eq!(
-        after_snapshot.write(&keys, &lock, 5, "110").await,
+        after_snapshot.write(keys, lock, 5, "110").await,
         (false, false)
     );
     drop(after_snapshot);
 
-    // The snapshot is put back in the live database's place.
-    disconnect(&live).await;
-    admin(&format!(
-        "DROP DATABASE {live}; ALTER DATABASE {snapshot} RENAME TO {live}"
-    ))
-    .await;
-    assert_eq!(highest_fence(&database_url(&live)).await.unwrap(), 3);
+    running
+}
 
+/// In the put-back database's new incarnation, plain SQL meets a lock whose floor is not
+/// learned (P5008); the adapter learns it and refuses the superseded owner on both tables;
+/// then plain SQL meets the floor itself (P5009).
+async fn the_new_incarnation_learns_the_floor(started: &Database, keys: &Keys, lock: &LockName) {
     // A plain-SQL writer meets a lock whose floor this incarnation has not learned.
-    let started = Database::open(&live, &keys, &lock).await;
-    assert_eq!(plain_update(&started, 5).await, Err("P5008".into()));
+    assert_eq!(plain_update(started, 5).await, Err("P5008".into()));
     // The adapter learns it and refuses the superseded owner, on both tables.
     let asked = keys.floors.asked();
-    assert_eq!(started.write(&keys, &lock, 5, "110").await, (false, false));
+    assert_eq!(started.write(keys, lock, 5, "110").await, (false, false));
     assert!(keys.floors.asked() > asked, "the floor was asked");
     let refused = started
         .table
-        .update(&started.fence, &lock, &1_i64, &keys.token(&lock, 6), &"110")
+        .update(&started.fence, lock, &1_i64, &keys.token(lock, 6), &"110")
         .await
         .unwrap();
     let floor = Rejection::StaleEpoch {
@@ -339,14 +370,22 @@ async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() 
     };
     assert_eq!(refused, Outcome::Rejected(floor));
     // Plain SQL now meets the floor itself.
-    assert_eq!(plain_update(&started, 5).await, Err("P5009".into()));
-    // The application that ran through the put-back: its old connections are gone.
+    assert_eq!(plain_update(started, 5).await, Err("P5009".into()));
+}
+
+/// The application that ran through the put-back: its old connections are gone, and its
+/// superseded owner is refused.
+async fn an_application_that_ran_through_refuses_the_superseded_owner(
+    running: &Database,
+    keys: &Keys,
+    lock: &LockName,
+) {
     let mut outcome = None;
     for _ in 0..3 {
-        let token = keys.token(&lock, 6);
+        let token = keys.token(lock, 6);
         match running
             .table
-            .update(&running.fence, &lock, &1_i64, &token, &"110")
+            .update(&running.fence, lock, &1_i64, &token, &"110")
             .await
         {
             Ok(o) => {
@@ -363,10 +402,12 @@ async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() 
         ),
         "{outcome:?}"
     );
+}
 
-    // An adapter with no coordinator to ask writes nothing and says why.
+/// An adapter with no coordinator to ask writes nothing and says why.
+async fn an_adapter_with_no_floor_source_writes_nothing(live: &str, keys: &Keys) -> PostgresFence {
     let blind = PostgresFence::connect(
-        &database_url(&live),
+        &database_url(live),
         1,
         FenceMode::Strict,
         keys.verifier.clone(),
@@ -390,8 +431,16 @@ async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() 
     );
     assert_eq!(blind.read(&other, "k").await.unwrap(), None);
 
-    // The hole this closes: with the floors off, the superseded owner is accepted.
-    let owner = tokio_postgres::connect(&database_url(&live), tokio_postgres::NoTls)
+    blind
+}
+
+/// The hole this closes: with the floors off, the superseded owner is accepted (then they are
+/// switched back on). Returns the owner's connection.
+async fn with_floors_off_the_superseded_owner_is_accepted(
+    live: &str,
+    started: &Database,
+) -> tokio_postgres::Client {
+    let owner = tokio_postgres::connect(&database_url(live), tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(owner.1);
@@ -400,19 +449,11 @@ async fn p6_a_database_put_back_learns_each_locks_floor_with_no_operator_step() 
         .batch_execute("UPDATE palisade_floor_settings SET source = 'off'")
         .await
         .unwrap();
-    assert_eq!(plain_update(&started, 5).await, Ok(1));
+    assert_eq!(plain_update(started, 5).await, Ok(1));
     owner
         .0
         .batch_execute("UPDATE palisade_floor_settings SET source = 'coordinator'")
         .await
         .unwrap();
-    // The current owner goes on.
-    assert_eq!(started.write(&keys, &lock, 7, "80").await, (true, true));
-
-    drop((running, started, blind, owner.0));
-    disconnect(&live).await;
-    admin(&format!(
-        "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {snapshot}"
-    ))
-    .await;
+    owner.0
 }
