@@ -226,11 +226,7 @@ async fn p6_a_database_restored_from_a_copy_refuses_every_token_issued_before_th
     assert_eq!(again.floor, 14);
     drop(db);
     for name in [&live, &backup, &restored] {
-        admin(&format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-        ))
-        .await;
+        disconnect(name).await;
     }
     admin(&format!(
         "DROP DATABASE IF EXISTS {live}; DROP DATABASE IF EXISTS {backup}; \

@@ -212,6 +212,13 @@ async fn p2_p4_strict_store_accepts_the_newest_owner_and_rejects_the_rest() {
         StatusCode::CONFLICT
     );
 
+    bad_writes_are_refused_with_their_reason(&f, &t2, e2).await;
+    the_fence_and_the_metrics_show_it(&f, e2).await;
+}
+
+/// Writes with no token, a malformed one, another lock's, a value over the limit, a bad lock
+/// name: each refused with its reason; a missing key is not found.
+async fn bad_writes_are_refused_with_their_reason(f: &Fixture, token: &str, epoch: u64) {
     let (status, body) = f.put("report%2F7/summary", None, None, b"x".to_vec()).await;
     assert_eq!(
         (status, body["error"].as_str()),
@@ -230,7 +237,7 @@ async fn p2_p4_strict_store_accepts_the_newest_owner_and_rejects_the_rest() {
         (StatusCode::FORBIDDEN, Some("invalid_token"))
     );
     let (other_epoch, other, _) = f.acquire("other", None).await;
-    assert!(other_epoch > e2);
+    assert!(other_epoch > epoch);
     let (status, body) = f
         .put("report%2F7/summary", Some(&other), None, b"x".to_vec())
         .await;
@@ -239,24 +246,35 @@ async fn p2_p4_strict_store_accepts_the_newest_owner_and_rejects_the_rest() {
         (StatusCode::FORBIDDEN, Some("invalid_token"))
     );
     let (status, body) = f
-        .put("report%2F7/big", Some(&t2), None, vec![0; 2 * 1024 * 1024])
+        .put(
+            "report%2F7/big",
+            Some(token),
+            None,
+            vec![0; 2 * 1024 * 1024],
+        )
         .await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::PAYLOAD_TOO_LARGE, Some("value_too_large"))
     );
-    let (status, body) = f.put("bad%20lock/k", Some(&t2), None, b"x".to_vec()).await;
+    let (status, body) = f
+        .put("bad%20lock/k", Some(token), None, b"x".to_vec())
+        .await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::BAD_REQUEST, Some("invalid_request"))
     );
     assert_eq!(f.get("report%2F7/none").await.0, StatusCode::NOT_FOUND);
+}
 
+/// The lock's fence is the newest owner's epoch; the metrics count the accepted writes and
+/// each rejection by reason.
+async fn the_fence_and_the_metrics_show_it(f: &Fixture, epoch: u64) {
     let (status, fence) = f.text("/v1/fences/report%2F7").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         palisade_core::json::read(&serde_json::from_str::<Value>(&fence).unwrap()["fence"]),
-        Some(e2)
+        Some(epoch)
     );
     let (_, metrics) = f.text("/metrics").await;
     for line in [
