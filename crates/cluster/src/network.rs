@@ -164,13 +164,7 @@ impl PeerClient {
                 .parse()
                 .expect("a number is valid metadata"),
         );
-        metadata.insert(
-            STORE_METADATA,
-            self.identity
-                .store()
-                .parse()
-                .expect("a hex store id is valid metadata"),
-        );
+        name_store(metadata, &self.identity);
     }
 
     /// Decodes `json`, an answer from `self.target` whose store is `store`. The answer counts
@@ -195,6 +189,18 @@ fn payload<T: Serialize>(message: &T) -> pb::RaftPayload {
     pb::RaftPayload {
         json: serde_json::to_vec(message).expect("raft messages serialize"),
     }
+}
+
+/// Names `identity`'s store on a message, a stream or an answer: the other side counts it only
+/// if the store is the one its membership names.
+fn name_store(metadata: &mut tonic::metadata::MetadataMap, identity: &Identity) {
+    metadata.insert(
+        STORE_METADATA,
+        identity
+            .store()
+            .parse()
+            .expect("a hex store id is valid metadata"),
+    );
 }
 
 /// The store id a peer's answer names (empty when it names none: refused by the identity).
@@ -531,13 +537,7 @@ impl RaftService {
     /// Names this member's store on an answer: the requester counts it only if the store is
     /// the one it knows this member by.
     fn stamp(&self, metadata: &mut tonic::metadata::MetadataMap) {
-        metadata.insert(
-            STORE_METADATA,
-            self.identity
-                .store()
-                .parse()
-                .expect("a hex store id is valid metadata"),
-        );
+        name_store(metadata, &self.identity);
     }
 
     fn encode<T: Serialize>(&self, value: &T) -> Result<Response<pb::RaftPayload>, Status> {
