@@ -1,30 +1,7 @@
-//! The cluster layer's errors, typed: a caller can tell a bad configuration from a storage
-//! failure, a refused membership change from one that timed out.
+//! Why a membership change was refused or did not complete, typed: a caller can tell a
+//! refused change from one that timed out.
 
 use super::NodeId;
-
-/// Why a cluster member could not start, or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
-    /// `--node-id` / `--cluster` / `--join` do not describe a valid member.
-    #[error("invalid cluster configuration: {0}")]
-    Config(String),
-    /// The cluster store could not be opened, read or written.
-    #[error("cluster store: {0}")]
-    Store(String),
-    /// The data directory holds something a cluster member must not start over.
-    #[error("{0}")]
-    DataDirectory(String),
-    /// openraft refused to start or failed.
-    #[error("raft: {0}")]
-    Raft(String),
-    /// Raft stopped on a fatal error (a storage failure): the member no longer takes part.
-    #[error("raft stopped on a fatal error: {0}")]
-    RaftStopped(String),
-    /// No randomness for a store id.
-    #[error("no randomness for a store id: {0}")]
-    Randomness(String),
-}
 
 /// Why a membership change (`palisade cluster add|remove`, or founding a new cluster) was
 /// refused or did not complete.

@@ -22,55 +22,27 @@
 #![forbid(unsafe_code)]
 
 mod error;
-pub mod identity;
 pub mod membership;
 pub mod network;
 pub mod peer_tls;
-pub mod runtime;
-pub mod storage;
 pub mod supervisor;
 pub mod witness;
 
+pub use palisade_member_store::{
+    identity, runtime, storage, Applied, ClusterError, Command, MemberNode, NodeId, TypeConfig,
+};
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::ServerState;
-use palisade_core::{Changes, Epoch, Lease, LockName};
+use palisade_core::{Changes, Epoch};
 use serde::{Deserialize, Serialize};
 
-pub use error::{ClusterError, MembershipError};
+pub use error::MembershipError;
 use palisade_coordinator::store::{DurableState, LeaseStore, PendingCommit, StoreError};
 use storage::SmState;
-
-/// A member's id (`--node-id`), 1 or more.
-pub type NodeId = u64;
-
-/// A member as the replicated membership knows it: where it is, and which store it is. Every
-/// member checks its peers' messages against the store ids here ([`identity`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberNode {
-    /// `HOST:PORT`: its client and Raft address.
-    pub addr: String,
-    /// Its store id (random, created with its store; a wiped member has a new one).
-    pub store: String,
-}
-
-impl std::fmt::Display for MemberNode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (store {})", self.addr, self.store)
-    }
-}
-
-openraft::declare_raft_types!(
-    /// openraft's type configuration for the coordinator.
-    pub TypeConfig:
-        D = Command,
-        R = Applied,
-        Node = MemberNode,
-        AsyncRuntime = runtime::Runtime,
-);
 
 /// A running Raft member.
 pub type RaftNode = openraft::Raft<TypeConfig>;
@@ -98,49 +70,6 @@ pub use palisade_coordinator::CLUSTER_STORE_FILE;
 /// Largest cluster `--cluster` accepts: 7 members tolerate three failures; every voter more
 /// slows each commit (3 and 5 are the usual sizes).
 pub const MAX_MEMBERS: usize = 7;
-
-/// An entry of the replicated log.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum Command {
-    /// A node became leader: its first entry. Registers its token key, so that every member
-    /// serves it at `/v1/keys`; once applied, every earlier entry is applied too.
-    LeaderStart {
-        /// The new leader.
-        node: NodeId,
-        /// Its token key id.
-        key_id: String,
-        /// Its public key (base64url).
-        public_key: String,
-        /// The epoch counter a restore started this member at (`palisade restore --cluster`,
-        /// `palisade restore --cluster`, `palisade_coordinator::backup`): applying the entry raises the counter to it (0: none).
-        #[serde(default, skip_serializing_if = "is_zero")]
-        floor: Epoch,
-    },
-    /// An operator retired a signing key (`palisade keys retire`): it leaves the published
-    /// list for good, and a later `LeaderStart` carrying it does not bring it back.
-    RetireKey {
-        /// The key id (16 hex digits).
-        key_id: String,
-    },
-    /// One group commit of the leader's engine.
-    Apply {
-        /// The epoch counter after the batch.
-        last_epoch: Epoch,
-        /// The locks the batch changed, with their lease now (`None`: free).
-        locks: Vec<(LockName, Option<Lease>)>,
-    },
-}
-
-fn is_zero(epoch: &Epoch) -> bool {
-    epoch.0 == 0
-}
-
-/// What applying an entry answers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Applied {
-    /// The epoch counter after the entry.
-    pub last_epoch: Epoch,
-}
 
 /// How this node takes part in a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,12 +10,10 @@ use openraft::error::RaftError;
 use openraft::network::{RaftNetwork as _, RaftNetworkFactory as _};
 use openraft::{Membership, RaftMetrics, Vote};
 use pb::raft_server::{Raft as RaftRpc, RaftServer};
-use redb::Database;
 use tokio::sync::watch;
 
 use super::super::{Network, STORE_METADATA};
 use super::*;
-use crate::identity::Identity;
 
 const PEER_STORE: &str = "00000000000000aa";
 
@@ -134,7 +132,8 @@ async fn setup(behaves: Peer, store: &'static str) -> Setup {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let identity = Identity::open(&Database::create(dir.path().join("s.redb")).unwrap()).unwrap();
+    let (_log, sm) = crate::storage::open(&dir.path().join("s.redb")).unwrap();
+    let identity = sm.identity();
     let nodes = BTreeMap::from([
         (
             1,

@@ -6,7 +6,7 @@ use palisade_core::{HolderId, LeaseId, LockClass};
 
 fn open_temp() -> (tempfile::TempDir, LogStore, StateMachine) {
     let dir = tempfile::tempdir().unwrap();
-    let (log, sm) = open(&dir.path().join(crate::CLUSTER_STORE_FILE)).unwrap();
+    let (log, sm) = open(&dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE)).unwrap();
     (dir, log, sm)
 }
 
