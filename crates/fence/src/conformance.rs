@@ -709,6 +709,80 @@ impl Fuzz {
     }
 }
 
+/// One fuzzed write: its parts, and whether its token is the exact trusted one.
+struct FuzzedWrite {
+    key: String,
+    value: Vec<u8>,
+    token: String,
+    trusted: bool,
+    seq: Option<u64>,
+}
+
+impl Fuzz {
+    /// The next write's parts, drawn in a fixed order (a seed gives the same cases); raises
+    /// `epoch` one time in three.
+    fn write(
+        &mut self,
+        h: &Harness,
+        lock: &LockName,
+        mode: FenceMode,
+        epoch: &mut u64,
+    ) -> FuzzedWrite {
+        let key = match self.below(4) {
+            0 => "k".to_owned(),
+            1 => self.text(8),
+            _ => self.text(300),
+        };
+        let size = match self.below(10) {
+            0 => crate::MAX_VALUE_BYTES + self.below(2) as usize,
+            _ => self.below(256) as usize,
+        };
+        let value: Vec<u8> = (0..size).map(|_| self.next() as u8).collect();
+        if self.below(3) == 0 {
+            *epoch += 1;
+        }
+        let (token, trusted) = self.token(h, lock, *epoch);
+        let seq = match (mode, self.below(6)) {
+            (_, 0) => None,
+            (_, 1) => Some(self.next()),
+            (FenceMode::Sequenced, _) => Some(1 + self.below(1_000)),
+            _ => None,
+        };
+        FuzzedWrite {
+            key,
+            value,
+            token,
+            trusted,
+            seq,
+        }
+    }
+
+    /// A token for `epoch`: valid two times in five, else altered in one bit, signed by an
+    /// untrusted key, or arbitrary text. Says whether it is the exact trusted one.
+    fn token(&mut self, h: &Harness, lock: &LockName, epoch: u64) -> (String, bool) {
+        let valid = h.token(lock, epoch);
+        match self.below(5) {
+            0 | 1 => (valid, true),
+            2 => {
+                let mut bytes = URL_SAFE_NO_PAD.decode(&valid[4..]).unwrap();
+                let at = self.below(bytes.len() as u64) as usize;
+                bytes[at] ^= 1 << self.below(8);
+                (format!("pt1.{}", URL_SAFE_NO_PAD.encode(bytes)), false)
+            }
+            3 => (h.stranger_token(lock, epoch), false),
+            _ => (self.text(40), false),
+        }
+    }
+}
+
+/// A number from the environment variable `name`, else `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
 /// P2, P4 and the contract's error rule under arbitrary input: keys of any characters (NUL,
 /// quotes, SQL metacharacters, multi-byte) and lengths, values of any bytes and sizes, tokens
 /// valid, altered in one byte, from an untrusted key, or arbitrary text, sequence numbers
@@ -717,14 +791,8 @@ impl Fuzz {
 /// never moves below what was accepted. `PALISADE_FUZZ_CASES` writes (default 200; fixed seed
 /// unless `PROPTEST_RNG_SEED` is set, as for the other fuzz tests).
 pub async fn fuzzed_writes_are_applied_or_rejected_never_failed(factory: &impl Factory) {
-    let cases: u64 = std::env::var("PALISADE_FUZZ_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200);
-    let seed: u64 = std::env::var("PROPTEST_RNG_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x6675_7a7a);
+    let cases = env_u64("PALISADE_FUZZ_CASES", 200);
+    let seed = env_u64("PROPTEST_RNG_SEED", 0x6675_7a7a);
     for mode in [FenceMode::Strict, FenceMode::Sequenced] {
         let h = Harness::new();
         let r = factory.make(mode, h.verifier.clone()).await;
@@ -733,67 +801,8 @@ pub async fn fuzzed_writes_are_applied_or_rejected_never_failed(factory: &impl F
         let mut epoch = 1u64;
         let mut highest_accepted = 0u64;
         for _ in 0..cases {
-            let key = match fuzz.below(4) {
-                0 => "k".to_owned(),
-                1 => fuzz.text(8),
-                _ => fuzz.text(300),
-            };
-            let size = match fuzz.below(10) {
-                0 => crate::MAX_VALUE_BYTES + fuzz.below(2) as usize,
-                _ => fuzz.below(256) as usize,
-            };
-            let value: Vec<u8> = (0..size).map(|_| fuzz.next() as u8).collect();
-            if fuzz.below(3) == 0 {
-                epoch += 1;
-            }
-            let valid = h.token(&lock, epoch);
-            let (token, trusted) = match fuzz.below(5) {
-                0 | 1 => (valid, true),
-                2 => {
-                    let mut bytes = URL_SAFE_NO_PAD.decode(&valid[4..]).unwrap();
-                    let at = fuzz.below(bytes.len() as u64) as usize;
-                    bytes[at] ^= 1 << fuzz.below(8);
-                    (format!("pt1.{}", URL_SAFE_NO_PAD.encode(bytes)), false)
-                }
-                3 => (h.stranger_token(&lock, epoch), false),
-                _ => (fuzz.text(40), false),
-            };
-            let seq = match (mode, fuzz.below(6)) {
-                (_, 0) => None,
-                (_, 1) => Some(fuzz.next()),
-                (FenceMode::Sequenced, _) => Some(1 + fuzz.below(1_000)),
-                _ => None,
-            };
-            let write = Write {
-                lock: &lock,
-                key: &key,
-                token: &token,
-                seq,
-                value: &value,
-            };
-            let outcome = r.write(write).await.unwrap_or_else(|error| {
-                panic!(
-                    "{mode}: a storage failure for input {key:?} ({} bytes): {error}",
-                    value.len()
-                )
-            });
-            if let Outcome::Accepted {
-                epoch: accepted, ..
-            } = outcome
-            {
-                assert!(
-                    trusted,
-                    "{mode}: P4: an untrusted token was accepted: {token}"
-                );
-                assert!(
-                    accepted.0 >= highest_accepted,
-                    "{mode}: P2: accepted below the fence"
-                );
-                highest_accepted = accepted.0;
-                let stored = r.read(&lock, &key).await.expect("read").expect("stored");
-                assert_eq!(stored.value, value, "{mode}: the accepted value reads back");
-                assert_eq!(stored.epoch, accepted);
-            }
+            let w = fuzz.write(&h, &lock, mode, &mut epoch);
+            check_fuzzed(&r, mode, &lock, &w, &mut highest_accepted).await;
         }
         let fence = r.fence(&lock).await.expect("fence");
         assert_eq!(
@@ -801,6 +810,53 @@ pub async fn fuzzed_writes_are_applied_or_rejected_never_failed(factory: &impl F
             "{mode}: the fence is the highest accepted epoch"
         );
     }
+}
+
+/// Makes one fuzzed write and checks its outcome: never a storage failure; accepted only with
+/// the exact trusted token, never below an earlier acceptance, and reading back exactly.
+async fn check_fuzzed<R: FencedResource>(
+    r: &R,
+    mode: FenceMode,
+    lock: &LockName,
+    w: &FuzzedWrite,
+    highest_accepted: &mut u64,
+) {
+    let write = Write {
+        lock,
+        key: &w.key,
+        token: &w.token,
+        seq: w.seq,
+        value: &w.value,
+    };
+    let outcome = r.write(write).await.unwrap_or_else(|error| {
+        panic!(
+            "{mode}: a storage failure for input {:?} ({} bytes): {error}",
+            w.key,
+            w.value.len()
+        )
+    });
+    let Outcome::Accepted {
+        epoch: accepted, ..
+    } = outcome
+    else {
+        return;
+    };
+    assert!(
+        w.trusted,
+        "{mode}: P4: an untrusted token was accepted: {}",
+        w.token
+    );
+    assert!(
+        accepted.0 >= *highest_accepted,
+        "{mode}: P2: accepted below the fence"
+    );
+    *highest_accepted = accepted.0;
+    let stored = r.read(lock, &w.key).await.expect("read").expect("stored");
+    assert_eq!(
+        stored.value, w.value,
+        "{mode}: the accepted value reads back"
+    );
+    assert_eq!(stored.epoch, accepted);
 }
 
 #[cfg(test)]
