@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::{cp_a, free_port, ResourceProcess, ServerProcess, BINARY};
@@ -159,24 +159,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
 
     let (first_leader, status) = leader(&endpoints);
     assert_eq!(status["members"].as_array().unwrap().len(), 3);
-    // Readiness is "this member sees a leader": followers are ready too (a Kubernetes Service
-    // sends clients to any of them; they name the leader).
-    for port in &ports {
-        let address = format!("127.0.0.1:{port}");
-        let ready = (0..100).any(|_| {
-            let (code, _) = crate::common::http_request(&address, "GET", "/readyz", None, "");
-            code == 200 || {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(ready, "member at {address} never ready");
-        let (health, _) = crate::common::http_request(&address, "GET", "/healthz", None, "");
-        assert_eq!(health, 200);
-        // A client given this member alone follows the leader it names.
-        let lock = format!("cluster/via-{port}");
-        acquired_epoch(&lock, &format!("http://{address}"));
-    }
+    every_member_is_ready_and_names_the_leader(&ports);
 
     let acquire = |lock: &str, request_id: &str| {
         json(&cli(
@@ -225,18 +208,49 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
 
     // The killed member rejoins with the same list; a wrong list is refused.
     let killed_dir = dir.path().join(format!("n{first_leader}"));
-    let wrong = cluster.replace(&format!(":{}", ports[0]), ":1");
+    a_disagreeing_member_list_is_refused(first_leader, &cluster, ports[0], &killed_dir);
+    nodes[first_leader as usize - 1] = Some(start(first_leader, &cluster, &killed_dir));
+    let c = acquire("cluster/c", "req-c");
+    assert!(palisade_core::json::read(&c["epoch"]) > palisade_core::json::read(&b["epoch"]));
+    drop(nodes); // kills the members
+}
+
+/// Readiness is "this member sees a leader": followers are ready too (a Kubernetes Service
+/// sends clients to any of them; they name the leader), and a client given one member alone
+/// follows the leader it names.
+fn every_member_is_ready_and_names_the_leader(ports: &[u16]) {
+    for port in ports {
+        let address = format!("127.0.0.1:{port}");
+        let ready = (0..100).any(|_| {
+            let (code, _) = crate::common::http_request(&address, "GET", "/readyz", None, "");
+            code == 200 || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(ready, "member at {address} never ready");
+        let (health, _) = crate::common::http_request(&address, "GET", "/healthz", None, "");
+        assert_eq!(health, 200);
+        let lock = format!("cluster/via-{port}");
+        acquired_epoch(&lock, &format!("http://{address}"));
+    }
+}
+
+/// Member `id`, restarted over `data` with a member list that names another port for the
+/// member at `first_port`, refuses to start and says why.
+fn a_disagreeing_member_list_is_refused(id: u64, cluster: &str, first_port: u16, data: &Path) {
+    let wrong = cluster.replace(&format!(":{first_port}"), ":1");
     let refused = Command::new(BINARY)
         .args([
             "serve",
             "--node-id",
-            &first_leader.to_string(),
+            &id.to_string(),
             "--cluster",
             &wrong,
             "--insecure-peers",
         ])
         .arg("--data-dir")
-        .arg(&killed_dir)
+        .arg(data)
         .env("RUST_LOG", "error")
         .output()
         .unwrap();
@@ -246,10 +260,6 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
         stderr.contains("disagrees with the membership stored"),
         "{stderr}"
     );
-    nodes[first_leader as usize - 1] = Some(start(first_leader, &cluster, &killed_dir));
-    let c = acquire("cluster/c", "req-c");
-    assert!(palisade_core::json::read(&c["epoch"]) > palisade_core::json::read(&b["epoch"]));
-    drop(nodes); // kills the members
 }
 
 /// Membership changes through the CLI: a node started with `--join` is added (caught up as a
@@ -533,19 +543,7 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     let mut nodes: Vec<ServerProcess> = (1..=3).map(|id| start(id, cluster, &data(id))).collect();
     leader(endpoints);
     issued.push(acquire("copied/a"));
-    // An online backup asks the members in turn; the leader answers with the replicated
-    // counter.
-    let online = dir.path().join("online.backup");
-    let out = cli(
-        &["backup", "--json", "--out", online.to_str().unwrap()],
-        endpoints,
-    );
-    let taken = json(&out);
-    assert_eq!(taken["mode"], "cluster", "{taken}");
-    assert_eq!(
-        palisade_core::json::read(&taken["last_epoch"]),
-        issued.last().copied()
-    );
+    an_online_backup_holds_the_counter(dir.path(), endpoints, issued.last().copied());
     for node in &mut nodes {
         assert!(node.terminate().success());
     }
@@ -563,43 +561,8 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
         assert!(node.terminate().success());
     }
 
-    // One member copied back: refused, the way back named.
-    std::fs::remove_dir_all(data(3)).unwrap();
-    cp_a(&copy(3), &data(3));
-    let message = refused_start(3, cluster, &data(3));
-    assert!(message.contains("older copy"), "{message}");
-    assert!(message.contains("cluster remove 3"), "{message}");
-    // Every member copied back from the same copy: each refuses.
-    for id in 1..=2 {
-        std::fs::remove_dir_all(data(id)).unwrap();
-        cp_a(&copy(id), &data(id));
-    }
-    for id in 1..=3 {
-        let message = refused_start(id, cluster, &data(id));
-        assert!(message.contains("palisade restore --cluster"), "{message}");
-    }
-
-    // The way back: an offline backup of a member, a restore as the founder of a new cluster.
-    let backup = dir.path().join("cluster.backup");
-    let out = Command::new(BINARY)
-        .args(["backup", "--json", "--out"])
-        .arg(&backup)
-        .arg("--data-dir")
-        .arg(data(1))
-        .output()
-        .unwrap();
-    let taken = json(&out);
-    assert_eq!(taken["mode"], "cluster");
-    let restored = dir.path().join("r1");
-    let out = Command::new(BINARY)
-        .args(["restore", "--cluster", "--json", "--from"])
-        .arg(&backup)
-        .arg("--data-dir")
-        .arg(&restored)
-        .output()
-        .unwrap();
-    let record = json(&out);
-    assert_eq!(record["target"], "cluster_founder");
+    copied_back_members_refuse_to_start(cluster, &data, &copy);
+    let (restored, record) = restore_a_founder_from_an_offline_backup(dir.path(), &data(1));
     // Started with the old three-member list, it refuses: it must found alone.
     let message = refused_start(1, cluster, &restored);
     assert!(
@@ -618,12 +581,81 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
     assert!(next > highest, "epoch {next} is not above {highest}");
     assert!(next > palisade_core::json::read(&record["counter"]).unwrap());
     // A second member joins it empty and learns the counter.
+    let after = a_member_joins_the_founder(&layout, &dir.path().join("r2"), &alone);
+    assert!(after > next);
+    drop(founder);
+}
+
+/// An online backup asks the members in turn; the leader answers with the replicated counter,
+/// `last` (the last epoch issued).
+fn an_online_backup_holds_the_counter(dir: &Path, endpoints: &str, last: Option<u64>) {
+    let online = dir.join("online.backup");
+    let out = cli(
+        &["backup", "--json", "--out", online.to_str().unwrap()],
+        endpoints,
+    );
+    let taken = json(&out);
+    assert_eq!(taken["mode"], "cluster", "{taken}");
+    assert_eq!(palisade_core::json::read(&taken["last_epoch"]), last);
+}
+
+/// One member copied back from `copy` refuses to start, naming the way back; then every member
+/// copied back from the same copy refuses.
+fn copied_back_members_refuse_to_start(
+    cluster: &str,
+    data: &dyn Fn(u64) -> PathBuf,
+    copy: &dyn Fn(u64) -> PathBuf,
+) {
+    std::fs::remove_dir_all(data(3)).unwrap();
+    cp_a(&copy(3), &data(3));
+    let message = refused_start(3, cluster, &data(3));
+    assert!(message.contains("older copy"), "{message}");
+    assert!(message.contains("cluster remove 3"), "{message}");
+    for id in 1..=2 {
+        std::fs::remove_dir_all(data(id)).unwrap();
+        cp_a(&copy(id), &data(id));
+    }
+    for id in 1..=3 {
+        let message = refused_start(id, cluster, &data(id));
+        assert!(message.contains("palisade restore --cluster"), "{message}");
+    }
+}
+
+/// The way back: an offline backup of the member at `member`, restored as the founder of a
+/// new cluster into `DIR/r1`. Returns that directory and the restore's record.
+fn restore_a_founder_from_an_offline_backup(dir: &Path, member: &Path) -> (PathBuf, Value) {
+    let backup = dir.join("cluster.backup");
+    let out = Command::new(BINARY)
+        .args(["backup", "--json", "--out"])
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(member)
+        .output()
+        .unwrap();
+    let taken = json(&out);
+    assert_eq!(taken["mode"], "cluster");
+    let restored = dir.join("r1");
+    let out = Command::new(BINARY)
+        .args(["restore", "--cluster", "--json", "--from"])
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(&restored)
+        .output()
+        .unwrap();
+    let record = json(&out);
+    assert_eq!(record["target"], "cluster_founder");
+    (restored, record)
+}
+
+/// Member 2 starts empty over `data` with `--join`, the founder (`alone`) adds it, and an
+/// acquire through both is granted. Returns the epoch granted.
+fn a_member_joins_the_founder(layout: &Layout, data: &Path, alone: &str) -> u64 {
     let two = format!("{alone},2=127.0.0.1:{}", layout.ports[1]);
     let mut joiner = Command::new(BINARY)
         .args(["serve", "--node-id", "2", "--cluster", &two, "--join"])
         .arg("--insecure-peers")
         .arg("--data-dir")
-        .arg(dir.path().join("r2"))
+        .arg(data)
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -631,16 +663,16 @@ fn p6_p8_members_copied_back_refuse_to_start_and_a_restored_cluster_issues_above
         .unwrap();
     answers(&layout.endpoint(2));
     let addr2 = format!("127.0.0.1:{}", layout.ports[1]);
+    let endpoint = layout.endpoint(1);
     json(&cli(&["cluster", "add", "2", &addr2, "--json"], &endpoint));
     let both = format!("{endpoint},{}", layout.endpoint(2));
     let after = json(&cli(&["lock", "acquire", "copied/c", "--json"], &both))["epoch"]
         .as_str()
         .and_then(|e| e.parse::<u64>().ok())
         .unwrap();
-    assert!(after > next);
     joiner.kill().unwrap();
     joiner.wait().unwrap();
-    drop(founder);
+    after
 }
 
 /// The key ids member `endpoint` publishes at `/v1/keys` (its own first).

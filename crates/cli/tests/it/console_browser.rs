@@ -76,65 +76,8 @@ fn acquire(server: &ServerProcess, args: &[&str]) -> Value {
 #[test]
 fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser() {
     let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(&policy, "default_class = \"efficiency\"\n").unwrap();
-    let server = ServerProcess::start_with(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--policy",
-            policy.to_str().unwrap(),
-        ],
-        &dir.path().join("data"),
-    );
-    let store = ResourceProcess::start(&dir.path().join("store"), "strict", &server.url);
-    std::fs::write(
-        &policy,
-        format!(
-            "default_class = \"efficiency\"\n\
-             [[lock]]\npattern = \"report/*\"\nclass = \"critical\"\n\
-             boundary = {{ kind = \"resource\", url = \"{}\" }}\n\
-             [[lock]]\npattern = \"bare/*\"\nclass = \"critical\"\n",
-            store.url
-        ),
-    )
-    .unwrap();
-    server.reload_policy_until(|shown| shown.to_string().contains("bare/*"));
-
-    // Owner A's lease expires; owner B acquires and writes; A wakes up and writes: refused.
-    let a = acquire(
-        &server,
-        &["report/7", "--ttl", "50ms", "--holder", "worker-a"],
-    );
-    std::thread::sleep(std::time::Duration::from_millis(150));
-    let b = acquire(
-        &server,
-        &["report/7", "--ttl", "1h", "--holder", "worker-b"],
-    );
-    let (a_epoch, b_epoch) = (
-        palisade_core::json::read(&a["epoch"]).unwrap(),
-        palisade_core::json::read(&b["epoch"]).unwrap(),
-    );
-    assert!(b_epoch > a_epoch);
-    let out = store.cli(&[
-        "put",
-        "report/7",
-        "summary",
-        "from B",
-        "--token",
-        b["token"].as_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let out = store.cli(&[
-        "put",
-        "report/7",
-        "summary",
-        "from A",
-        "--token",
-        a["token"].as_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let (server, store) = start_with_a_critical_policy(dir.path());
+    let (a_epoch, b_epoch) = a_stale_write_refused(&server, &store);
     acquire(
         &server,
         &[
@@ -151,6 +94,90 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
     let out = browse(&profile, &url, &["--dump-dom"]);
     assert!(out.status.success(), "chromium failed: {}", stderr(&out));
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let checks = assert_the_page_shows_it(&dom, a_epoch, b_epoch);
+    let first_render: u64 = dom
+        .split("data-first-render-ms=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let weight: usize = ["/ui/", "/ui/app.js", "/ui/style.css"]
+        .iter()
+        .map(|path| server.http("GET", path, None, "").1.len())
+        .sum();
+    eprintln!(
+        "console: {checks} checks passed, page weight {weight} bytes (3 files), first render \
+         {first_render} ms (virtual time)"
+    );
+    keep_a_screenshot(&profile, &url);
+}
+
+/// A coordinator whose policy names `report/*` critical with a reference store as its
+/// boundary, and `bare/*` critical with none; and that store.
+fn start_with_a_critical_policy(dir: &Path) -> (ServerProcess, ResourceProcess) {
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, "default_class = \"efficiency\"\n").unwrap();
+    let server = ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &dir.join("data"),
+    );
+    let store = ResourceProcess::start(&dir.join("store"), "strict", &server.url);
+    std::fs::write(
+        &policy,
+        format!(
+            "default_class = \"efficiency\"\n\
+             [[lock]]\npattern = \"report/*\"\nclass = \"critical\"\n\
+             boundary = {{ kind = \"resource\", url = \"{}\" }}\n\
+             [[lock]]\npattern = \"bare/*\"\nclass = \"critical\"\n",
+            store.url
+        ),
+    )
+    .unwrap();
+    server.reload_policy_until(|shown| shown.to_string().contains("bare/*"));
+    (server, store)
+}
+
+/// Owner A's lease expires; owner B acquires and writes; A wakes up and writes: refused by the
+/// store. Returns A's and B's epochs.
+fn a_stale_write_refused(server: &ServerProcess, store: &ResourceProcess) -> (u64, u64) {
+    let a = acquire(
+        server,
+        &["report/7", "--ttl", "50ms", "--holder", "worker-a"],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let b = acquire(server, &["report/7", "--ttl", "1h", "--holder", "worker-b"]);
+    let (a_epoch, b_epoch) = (
+        palisade_core::json::read(&a["epoch"]).unwrap(),
+        palisade_core::json::read(&b["epoch"]).unwrap(),
+    );
+    assert!(b_epoch > a_epoch);
+    let put = |value: &str, owner: &Value| {
+        store.cli(&[
+            "put",
+            "report/7",
+            "summary",
+            value,
+            "--token",
+            owner["token"].as_str().unwrap(),
+        ])
+    };
+    let out = put("from B", &b);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = put("from A", &a);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    (a_epoch, b_epoch)
+}
+
+/// What a person must see on the page: the lock at B's epoch, the transitions, the refused
+/// stale write with both epochs, the audit's critical finding, and a holder's markup as text,
+/// with no error banner. Returns how many checks passed.
+fn assert_the_page_shows_it(dom: &str, a_epoch: u64, b_epoch: u64) -> usize {
     let checks = [
         // The lock, at B's epoch, held by B.
         format!("data-lock=\"report/7\" data-epoch=\"{b_epoch}\""),
@@ -186,27 +213,16 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
         !dom.contains("id=\"banner\">"),
         "an error banner shows:\n{dom}"
     );
-    let first_render: u64 = dom
-        .split("data-first-render-ms=\"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    let weight: usize = ["/ui/", "/ui/app.js", "/ui/style.css"]
-        .iter()
-        .map(|path| server.http("GET", path, None, "").1.len())
-        .sum();
-    eprintln!(
-        "console: {} checks passed, page weight {weight} bytes (3 files), first render {first_render} ms \
-         (virtual time)",
-        checks.len()
-    );
+    checks.len()
+}
 
+/// Takes a screenshot of `url` into `target/test-artefacts/console.png` and checks it is one.
+fn keep_a_screenshot(profile: &Path, url: &str) {
     let screenshot = artefacts().join("console.png");
     let _ = std::fs::remove_file(&screenshot);
     let out = browse(
-        &profile,
-        &url,
+        profile,
+        url,
         &[&format!("--screenshot={}", screenshot.display())],
     );
     assert!(out.status.success(), "chromium failed: {}", stderr(&out));

@@ -213,33 +213,9 @@ fn sql_blocks_run_in_postgresql() {
     let url = format!("{server}/{name}");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let connect = |url: String| async move {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
-            client
-        };
-        let admin = connect(maintenance.clone()).await;
-        for statement in [
-            format!("DROP DATABASE IF EXISTS {name}"),
-            format!("CREATE DATABASE {name}"),
-        ] {
-            admin.batch_execute(&statement).await.unwrap();
-        }
-        // The roles the page names (cluster-wide: made once).
-        admin
-            .batch_execute(
-                "DO $$ BEGIN
-                   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'palisade_fence') THEN
-                     CREATE ROLE palisade_fence; END IF;
-                   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app') THEN
-                     CREATE ROLE app; END IF;
-                 END $$",
-            )
-            .await
-            .unwrap();
-        let db = connect(url.clone()).await;
+        let admin = connect(&maintenance).await;
+        a_fresh_database_and_the_roles(&admin, &name).await;
+        let db = connect(&url).await;
         db.batch_execute(
             "CREATE TABLE reports (id bigint PRIMARY KEY, payload text NOT NULL);
              INSERT INTO reports VALUES (7, 'first');",
@@ -247,30 +223,7 @@ fn sql_blocks_run_in_postgresql() {
         .await
         .unwrap();
         db.batch_execute(&blocks[0].text).await.unwrap();
-        let verifier = std::sync::Arc::new(palisade_fence::Verifier::new(
-            palisade_core::TokenVerifier::new([]),
-        ));
-        let fence = palisade_fence_postgres::PostgresFence::connect(
-            &url,
-            2,
-            palisade_fence::FenceMode::Strict,
-            verifier,
-        )
-        .await
-        .unwrap()
-        .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
-        palisade_fence_postgres::GuardedTable::new(
-            "reports",
-            "id",
-            "payload",
-            palisade_fence_postgres::RowLock::Table(
-                palisade_core::LockName::new("report/7").unwrap(),
-            ),
-        )
-        .unwrap()
-        .install_guard(&fence, false)
-        .await
-        .unwrap();
+        let fence = the_guard_installed_on_reports(&url).await;
         // The lock's floor in this database incarnation, as the clients learn it (P5008).
         db.execute("SELECT palisade_learn_floor('report/7', 0)", &[])
             .await
@@ -299,6 +252,64 @@ fn sql_blocks_run_in_postgresql() {
             .await
             .unwrap();
     });
+}
+
+/// A connection to `url` (its driver task spawned on the current runtime).
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// Database `name` created empty, and the roles the page names (cluster-wide: made once).
+async fn a_fresh_database_and_the_roles(admin: &tokio_postgres::Client, name: &str) {
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name}"),
+    ] {
+        admin.batch_execute(&statement).await.unwrap();
+    }
+    admin
+        .batch_execute(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'palisade_fence') THEN
+                 CREATE ROLE palisade_fence; END IF;
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app') THEN
+                 CREATE ROLE app; END IF;
+             END $$",
+        )
+        .await
+        .unwrap();
+}
+
+/// The adapter's migrations and guard installed on `reports` (lock `report/7`, strict) in the
+/// database at `url`; the fence that installed them.
+async fn the_guard_installed_on_reports(url: &str) -> palisade_fence_postgres::PostgresFence {
+    let verifier = std::sync::Arc::new(palisade_fence::Verifier::new(
+        palisade_core::TokenVerifier::new([]),
+    ));
+    let fence = palisade_fence_postgres::PostgresFence::connect(
+        url,
+        2,
+        palisade_fence::FenceMode::Strict,
+        verifier,
+    )
+    .await
+    .unwrap()
+    .with_floors(std::sync::Arc::new(palisade_fence::StaticFloors::new()));
+    palisade_fence_postgres::GuardedTable::new(
+        "reports",
+        "id",
+        "payload",
+        palisade_fence_postgres::RowLock::Table(palisade_core::LockName::new("report/7").unwrap()),
+    )
+    .unwrap()
+    .install_guard(&fence, false)
+    .await
+    .unwrap();
+    fence
 }
 
 /// The coordinator the harness runs where a page says "with the server running".

@@ -90,15 +90,7 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
 
     // An online backup, then more owners after it (the backup cannot know them).
     let backup = dir.path().join("backup");
-    let out = coordinator.cli(&["backup", "--out", backup.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let taken: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        palisade_core::json::read(&taken["last_epoch"]),
-        Some(epoch(&early))
-    );
-    // As every epoch in JSON: a decimal string, which jq and JavaScript read exactly.
-    assert!(taken["last_epoch"].is_string(), "{taken}");
+    an_online_backup_holds_the_last_epoch(&coordinator, &backup, epoch(&early));
     let mut last = early.clone();
     for _ in 0..3 {
         last = cycle(&coordinator, "orders/1");
@@ -112,30 +104,8 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
     std::fs::remove_dir_all(&first).unwrap();
     std::fs::remove_file(dir.path().join("first.high-water")).unwrap();
 
-    // A tampered backup is refused.
-    let tampered = dir.path().join("tampered");
-    let text = std::fs::read_to_string(&backup).unwrap();
-    let epoch_line = format!("\"last_epoch\": \"{}\"", epoch(&early));
-    let forged = format!("\"last_epoch\": \"{}\"", epoch(&early) + 1);
-    assert_eq!(epoch_line.len(), forged.len());
-    assert!(text.contains(&epoch_line), "{text}");
-    std::fs::write(&tampered, text.replace(&epoch_line, &forged)).unwrap();
     let second = dir.path().join("second");
-    let restore = |from: &Path, data: &Path, extra: &[&str]| {
-        Command::new(BINARY)
-            .args(["restore", "--json", "--from"])
-            .arg(from)
-            .arg("--data-dir")
-            .arg(data)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap()
-    };
-    let out = restore(&tampered, &second, &[]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("checksum"), "{}", stderr(&out));
-    assert!(!second.exists(), "nothing is created from a bad backup");
+    a_tampered_backup_is_refused(dir.path(), &backup, epoch(&early), &second);
 
     // A floor source that cannot be read stops the restore.
     let out = restore(&backup, &second, &["--floor-from", "http://127.0.0.1:1"]);
@@ -185,6 +155,45 @@ fn p6_restore_starts_above_every_epoch_a_resource_saw_and_the_next_owner_writes(
     // And into a directory that holds a coordinator: refused.
     let out = restore(&backup, &second, &[]);
     assert!(stderr(&out).contains("already holds"), "{}", stderr(&out));
+}
+
+/// An online backup of `coordinator` into `backup` records `last` as its last epoch, as a
+/// decimal string (which jq and JavaScript read exactly, as every epoch in JSON).
+fn an_online_backup_holds_the_last_epoch(coordinator: &ServerProcess, backup: &Path, last: u64) {
+    let out = coordinator.cli(&["backup", "--out", backup.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let taken: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(palisade_core::json::read(&taken["last_epoch"]), Some(last));
+    assert!(taken["last_epoch"].is_string(), "{taken}");
+}
+
+/// `palisade restore --json --from FROM --data-dir DATA EXTRA…`.
+fn restore(from: &Path, data: &Path, extra: &[&str]) -> Output {
+    Command::new(BINARY)
+        .args(["restore", "--json", "--from"])
+        .arg(from)
+        .arg("--data-dir")
+        .arg(data)
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+/// `backup` with its last epoch (`last`) raised by one in its text is refused for its checksum,
+/// and nothing is created at `target`.
+fn a_tampered_backup_is_refused(dir: &Path, backup: &Path, last: u64, target: &Path) {
+    let tampered = dir.join("tampered");
+    let text = std::fs::read_to_string(backup).unwrap();
+    let epoch_line = format!("\"last_epoch\": \"{last}\"");
+    let forged = format!("\"last_epoch\": \"{}\"", last + 1);
+    assert_eq!(epoch_line.len(), forged.len());
+    assert!(text.contains(&epoch_line), "{text}");
+    std::fs::write(&tampered, text.replace(&epoch_line, &forged)).unwrap();
+    let out = restore(&tampered, target, &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("checksum"), "{}", stderr(&out));
+    assert!(!target.exists(), "nothing is created from a bad backup");
 }
 
 #[test]
@@ -352,41 +361,12 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     );
     let next = cycle(&coordinator, "ledger/pg"); // the next owner, above the floor
 
-    runtime.block_on(async {
-        let client = connect(&url).await;
-        let recorded: i64 = client
-            .query_one("SELECT floor FROM palisade_restore_floor", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(recorded as u64, floor);
-        let old_epoch = epoch(&old) as i64;
-        let error = client
-            .execute(
-                "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k', \
-                 '\\x00', $1)",
-                &[&old_epoch],
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(error.code().unwrap().code(), "P5007", "{error}");
-        let above = epoch(&next) as i64;
-        assert!(above as u64 > floor);
-        // Plain SQL in a database whose lock floor is not known yet (migration 8): what the
-        // coordinator would answer for the lock, its last owner's epoch, is recorded first.
-        client
-            .execute("SELECT palisade_learn_floor('ledger/pg', $1)", &[&above])
-            .await
-            .unwrap();
-        client
-            .execute(
-                "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k', \
-                 '\\x00', $1)",
-                &[&above],
-            )
-            .await
-            .unwrap();
-    });
+    runtime.block_on(plain_sql_keeps_the_floor(
+        &url,
+        floor,
+        epoch(&old),
+        epoch(&next),
+    ));
     // Again: harmless, the floor only rises.
     let out = coordinator.cli(&["resource", "restore", "--postgres", &url, "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -419,6 +399,34 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
     ));
     admin(format!("DROP DATABASE IF EXISTS {name}"));
+}
+
+/// In plain SQL, the database at `url` holds `floor` as its restore floor, refuses a row at
+/// the old owner's epoch (`old`, below it) with P5007, and takes one at the next owner's
+/// (`next`, above it).
+async fn plain_sql_keeps_the_floor(url: &str, floor: u64, old: u64, next: u64) {
+    let client = connect(url).await;
+    let recorded: i64 = client
+        .query_one("SELECT floor FROM palisade_restore_floor", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded as u64, floor);
+    let insert = "INSERT INTO palisade_kv (lock, key, value, epoch) VALUES ('ledger/pg', 'k', \
+                  '\\x00', $1)";
+    let error = client.execute(insert, &[&(old as i64)]).await.unwrap_err();
+    assert_eq!(error.code().unwrap().code(), "P5007", "{error}");
+    assert!(next > floor);
+    // Plain SQL in a database whose lock floor is not known yet (migration 8): what the
+    // coordinator would answer for the lock, its last owner's epoch, is recorded first.
+    client
+        .execute(
+            "SELECT palisade_learn_floor('ledger/pg', $1)",
+            &[&(next as i64)],
+        )
+        .await
+        .unwrap();
+    client.execute(insert, &[&(next as i64)]).await.unwrap();
 }
 
 /// A connection to `url` (its driver task spawned on the current runtime).
