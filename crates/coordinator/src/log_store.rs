@@ -52,8 +52,8 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 use palisade_core::{Changes, Epoch};
+use palisade_durable::records;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
 use crate::store::{
     decode_lease, encode_record, DurableState, LeaseRecord, LeaseStore, StoreError,
@@ -67,7 +67,8 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const HEADER_BYTES: u64 = 32;
 /// Where the header holds the grown-to length.
 const GROWN_TO_AT: u64 = 20;
-const RECORD_HEADER_BYTES: u64 = 20;
+#[cfg(test)]
+const RECORD_HEADER_BYTES: u64 = records::HEADER_BYTES as u64;
 /// Greatest payload of one record (a commit of [`crate::engine::MAX_BATCH`] changes is far
 /// below it; a snapshot of every live lease must fit too).
 pub const MAX_RECORD_BYTES: u64 = 1 << 30;
@@ -519,51 +520,23 @@ fn check_header(path: &Path, bytes: &[u8], length: u64) -> Result<(), StoreError
     Ok(())
 }
 
-/// The record framed: length, sequence, checksum, payload.
+/// The record framed: length, sequence, checksum, payload (`palisade_durable::records`).
 fn frame(sequence: u64, payload: &[u8]) -> Vec<u8> {
-    let mut record = Vec::with_capacity(RECORD_HEADER_BYTES as usize + payload.len());
-    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    record.extend_from_slice(&sequence.to_le_bytes());
-    record.extend_from_slice(&checksum(&record[..12], payload));
-    record.extend_from_slice(payload);
-    record
-}
-
-fn checksum(header: &[u8], payload: &[u8]) -> [u8; 8] {
-    let digest = Sha256::new()
-        .chain_update(header)
-        .chain_update(payload)
-        .finalize();
-    digest[..8].try_into().expect("8 bytes")
+    records::frame(sequence, payload)
 }
 
 /// The payload of the record with sequence `sequence` at `at`, and where the next one starts;
 /// `None` at the end of the log (zeros, or a record that does not check).
 fn record_at(bytes: &[u8], at: usize, sequence: u64) -> Option<(&[u8], usize)> {
-    let header = bytes.get(at..at + RECORD_HEADER_BYTES as usize)?;
-    let length = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    let stored_sequence = u64::from_le_bytes(header[4..12].try_into().expect("8 bytes"));
-    if length == 0 || length as u64 > MAX_RECORD_BYTES || stored_sequence != sequence {
-        return None;
-    }
-    let start = at + RECORD_HEADER_BYTES as usize;
-    let payload = bytes.get(start..start + length)?;
-    (checksum(&header[..12], payload) == header[12..20]).then_some((payload, start + length))
+    records::record_at(bytes, at, MAX_RECORD_BYTES)
+        .filter(|record| record.sequence == sequence)
+        .map(|record| (record.payload, record.next))
 }
 
-/// A record that checks anywhere after `at` with a sequence number above `sequence` (where it
-/// starts, and its sequence): only the last record can be torn, so one that follows a record
-/// that does not check — the next one, or any later one when several in a row were damaged —
-/// means damage.
+/// A record that checks anywhere after `at` with a sequence number above `sequence`
+/// ([`records::later_record`]).
 fn later_record(bytes: &[u8], at: usize, sequence: u64) -> Option<(usize, u64)> {
-    let last = bytes.len().saturating_sub(RECORD_HEADER_BYTES as usize);
-    (at + 1..=last).find_map(|offset| {
-        let stored = u64::from_le_bytes(bytes[offset + 4..offset + 12].try_into().ok()?);
-        // A later record's sequence is above this one's and at most one per record header.
-        let most = sequence.saturating_add(((offset - at) as u64 / RECORD_HEADER_BYTES) + 1);
-        (stored > sequence && stored <= most && record_at(bytes, offset, stored).is_some())
-            .then_some((offset, stored))
-    })
+    records::later_record(bytes, at, sequence, MAX_RECORD_BYTES)
 }
 
 /// The grown-to length `file`'s header names (0: none).

@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod records;
+
 use std::fs::File;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
