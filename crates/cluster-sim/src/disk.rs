@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use palisade_cluster::raft_log::LogFile;
 use redb::StorageBackend;
 
 /// What redb's backend methods fail with.
@@ -200,9 +201,107 @@ impl StorageBackend for DiskHandle {
     }
 }
 
+/// The Raft log's view of the same simulated file: a write past the end extends it (as a
+/// file's does), and every change is undone by a crash unless synced.
+impl LogFile for DiskHandle {
+    fn len(&self) -> std::io::Result<u64> {
+        StorageBackend::len(self)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        StorageBackend::read(self, offset, out)
+    }
+
+    fn write(&self, at: u64, data: &[u8]) -> std::io::Result<()> {
+        let end = at + data.len() as u64;
+        if end > StorageBackend::len(self)? {
+            StorageBackend::set_len(self, end)?;
+        }
+        StorageBackend::write(self, at, data)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        StorageBackend::set_len(self, len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        StorageBackend::sync_data(self)
+    }
+}
+
+/// A member's volume: its store (redb) and its two Raft log files, which crash, copy, fill
+/// and lie together.
+#[derive(Debug, Clone, Default)]
+pub struct Volume {
+    store: Disk,
+    logs: [Disk; 2],
+}
+
+impl Volume {
+    /// A volume whose fsyncs are all no-ops (a planted bug).
+    pub fn lying() -> Self {
+        Self {
+            store: Disk::lying(),
+            logs: [Disk::lying(), Disk::lying()],
+        }
+    }
+
+    fn disks(&self) -> [&Disk; 3] {
+        [&self.store, &self.logs[0], &self.logs[1]]
+    }
+
+    /// The next incarnation's store backend and log files.
+    pub fn open(&self) -> (DiskHandle, [Box<dyn LogFile>; 2]) {
+        (
+            self.store.open(),
+            [Box::new(self.logs[0].open()), Box::new(self.logs[1].open())],
+        )
+    }
+
+    /// Power cut: every file loses its writes since its last sync. With `torn` (some bytes),
+    /// each log file also ends in that many bytes of an append that was cut midway — on disk,
+    /// never acknowledged (a real power cut can leave part of a write).
+    pub fn crash(&self, torn: Option<Vec<u8>>) {
+        for disk in self.disks() {
+            disk.crash();
+        }
+        if let Some(bytes) = torn {
+            for log in &self.logs {
+                let handle = log.open();
+                let end = StorageBackend::len(&handle).unwrap_or(0);
+                // An empty file was never used: a torn append needs a log before it.
+                if end > 0 && LogFile::write(&handle, end, &bytes).is_ok() {
+                    let _ = StorageBackend::sync_data(&handle);
+                }
+            }
+        }
+    }
+
+    /// A copy of what the volume durably holds now (`cp -a` of a stopped member's directory).
+    pub fn copy(&self) -> Self {
+        Self {
+            store: self.store.copy(),
+            logs: [self.logs[0].copy(), self.logs[1].copy()],
+        }
+    }
+
+    /// The volume fills up.
+    pub fn fill(&self) {
+        for disk in self.disks() {
+            disk.fill();
+        }
+    }
+
+    /// fsyncs so far.
+    pub fn syncs(&self) -> u64 {
+        self.disks().iter().map(|d| d.syncs()).sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Disk, Volume};
+    use redb::StorageBackend as _;
 
     #[test]
     fn a_crash_loses_exactly_the_writes_after_the_last_sync() {
@@ -292,5 +391,32 @@ mod tests {
         handle.sync_data().unwrap();
         disk.crash();
         assert_eq!(disk.open().len().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_volume_crashes_and_copies_its_log_files_with_its_store() {
+        use palisade_cluster::raft_log::LogFile;
+        let volume = Volume::default();
+        let (_, logs) = volume.open();
+        LogFile::write(logs[0].as_ref(), 0, b"synced").unwrap();
+        logs[0].sync_data().unwrap();
+        LogFile::write(logs[0].as_ref(), 6, b"+lost").unwrap();
+        let copy = volume.copy();
+        volume.crash(Some(b"torn".to_vec()));
+        let (_, logs) = volume.open();
+        let mut out = [0; 10];
+        LogFile::read(logs[0].as_ref(), 0, &mut out).unwrap();
+        assert_eq!(&out, b"syncedtorn", "unsynced bytes lost, a torn tail left");
+        assert_eq!(
+            LogFile::len(logs[1].as_ref()).unwrap(),
+            0,
+            "an unused file stays empty"
+        );
+        let (_, copied) = copy.open();
+        assert_eq!(
+            LogFile::len(copied[0].as_ref()).unwrap(),
+            6,
+            "a copy holds what is synced"
+        );
     }
 }

@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use palisade_history::{check, History, Mode, Outcome, Summary, Violation};
 use serde::Serialize;
 
-pub use disk::{Disk, DiskHandle};
+pub use disk::{Disk, DiskHandle, Volume};
 pub use network::{Endpoint, Introductions, NetStats, Router};
 
 /// What a run simulates.

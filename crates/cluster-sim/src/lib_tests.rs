@@ -71,7 +71,7 @@ async fn grants_member_2_forgets(
     prefix: &str,
 ) -> (
     Vec<palisade_core::Epoch>,
-    (disk::Disk, Option<palisade_core::witness::WitnessRecord>),
+    (disk::Volume, Option<palisade_core::witness::WitnessRecord>),
 ) {
     let mut issued = vec![acquire(cluster, &format!("{prefix}/a")).await];
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;

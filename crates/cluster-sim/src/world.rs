@@ -19,7 +19,7 @@ use palisade_sim::SplitMix64;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::disk::Disk;
+use crate::disk::Volume;
 use crate::network::Router;
 use crate::{ClusterFaults, ClusterSimConfig, Hold};
 
@@ -316,11 +316,11 @@ async fn hold(
 /// A member as the fault driver manages it.
 struct Member {
     id: NodeId,
-    disk: Disk,
+    disk: Volume,
     signer: palisade_core::TokenSigner,
     running: Option<Running>,
     /// A copy of its disk taken while it was down (`cp -a`), to be put back later.
-    copy: Option<Disk>,
+    copy: Option<Volume>,
     /// Its witness when `copy` was taken (put back with it when whole volumes roll back).
     copy_witness: Option<palisade_core::witness::WitnessRecord>,
     /// Its witness beside the data directory: store id and applied index
@@ -417,9 +417,9 @@ impl Cluster {
             .map(|id| Member {
                 id: *id,
                 disk: if sim.plant_lying_fsync {
-                    Disk::lying()
+                    Volume::lying()
                 } else {
-                    Disk::default()
+                    Volume::default()
                 },
                 signer: palisade_core::TokenSigner::from_secret_bytes(&[*id as u8; 32]),
                 running: None,
@@ -497,7 +497,8 @@ impl Cluster {
         raft_config.max_in_snapshot_log_to_keep = 5;
         let (shutdown, shutdown_signal) = watch::channel(false);
         let member = &self.members[index];
-        let stores = storage::open_backend(member.disk.open()).map_err(|e| e.to_string())?;
+        let (store, logs) = member.disk.open();
+        let stores = storage::open_backend(store, logs).map_err(|e| e.to_string())?;
         let current = palisade_core::witness::WitnessRecord {
             kind: "member".into(),
             store: stores.1.identity().store().to_owned(),
@@ -573,7 +574,18 @@ impl Cluster {
         if !keep {
             self.members[index].witness = Some(seen);
         }
-        self.members[self.index(id)].disk.crash();
+        // Every third crash cuts an append midway: the log files end in part of a record
+        // that was never acknowledged (drawn from the crash count, not the seed's generator,
+        // so that the seed's other draws stay as they were).
+        let crashes = self.faults.crashes;
+        let torn = (crashes % 3 == 1).then(|| {
+            let mut bytes = 200u32.to_le_bytes().to_vec();
+            bytes.extend_from_slice(&(crashes + 1).to_le_bytes());
+            bytes.extend_from_slice(&[0xAB; 40]);
+            bytes.truncate(1 + (crashes as usize * 7) % 51);
+            bytes
+        });
+        self.members[self.index(id)].disk.crash(torn);
         running.stop().await;
         self.faults.crashes += 1;
         self.shared.trace(&format!("crash {id}"));
@@ -660,7 +672,7 @@ impl Cluster {
     pub(crate) fn snapshot_volume(
         &self,
         id: NodeId,
-    ) -> (Disk, Option<palisade_core::witness::WitnessRecord>) {
+    ) -> (Volume, Option<palisade_core::witness::WitnessRecord>) {
         let member = &self.members[self.index(id)];
         (member.disk.copy(), member.witness.clone())
     }
@@ -671,7 +683,7 @@ impl Cluster {
     pub(crate) fn put_back_volume(
         &mut self,
         id: NodeId,
-        snapshot: (Disk, Option<palisade_core::witness::WitnessRecord>),
+        snapshot: (Volume, Option<palisade_core::witness::WitnessRecord>),
     ) {
         let index = self.index(id);
         self.members[index].disk = snapshot.0;

@@ -29,7 +29,8 @@ pub mod supervisor;
 pub mod witness;
 
 pub use palisade_member_store::{
-    identity, runtime, storage, Applied, ClusterError, Command, MemberNode, NodeId, TypeConfig,
+    identity, raft_log, runtime, storage, Applied, ClusterError, Command, MemberNode, NodeId,
+    TypeConfig,
 };
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -412,7 +413,11 @@ pub async fn start_member(
         applied,
     )?;
     let floor = restored_floor(config, dir, fresh)?;
-    tokio::spawn(witness.follow(stores.1.durable_applied_watch(), shutdown.clone()));
+    tokio::spawn(witness.follow(
+        stores.1.durable_applied_watch(),
+        stores.1.syncer(),
+        shutdown.clone(),
+    ));
     let network = network::Network::new(config.node_id, stores.1.identity(), peer_tls.clone());
     let start = MemberStart {
         config,
@@ -491,6 +496,21 @@ pub struct MemberStart<'a> {
     pub clock: Arc<dyn palisade_core::clock::WallClock>,
 }
 
+/// Makes the state machine's applies durable every `FOLLOW_INTERVAL` (when one is not yet)
+/// until `shutdown`: the log is a file of its own, and an apply commits without an fsync. A
+/// failure is logged; the next round tries again (the applies stay in the log meanwhile).
+async fn sync_applies(sync: storage::SmSync, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(palisade_core::witness::FOLLOW_INTERVAL) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        if let Err(error) = sync.sync() {
+            tracing::warn!(%error, "the applies could not be made durable; retrying");
+        }
+    }
+}
+
 impl MemberStart<'_> {
     /// Checks the membership, starts Raft over `network` (initialising a new cluster when every
     /// member starts empty) and the supervisor.
@@ -501,6 +521,7 @@ impl MemberStart<'_> {
         let config = self.config;
         let (log, sm) = self.stores;
         let durable_applied = sm.durable_applied_watch();
+        tokio::spawn(sync_applies(sm.syncer(), self.shutdown.clone()));
         let state = sm.shared();
         let identity = sm.identity();
         let raft = start_raft(config.node_id, self.raft_config, network, log, sm).await?;

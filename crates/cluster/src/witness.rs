@@ -115,6 +115,7 @@ impl Witness {
     pub async fn follow(
         mut self,
         mut applied: watch::Receiver<Option<openraft::LogId<NodeId>>>,
+        sync: crate::storage::SmSync,
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
@@ -122,6 +123,13 @@ impl Witness {
                 changed = applied.changed() => changed.is_err(),
                 _ = shutdown.wait_for(|stop| *stop) => true,
             };
+            if stopping {
+                // Every apply so far made durable first, so that the stop records it.
+                let sync = sync.clone();
+                if let Ok(Err(error)) = tokio::task::spawn_blocking(move || sync.sync()).await {
+                    tracing::warn!(%error, "the applies could not be made durable at the stop");
+                }
+            }
             let index = applied.borrow_and_update().map_or(0, |l| l.index);
             if index > self.seen.mark {
                 self.seen.mark = index;
@@ -199,7 +207,8 @@ mod tests {
         let witness = Witness::check(&path, 1, "s", "aaaa", 0).unwrap();
         let (applied_tx, applied) = watch::channel(None);
         let (stop, shutdown) = watch::channel(false);
-        let task = tokio::spawn(witness.follow(applied, shutdown));
+        let (_log, sm) = crate::storage::open(&dir.path().join("s.redb")).unwrap();
+        let task = tokio::spawn(witness.follow(applied, sm.syncer(), shutdown));
         applied_tx
             .send(Some(openraft::LogId::new(
                 openraft::CommittedLeaderId::new(1, 1),

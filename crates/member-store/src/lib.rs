@@ -11,6 +11,7 @@
 
 mod error;
 pub mod identity;
+pub mod raft_log;
 pub mod runtime;
 pub mod storage;
 

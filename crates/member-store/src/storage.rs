@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io::Cursor;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -41,11 +41,15 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::identity::Identity;
+use super::raft_log::{Entries, LogError, LogFile, RaftLog};
 use super::{Applied, ClusterError, Command, NodeId, TypeConfig};
 
-/// Log index → JSON of the entry.
+/// Log index → JSON of the entry: the Raft log of a store from before the log file, moved into
+/// the file at its first open (then empty).
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-/// `vote`, `committed`, `last_purged`: JSON.
+/// Which of the two Raft log files is in use (0 or 1; none: 0).
+const LOG_FILE: &str = "log_file";
+/// `vote`, `committed`, `last_purged`, [`LOG_FILE`]: JSON.
 const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 /// Lock name → JSON of its live lease (the replicated state machine).
 const SM_LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_leases");
@@ -142,32 +146,56 @@ fn from_json<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(read_err)
 }
 
-/// Opens (or creates) the cluster's store at `path`: the log side and the state machine side.
-/// Fails loudly on a file that is locked, unreadable or corrupt.
+/// Opens (or creates) the cluster's store at `path` (redb: the vote, the state machine, the
+/// snapshot, the identity) and its Raft log beside it ([`log_paths`]): the log side and the
+/// state machine side. Fails loudly on a file that is locked, unreadable or corrupt.
 pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let created = !path.exists();
     let db = Database::create(path)
         .map_err(|e| ClusterError::Store(format!("open {}: {e}", path.display())))?;
+    // redb's lock on the store is held from here: no other process opens the log files.
+    let [first, second] = log_paths(path);
+    let open_log = |log: &Path| -> std::result::Result<Box<dyn LogFile>, ClusterError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(log)
+            .map_err(|e| ClusterError::Store(format!("open {}: {e}", log.display())))?;
+        Ok(Box::new(file))
+    };
+    let files = [open_log(&first)?, open_log(&second)?];
     if created {
-        // The file's entry in its directory must survive a power cut too.
+        // The files' entries in their directory must survive a power cut too.
         palisade_durable::sync_parent_dir(path).map_err(|e| {
             ClusterError::Store(format!("fsync the directory of {}: {e}", path.display()))
         })?;
     }
-    open_database(db)
+    open_database(db, files).map_err(|e| ClusterError::Store(format!("{}: {e}", path.display())))
 }
 
-/// [`open`] over another redb backend (a simulation's crashable memory).
+/// The two Raft log files beside the store at `path`: `cluster.raftlog.0` and
+/// `cluster.raftlog.1` for `cluster.redb` (one is in use, see [`crate::raft_log`]).
+pub fn log_paths(path: &Path) -> [std::path::PathBuf; 2] {
+    [0, 1].map(|n| path.with_extension(format!("raftlog.{n}")))
+}
+
+/// [`open`] over another redb backend and other log files (a simulation's crashable memory).
 pub fn open_backend(
     backend: impl redb::StorageBackend,
+    log_files: [Box<dyn LogFile>; 2],
 ) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let db = Database::builder()
         .create_with_backend(backend)
         .map_err(|e| ClusterError::Store(format!("open the store: {e}")))?;
-    open_database(db)
+    open_database(db, log_files)
 }
 
-fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
+fn open_database(
+    db: Database,
+    log_files: [Box<dyn LogFile>; 2],
+) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let db = Arc::new(db);
     let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
     let txn = db.begin_write().map_err(|e| store_error(&e))?;
@@ -178,13 +206,16 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
     txn.commit().map_err(|e| store_error(&e))?;
     let state =
         load_state(&db).map_err(|e| ClusterError::Store(format!("corrupt state machine: {e}")))?;
+    let log = open_log(&db, log_files)?;
     let (applied_tx, applied) = watch::channel(state.header.last_applied);
     let durable = Arc::new(watch::channel(state.header.last_applied).0);
     let state = Arc::new(Mutex::new(state));
     let identity = Identity::open(&db)?;
+    identity.set_last_log(log.last());
     Ok((
         LogStore {
             db: db.clone(),
+            log: Arc::new(Mutex::new(log)),
             applied,
             durable: durable.clone(),
             identity: identity.clone(),
@@ -198,6 +229,72 @@ fn open_database(db: Database) -> std::result::Result<(LogStore, StateMachine), 
             snapshot_seq: 0,
         },
     ))
+}
+
+/// Reads the Raft log in the file the store names, after moving the entries of a store from
+/// before the log file (kept in redb's `raft_log` table) into it.
+fn open_log(
+    db: &Database,
+    files: [Box<dyn LogFile>; 2],
+) -> std::result::Result<RaftLog, ClusterError> {
+    let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
+    let read = || -> Result<(usize, Option<LogId<NodeId>>, Entries)> {
+        let txn = db.begin_read().map_err(read_err)?;
+        let meta = txn.open_table(RAFT_META).map_err(read_err)?;
+        let get = |key: &str| meta.get(key).map_err(read_err);
+        let active: usize = match get(LOG_FILE)? {
+            Some(v) => from_json(v.value())?,
+            None => 0,
+        };
+        let purged: Option<LogId<NodeId>> = match get("last_purged")? {
+            Some(v) => from_json(v.value())?,
+            None => None,
+        };
+        let table = txn.open_table(LOG).map_err(read_err)?;
+        let mut old = Vec::new();
+        for row in table.iter().map_err(read_err)? {
+            let (_, value) = row.map_err(read_err)?;
+            let entry: Entry<TypeConfig> = from_json(value.value())?;
+            old.push((entry.log_id, value.value().to_vec()));
+        }
+        Ok((active, purged, old))
+    };
+    let (active, purged, old) = read().map_err(|e| store_error(&e))?;
+    if old.is_empty() {
+        return RaftLog::open(files, active, purged)
+            .map_err(|e| ClusterError::Store(e.to_string()));
+    }
+    // A store of an earlier version: its entries go into the file not in use, which then
+    // becomes the one in use in the same commit that empties the table (a crash before it
+    // leaves the table as it was, and this runs again).
+    let target = 1 - active.min(1);
+    files[target]
+        .set_len(0)
+        .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;
+    let mut log =
+        RaftLog::open(files, target, purged).map_err(|e| ClusterError::Store(e.to_string()))?;
+    let mut no_switch = |_| Ok(());
+    log.append(&old, &mut no_switch)
+        .map_err(|e| ClusterError::Store(e.to_string()))?;
+    let moved = || -> Result<()> {
+        let mut txn = db.begin_write().map_err(write_err)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(write_err)?;
+        {
+            let mut table = txn.open_table(LOG).map_err(write_err)?;
+            table.retain(|_, _| false).map_err(write_err)?;
+            let mut meta = txn.open_table(RAFT_META).map_err(write_err)?;
+            meta.insert(LOG_FILE, to_json(&target).as_slice())
+                .map_err(write_err)?;
+        }
+        txn.commit().map_err(write_err)
+    };
+    moved().map_err(|e| store_error(&e))?;
+    tracing::info!(
+        entries = old.len(),
+        "moved the raft log out of the store into its own file"
+    );
+    Ok(log)
 }
 
 /// The applied epoch counter of the (stopped) member store at `path`, read without writing
@@ -236,10 +333,12 @@ fn load_state(db: &Database) -> Result<SmState> {
     Ok(SmState { header, leases })
 }
 
-/// The log side of the store (also its reader: redb readers never block the writer).
+/// The log side of the store (also its reader).
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    /// The entries (an append-only file of their own).
+    log: Arc<Mutex<RaftLog>>,
     /// The state machine's `last_applied` (a purge waits for it; the purge's own immediate
     /// commit makes it durable).
     applied: watch::Receiver<Option<LogId<NodeId>>>,
@@ -258,122 +357,76 @@ impl LogStore {
     }
 
     fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<()> {
-        let txn = self.meta_write(key, value, Durability::Immediate)?;
-        self.commit_durably(txn)
+        let txn = meta_write(&self.db, key, value, Durability::Immediate)?;
+        commit_durably(txn, &self.applied.borrow(), &self.durable)
     }
 
-    /// A write transaction of `durability` that sets `key` to `value`, not yet committed.
-    fn meta_write<T: Serialize>(
-        &self,
-        key: &str,
-        value: &T,
-        durability: Durability,
-    ) -> Result<redb::WriteTransaction> {
-        let mut txn = self.db.begin_write().map_err(write_err)?;
-        txn.set_durability(durability).map_err(write_err)?;
-        {
-            let mut table = txn.open_table(RAFT_META).map_err(write_err)?;
-            table
-                .insert(key, to_json(value).as_slice())
-                .map_err(write_err)?;
-        }
-        Ok(txn)
+    fn log(&self) -> std::sync::MutexGuard<'_, RaftLog> {
+        self.log.lock().expect("not poisoned")
     }
 
-    /// Commits `txn` (an immediate one) and records that every apply committed before it is
-    /// now durable too: redb makes earlier non-durable commits durable with it.
-    fn commit_durably(&self, txn: redb::WriteTransaction) -> Result<()> {
-        // Read while this transaction holds the writer: every value published so far comes
-        // from an apply whose commit finished before this transaction began.
-        let applied = *self.applied.borrow();
-        txn.commit().map_err(write_err)?;
-        mark_durable(&self.durable, applied);
-        Ok(())
+    /// Records `file` as the Raft log file in use (a compaction's switch), durably.
+    fn switch_to(&self, file: usize) -> std::result::Result<(), LogError> {
+        self.put_meta(LOG_FILE, &file)
+            .map_err(|e| LogError::Io(std::io::Error::other(e.to_string())))
     }
 
-    /// Appends `entries` durably (one immediate commit), refusing any that would not continue
-    /// the log exactly.
-    /// The id of the last entry in the log, or `last_purged` when it is empty.
-    fn last_log_id(&self, last_purged: Option<LogId<NodeId>>) -> Result<Option<LogId<NodeId>>> {
-        let txn = self.db.begin_read().map_err(read_err)?;
-        let log = txn.open_table(LOG).map_err(read_err)?;
-        let last = match log.last().map_err(read_err)? {
-            Some((_, value)) => Some(from_json::<Entry<TypeConfig>>(value.value())?.log_id),
-            None => last_purged,
-        };
-        Ok(last)
-    }
-
-    /// Appends `entries` durably; returns the last one's id (`None`: there were none).
+    /// Appends `entries` durably (one write, one fdatasync), refusing any that would not
+    /// continue the log exactly; returns the last one's id (`None`: there were none).
     fn write_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
     ) -> Result<Option<LogId<NodeId>>> {
-        let mut txn = self.db.begin_write().map_err(write_err)?;
-        let mut last = None;
-        txn.set_durability(Durability::Immediate)
-            .map_err(write_err)?;
-        {
-            let first = self.next_index(&txn)?;
-            let mut log = txn.open_table(LOG).map_err(write_err)?;
-            for (next, entry) in (first..).zip(entries) {
-                // openraft appends only right after its last entry (conflicts are truncated
-                // first). Anything else is a hole or an overwrite: refuse it before it is on
-                // disk, since a log with a hole stops this member for good.
-                if entry.log_id.index != next {
-                    return Err(invariant_err(format!(
-                        "refused to append log entry {} where entry {next} comes next: the log \
-                         would have a gap or be overwritten",
-                        entry.log_id
-                    )));
-                }
-                log.insert(entry.log_id.index, to_json(&entry).as_slice())
-                    .map_err(write_err)?;
-                last = Some(entry.log_id);
-            }
-        }
-        self.commit_durably(txn)?;
+        let entries: Vec<(LogId<NodeId>, Vec<u8>)> = entries
+            .into_iter()
+            .map(|entry| (entry.log_id, to_json(&entry)))
+            .collect();
+        let last = entries.last().map(|(id, _)| *id);
+        let mut log = self.log();
+        log.append(&entries, &mut |file| self.switch_to(file))
+            .map_err(log_err)?;
         Ok(last)
     }
+}
 
-    /// The index the next appended entry must have: after the last entry, or after the last
-    /// purged one when the log is empty, or 0 for a new log.
-    fn next_index(&self, txn: &redb::WriteTransaction) -> Result<u64> {
-        let log = txn.open_table(LOG).map_err(write_err)?;
-        if let Some((index, _)) = log.last().map_err(write_err)? {
-            return Ok(index.value() + 1);
-        }
-        let meta = txn.open_table(RAFT_META).map_err(write_err)?;
-        let purged: Option<LogId<NodeId>> = match meta.get("last_purged").map_err(write_err)? {
-            Some(value) => from_json(value.value())?,
-            None => None,
-        };
-        Ok(purged.map_or(0, |p| p.index + 1))
-    }
-
-    /// Removes the log entries with an index in `range`, and records `purged` if given.
-    fn remove(&self, range: (Bound<u64>, Bound<u64>), purged: Option<LogId<NodeId>>) -> Result<()> {
-        let mut txn = self.db.begin_write().map_err(write_err)?;
-        txn.set_durability(Durability::Immediate)
+/// A write transaction of `durability` that sets `key` to `value`, not yet committed.
+fn meta_write<T: Serialize>(
+    db: &Database,
+    key: &str,
+    value: &T,
+    durability: Durability,
+) -> Result<redb::WriteTransaction> {
+    let mut txn = db.begin_write().map_err(write_err)?;
+    txn.set_durability(durability).map_err(write_err)?;
+    {
+        let mut table = txn.open_table(RAFT_META).map_err(write_err)?;
+        table
+            .insert(key, to_json(value).as_slice())
             .map_err(write_err)?;
-        {
-            let mut log = txn.open_table(LOG).map_err(write_err)?;
-            let keys: Vec<u64> = log
-                .range(range)
-                .map_err(write_err)?
-                .map(|row| row.map(|(k, _)| k.value()))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(write_err)?;
-            for key in keys {
-                log.remove(key).map_err(write_err)?;
-            }
-            if let Some(purged) = purged {
-                let mut meta = txn.open_table(RAFT_META).map_err(write_err)?;
-                meta.insert("last_purged", to_json(&purged).as_slice())
-                    .map_err(write_err)?;
-            }
-        }
-        self.commit_durably(txn)
+    }
+    Ok(txn)
+}
+
+/// Commits `txn` (an immediate one) and records that every apply committed before it is now
+/// durable too: redb makes earlier non-durable commits durable with it. `applied` is read
+/// while `txn` holds the writer: every value published so far comes from an apply whose
+/// commit finished before this transaction began.
+fn commit_durably(
+    txn: redb::WriteTransaction,
+    applied: &Option<LogId<NodeId>>,
+    durable: &watch::Sender<Option<LogId<NodeId>>>,
+) -> Result<()> {
+    let applied = *applied;
+    txn.commit().map_err(write_err)?;
+    mark_durable(durable, applied);
+    Ok(())
+}
+
+fn log_err(error: LogError) -> StorageError<NodeId> {
+    match error {
+        LogError::Refused(message) => invariant_err(message),
+        LogError::Io(e) => write_err(e),
+        LogError::Damaged(message) => write_err(LogInvariant(message)),
     }
 }
 
@@ -382,28 +435,16 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>> {
-        let txn = self.db.begin_read().map_err(read_err)?;
-        let log = txn.open_table(LOG).map_err(read_err)?;
+        // Only a run that starts at the range's start and has no gap is returned. A caller
+        // sends what it reads after its `prev_log_id` (the entry before the range): entries
+        // that skip a purged or missing index would be a log with a hole at the follower.
+        // Nothing is safe (openraft sends a heartbeat and looks again).
         let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
-        let mut expected = match bounds.0 {
-            Bound::Included(start) => Some(start),
-            Bound::Excluded(start) => Some(start + 1),
-            Bound::Unbounded => None,
-        };
-        let mut entries = Vec::new();
-        for row in log.range(bounds).map_err(read_err)? {
-            let (index, value) = row.map_err(read_err)?;
-            // Only a run that starts at the range's start and has no gap is returned. A caller
-            // sends what it reads after its `prev_log_id` (the entry before the range): entries
-            // that skip a purged or missing index would be a log with a hole at the follower.
-            // Nothing is safe (openraft sends a heartbeat and looks again).
-            if expected.is_some_and(|expected| index.value() != expected) {
-                break;
-            }
-            expected = Some(index.value() + 1);
-            entries.push(from_json(value.value())?);
-        }
-        Ok(entries)
+        let raw = self
+            .log()
+            .read(bounds)
+            .map_err(|e| read_err(LogInvariant(e.to_string())))?;
+        raw.iter().map(|json| from_json(json)).collect()
     }
 }
 
@@ -411,8 +452,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
-        let last_purged: Option<LogId<NodeId>> = self.meta("last_purged")?;
-        let last = self.last_log_id(last_purged)?;
+        let (last_purged, last) = {
+            let log = self.log();
+            (log.purged(), log.last())
+        };
         self.identity.set_last_log(last);
         Ok(LogState {
             last_purged_log_id: last_purged,
@@ -444,7 +487,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<()> {
         // A hint openraft may lose (it learns the commit index from the leader again): not
         // fsynced, made durable by the next immediate commit.
-        self.meta_write("committed", &committed, Durability::None)?
+        meta_write(&self.db, "committed", &committed, Durability::None)?
             .commit()
             .map_err(write_err)
     }
@@ -506,9 +549,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                  --cluster), or compare before deciding"
             )));
         }
-        self.remove((Bound::Included(log_id.index), Bound::Unbounded), None)?;
-        let last_purged: Option<LogId<NodeId>> = self.meta("last_purged")?;
-        self.identity.set_last_log(self.last_log_id(last_purged)?);
+        let last = {
+            let mut log = self.log();
+            log.truncate(log_id.index).map_err(log_err)?;
+            log.last()
+        };
+        self.identity.set_last_log(last);
         Ok(())
     }
 
@@ -542,13 +588,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 )))
             }
         }
-        self.remove(
-            (Bound::Unbounded, Bound::Included(log_id.index)),
-            Some(log_id),
-        )?;
+        // The purged id first, durably (this commit also makes every apply so far durable):
+        // a crash after it leaves records at or below it in the file, which are skipped.
+        self.put_meta("last_purged", &log_id)?;
+        let last = {
+            let mut log = self.log();
+            log.purge(log_id, &mut |file| self.switch_to(file))
+                .map_err(log_err)?;
+            log.last()
+        };
         // A purge past the last entry (a snapshot installed over a shorter log) moves where
         // the log ends: a census must hear it (`identity` rule 4).
-        self.identity.set_last_log(self.last_log_id(Some(log_id))?);
+        self.identity.set_last_log(last);
         Ok(())
     }
 }
@@ -590,6 +641,15 @@ impl StateMachine {
     /// disk.
     pub fn durable_applied_watch(&self) -> watch::Receiver<Option<LogId<NodeId>>> {
         self.durable.subscribe()
+    }
+
+    /// What makes the applies durable between the store's other immediate commits.
+    pub fn syncer(&self) -> SmSync {
+        SmSync {
+            db: self.db.clone(),
+            applied: self.applied.subscribe(),
+            durable: self.durable.clone(),
+        }
     }
 
     fn snapshot_now(&mut self) -> Result<Snapshot<TypeConfig>> {
@@ -639,6 +699,33 @@ impl StateMachine {
         txn.commit().map_err(write_err)?;
         mark_durable(&self.durable, applied);
         Ok(())
+    }
+}
+
+/// Makes the state machine's applies durable. An apply commits without an fsync and the log
+/// is a file of its own, so the applies become durable with the store's next immediate commit
+/// (a vote, a purge, a snapshot) or with [`SmSync::sync`], which a member calls every
+/// `palisade_core::witness::FOLLOW_INTERVAL` while it applies and once when it stops
+/// (`palisade_cluster`): what its witness records follows.
+#[derive(Clone)]
+pub struct SmSync {
+    db: Arc<Database>,
+    applied: watch::Receiver<Option<LogId<NodeId>>>,
+    durable: Arc<watch::Sender<Option<LogId<NodeId>>>>,
+}
+
+impl SmSync {
+    /// One immediate commit when an apply is not durable yet (none otherwise).
+    pub fn sync(&self) -> std::result::Result<(), ClusterError> {
+        if *self.applied.borrow() <= *self.durable.borrow() {
+            return Ok(());
+        }
+        let store_error = |e: StorageError<NodeId>| ClusterError::Store(e.to_string());
+        let txn =
+            meta_write(&self.db, "sm_synced", &true, Durability::Immediate).map_err(store_error)?;
+        // Read while this transaction holds the writer (see `commit_durably`).
+        let applied = *self.applied.borrow();
+        commit_durably(txn, &applied, &self.durable).map_err(store_error)
     }
 }
 

@@ -1,8 +1,10 @@
 //! Unit tests of the cluster store (`storage.rs`).
 
 use super::*;
+use crate::raft_log;
 use openraft::testing::{blank_ent, log_id};
 use palisade_core::{HolderId, LeaseId, LockClass};
+use redb::ReadableTableMetadata;
 
 fn open_temp() -> (tempfile::TempDir, LogStore, StateMachine) {
     let dir = tempfile::tempdir().unwrap();
@@ -52,28 +54,22 @@ async fn p1_p8_a_log_read_never_returns_entries_without_the_ranges_start() {
     // prev_log_id 24, the follower wrote a log with a hole and its Raft stopped.
     let (_dir, mut log, _sm) = open_temp();
     log.write_entries(blanks(0..10)).unwrap();
-    log.remove(
-        (Bound::Unbounded, Bound::Included(4)),
-        Some(log_id(1, 1, 4)),
-    )
-    .unwrap();
+    let store = log.clone();
+    log.log()
+        .purge(log_id(1, 1, 4), &mut |file| store.switch_to(file))
+        .unwrap();
     assert_eq!(
         indexes(&log.try_get_log_entries(5..8).await.unwrap()),
         [5, 6, 7]
     );
     assert!(log.try_get_log_entries(3..8).await.unwrap().is_empty());
     assert!(log.try_get_log_entries(4..5).await.unwrap().is_empty());
-    // A hole in the middle (cannot be written any more, see below) ends the run.
-    log.remove((Bound::Included(7), Bound::Included(7)), None)
-        .unwrap();
-    assert_eq!(
-        indexes(&log.try_get_log_entries(5..10).await.unwrap()),
-        [5, 6]
-    );
     assert_eq!(
         indexes(&log.try_get_log_entries(8..).await.unwrap()),
         [8, 9]
     );
+    // A hole in the middle cannot be written (see below): the log file's records run without
+    // a gap, or the file is refused (`raft_log_tests.rs`).
 }
 
 #[test]
@@ -121,11 +117,10 @@ fn p1_p8_append_refuses_a_gap_or_an_overwrite_and_writes_nothing() {
     );
     log.write_entries(blanks(3..5)).unwrap();
     // After a purge of everything the log continues after the purged entry.
-    log.remove(
-        (Bound::Unbounded, Bound::Included(4)),
-        Some(log_id(1, 1, 4)),
-    )
-    .unwrap();
+    let store = log.clone();
+    log.log()
+        .purge(log_id(1, 1, 4), &mut |file| store.switch_to(file))
+        .unwrap();
     assert!(log.write_entries(blanks(6..7)).is_err());
     log.write_entries(blanks(5..7)).unwrap();
 }
@@ -204,4 +199,71 @@ async fn p1_the_state_machine_refuses_a_counter_going_back_and_keeps_its_state()
     let state = state.lock().unwrap();
     assert_eq!(state.header.last_epoch, Epoch(5));
     assert_eq!(state.header.last_applied, Some(log_id(1, 1, 0)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn p8_the_log_and_the_state_machine_reopen_after_a_purge_and_a_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE);
+    {
+        let (mut log, mut sm) = open(&path).unwrap();
+        log.write_entries(blanks(0..8)).unwrap();
+        sm.apply(blanks(0..8)).await.unwrap();
+        // Everything purged: compacted into the other file, recorded in the store.
+        log.purge(log_id(1, 1, 7)).await.unwrap();
+        log.write_entries(blanks(8..10)).unwrap();
+    }
+    let (mut log, _sm) = open(&path).unwrap();
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 7)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 1, 9)));
+    assert_eq!(
+        indexes(&log.try_get_log_entries(8..).await.unwrap()),
+        [8, 9]
+    );
+    let [first, second] = log_paths(&path);
+    assert_eq!(
+        std::fs::metadata(first).unwrap().len(),
+        0,
+        "the old file emptied"
+    );
+    assert!(std::fs::metadata(second).unwrap().len() > raft_log::HEADER_BYTES);
+}
+
+#[tokio::test]
+async fn p8_a_store_from_before_the_log_file_has_its_entries_moved_into_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE);
+    {
+        // The store as an earlier version left it: entries in the `raft_log` table.
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(LOG).unwrap();
+            for entry in blanks(3..7) {
+                table
+                    .insert(entry.log_id.index, to_json(&entry).as_slice())
+                    .unwrap();
+            }
+            let mut meta = txn.open_table(RAFT_META).unwrap();
+            meta.insert("last_purged", to_json(&Some(log_id(1, 1, 2))).as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    for _ in 0..2 {
+        let (mut log, _sm) = open(&path).unwrap();
+        assert_eq!(
+            indexes(&log.try_get_log_entries(3..).await.unwrap()),
+            [3, 4, 5, 6]
+        );
+        assert_eq!(log.log().active(), 1, "moved into the file not in use");
+        drop(log);
+    }
+    let db = Database::open(&path).unwrap();
+    let txn = db.begin_read().unwrap();
+    assert!(
+        ReadableTableMetadata::is_empty(&txn.open_table(LOG).unwrap()).unwrap(),
+        "the table emptied"
+    );
 }

@@ -9,7 +9,7 @@ use palisade_cluster::membership::Changes;
 use palisade_cluster::{MembershipError, NodeId};
 
 use super::{Cluster, RECOVERY_MS};
-use crate::disk::Disk;
+use crate::disk::Volume;
 
 impl Cluster {
     /// Injects faults until `until_ms`, each healed before the next.
@@ -73,7 +73,7 @@ impl Cluster {
             // flags. Its peers must refuse it; the operator then removes it and
             // adds it back with --join.
             let index = self.index(victim);
-            self.members[index].disk = Disk::default();
+            self.members[index].disk = Volume::default();
             self.faults.wipes += 1;
             self.shared.trace(&format!("wipe {victim}"));
             self.start(victim).await?;
@@ -161,7 +161,7 @@ impl Cluster {
         })
         .await?;
         let index = self.index(id);
-        self.members[index].disk = Disk::default();
+        self.members[index].disk = Volume::default();
         self.start_as(id, true).await?;
         self.add(id).await?;
         self.shared.trace(&format!("re-added {id}"));
@@ -194,7 +194,7 @@ impl Cluster {
                     // The way back the refusal names: remove it, start it empty, add it.
                     self.readd(id).await?;
                     if self.members[index].running.is_none() {
-                        self.members[index].disk = Disk::default();
+                        self.members[index].disk = Volume::default();
                         self.start(id).await?;
                     }
                 }
