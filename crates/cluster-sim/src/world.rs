@@ -578,11 +578,13 @@ impl Cluster {
         // that was never acknowledged (drawn from the crash count, not the seed's generator,
         // so that the seed's other draws stay as they were).
         let crashes = self.faults.crashes;
+        // Its header claims a 40-byte payload: cut short, or whole with a payload that never
+        // reached the disk (its checksum does not match).
         let torn = (crashes % 3 == 1).then(|| {
-            let mut bytes = 200u32.to_le_bytes().to_vec();
+            let mut bytes = 40u32.to_le_bytes().to_vec();
             bytes.extend_from_slice(&(crashes + 1).to_le_bytes());
-            bytes.extend_from_slice(&[0xAB; 40]);
-            bytes.truncate(1 + (crashes as usize * 7) % 51);
+            bytes.extend_from_slice(&[0xAB; 48]);
+            bytes.truncate(1 + (crashes as usize * 7) % 60);
             bytes
         });
         self.members[self.index(id)].disk.crash(torn);

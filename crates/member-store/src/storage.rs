@@ -1,14 +1,18 @@
-//! openraft's storage (v2) over one redb file: the Raft log, the vote, and the replicated
-//! state machine (epoch counter, live leases, token keys), plus the current snapshot.
+//! openraft's storage (v2): the Raft log in an append-only file of its own ([`crate::raft_log`];
+//! two files beside the redb file, one in use), and in one redb file the vote, the replicated
+//! state machine (epoch counter, live leases, token keys), the current snapshot, and which log
+//! file is in use with the last purged log id.
 //!
 //! Durability contract (what openraft relies on, and what makes P1/P8 hold across crashes):
-//! - `append` calls back only after the entries are committed with `Durability::Immediate`;
+//! - `append` calls back only after the entries' one write is fdatasynced;
 //! - `save_vote` returns only once the vote is on disk (a node never votes twice in a term);
 //! - `apply` commits the state machine's rows and `last_applied` in one transaction without an
-//!   fsync (`Durability::None`): redb makes it durable with the store's next immediate commit,
-//!   and a crash before that rolls the state machine back to an earlier `last_applied`, still
-//!   exactly "every entry up to it", whose later entries the log still holds (they are durable
-//!   there, and purges only reach entries a snapshot covers): openraft applies them again.
+//!   fsync (`Durability::None`): redb makes it durable with the store's next immediate commit
+//!   (a vote, a purge, a snapshot, or [`SmSync::sync`], which a member runs every 200 ms and at
+//!   a stop), and a crash before that rolls the state machine back to an earlier
+//!   `last_applied`, still exactly "every entry up to it", whose later entries the log still
+//!   holds (they are durable there, and purges only reach entries the state machine applied,
+//!   made durable by the purge's own commit): openraft applies them again.
 //!   Whatever must never get ahead of the disk (the member's witness) follows the *durable*
 //!   `last_applied` ([`StateMachine::durable_applied_watch`]), raised after each immediate
 //!   commit; `save_committed` is not fsynced either (openraft may lose it);
@@ -16,9 +20,10 @@
 //!   skipped a purged start made a deposed leader's replication task send a follower a log with
 //!   a hole (see `try_get_log_entries`);
 //! - `append` refuses entries that do not continue the log exactly (a gap is never written);
-//! - `purge` never removes entries the state machine has not durably applied: a follower that
-//!   installs a snapshot is told to purge before its state machine has installed it, and a crash
-//!   in between would leave a log purged past `last_applied` (see `purge`).
+//! - `purge` never removes entries the state machine has not applied, and records the purge
+//!   (durably, with every apply so far) before the log file forgets them: a follower that
+//!   installs a snapshot is told to purge before its state machine has installed it, and a
+//!   crash in between would leave a log purged past `last_applied` (see `purge`).
 
 // openraft's `StorageError` is large and its traits return it: nothing to box here.
 #![allow(clippy::result_large_err)]
@@ -636,7 +641,7 @@ impl StateMachine {
     }
 
     /// The applied log id known to be on disk, as it changes: an apply commits without an
-    /// fsync, and the next immediate commit of this store (an append, a vote, a purge, a
+    /// fsync, and the next immediate commit of this store (a vote, a purge, a [`SmSync`], a
     /// snapshot) makes it durable. What the witness follows: it must never get ahead of the
     /// disk.
     pub fn durable_applied_watch(&self) -> watch::Receiver<Option<LogId<NodeId>>> {

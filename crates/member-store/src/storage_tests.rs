@@ -267,3 +267,22 @@ async fn p8_a_store_from_before_the_log_file_has_its_entries_moved_into_it() {
         "the table emptied"
     );
 }
+
+#[tokio::test]
+async fn p6_an_apply_is_durable_only_once_synced_and_the_durable_mark_follows() {
+    // The witness follows the durable mark: it must never be ahead of the disk.
+    let (_dir, log, mut sm) = open_temp();
+    log.write_entries(blanks(0..3)).unwrap();
+    sm.apply(blanks(0..3)).await.unwrap();
+    let durable = sm.durable_applied_watch();
+    assert_eq!(
+        *durable.borrow(),
+        None,
+        "an append no longer makes the applies durable"
+    );
+    let sync = sm.syncer();
+    sync.sync().unwrap();
+    assert_eq!(*durable.borrow(), Some(log_id(1, 1, 2)));
+    sync.sync().unwrap(); // nothing to do
+    assert_eq!(*durable.borrow(), Some(log_id(1, 1, 2)));
+}
