@@ -155,7 +155,9 @@ fn from_json<T: for<'a> Deserialize<'a>>(bytes: &[u8]) -> Result<T> {
 /// snapshot, the identity) and its Raft log beside it ([`log_paths`]): the log side and the
 /// state machine side. Fails loudly on a file that is locked, unreadable or corrupt.
 pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
-    let created = !path.exists();
+    // Any file created here (the store, or the log files beside a store of an earlier
+    // version) must have its name survive a power cut: the directory is fsynced below.
+    let created = !path.exists() || log_paths(path).iter().any(|log| !log.exists());
     let db = Database::create(path)
         .map_err(|e| ClusterError::Store(format!("open {}: {e}", path.display())))?;
     // redb's lock on the store is held from here: no other process opens the log files.
@@ -172,12 +174,14 @@ pub fn open(path: &Path) -> std::result::Result<(LogStore, StateMachine), Cluste
     };
     let files = [open_log(&first)?, open_log(&second)?];
     if created {
-        // The files' entries in their directory must survive a power cut too.
         palisade_durable::sync_parent_dir(path).map_err(|e| {
             ClusterError::Store(format!("fsync the directory of {}: {e}", path.display()))
         })?;
     }
-    open_database(db, files).map_err(|e| ClusterError::Store(format!("{}: {e}", path.display())))
+    open_database(db, files).map_err(|e| match e {
+        ClusterError::Store(why) => ClusterError::Store(format!("{}: {why}", path.display())),
+        other => other,
+    })
 }
 
 /// The two Raft log files beside the store at `path`: `cluster.raftlog.0` and
@@ -266,8 +270,11 @@ fn open_log(
     };
     let (active, purged, old) = read().map_err(|e| store_error(&e))?;
     if old.is_empty() {
-        return RaftLog::open(files, active, purged)
-            .map_err(|e| ClusterError::Store(e.to_string()));
+        return RaftLog::open(files, active, purged).map_err(|e| {
+            ClusterError::Store(format!(
+                "{e} (in cluster.raftlog.{active}, the file in use)"
+            ))
+        });
     }
     // A store of an earlier version: its entries go into the file not in use, which then
     // becomes the one in use in the same commit that empties the table (a crash before it

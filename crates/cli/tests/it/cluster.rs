@@ -390,6 +390,30 @@ fn a_corrupt_cluster_store_refuses_to_start() {
     assert!(stderr.contains("cluster.redb"), "{stderr}");
 }
 
+/// A Raft log file that is not one (or is damaged) stops the member at start, naming the file
+/// (P8): the log is never read short.
+#[test]
+fn a_damaged_raft_log_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cluster.raftlog.0"), vec![0xa5; 4096]).unwrap();
+    let output = Command::new(BINARY)
+        .args(["serve", "--node-id", "1", "--cluster"])
+        .arg(format!("1=127.0.0.1:{}", free_port()))
+        .arg("--insecure-peers")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not a Palisade raft log") && stderr.contains("cluster.raftlog.0"),
+        "{stderr}"
+    );
+}
+
 /// P1, P8: a member whose data directory was lost and that restarts with the same flags is
 /// refused by its peers (its store changed): with the other follower down, the leader and the
 /// emptied member do **not** make a majority, so nothing is granted on an empty log. The way
