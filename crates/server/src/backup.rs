@@ -20,8 +20,8 @@ pub fn offline(data_dir: &Path) -> Result<Backup, BackupError> {
     };
     let member = data_dir.join(palisade_coordinator::CLUSTER_STORE_FILE);
     if member.exists() {
-        // What this member applied: the leader may have issued more since (the restore's other
-        // floors cover that).
+        // What this member applied, or holds in its Raft log: the leader may have issued more
+        // since (the restore's other floors cover that).
         let counter = palisade_cluster::storage::read_counter(&member).map_err(|e| match e {
             redb::Error::DatabaseAlreadyOpen => in_use(),
             other => BackupError::Store(StoreError::Storage(other)),
