@@ -247,13 +247,13 @@ fn open_log(
     files: [Box<dyn LogFile>; 2],
 ) -> std::result::Result<RaftLog, ClusterError> {
     let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
-    let read = || -> Result<(usize, Option<LogId<NodeId>>, Entries)> {
+    let read = || -> Result<(Option<usize>, Option<LogId<NodeId>>, Entries)> {
         let txn = db.begin_read().map_err(read_err)?;
         let meta = txn.open_table(RAFT_META).map_err(read_err)?;
         let get = |key: &str| meta.get(key).map_err(read_err);
-        let active: usize = match get(LOG_FILE)? {
-            Some(v) => from_json(v.value())?,
-            None => 0,
+        let active: Option<usize> = match get(LOG_FILE)? {
+            Some(v) => Some(from_json(v.value())?),
+            None => None,
         };
         let purged: Option<LogId<NodeId>> = match get("last_purged")? {
             Some(v) => from_json(v.value())?,
@@ -268,18 +268,42 @@ fn open_log(
         }
         Ok((active, purged, old))
     };
-    let (active, purged, old) = read().map_err(|e| store_error(&e))?;
+    let (named, purged, old) = read().map_err(|e| store_error(&e))?;
+    let active = named.unwrap_or(0).min(1);
     if old.is_empty() {
-        return RaftLog::open(files, active, purged).map_err(|e| {
+        let length = files[active]
+            .len()
+            .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;
+        if named.is_some() && length == 0 {
+            // The store names its log file, and that file was written (a header at least)
+            // before it was named: empty now, the log is gone, and with it every entry this
+            // member acknowledged.
+            return Err(ClusterError::DataDirectory(format!(
+                "the Raft log file cluster.raftlog.{active} is missing or empty, but this \
+                 member's store (cluster.redb) keeps its log there: the entries it acknowledged \
+                 are gone (was cluster.redb copied or restored without the cluster.raftlog \
+                 files?). Put the whole data directory back, or remove this member and add it \
+                 back empty (palisade cluster remove N; restart it with --join on an empty data \
+                 directory; palisade cluster add N HOST:PORT)"
+            )));
+        }
+        let log = RaftLog::open(files, active, purged).map_err(|e| {
             ClusterError::Store(format!(
                 "{e} (in cluster.raftlog.{active}, the file in use)"
             ))
-        });
+        })?;
+        if named.is_none() {
+            // From now on the store names its log file, so that a lost one is noticed.
+            let txn = meta_write(db, LOG_FILE, &active, Durability::Immediate)
+                .map_err(|e| store_error(&e))?;
+            txn.commit().map_err(|e| store_error(&e))?;
+        }
+        return Ok(log);
     }
     // A store of an earlier version: its entries go into the file not in use, which then
     // becomes the one in use in the same commit that empties the table (a crash before it
     // leaves the table as it was, and this runs again).
-    let target = 1 - active.min(1);
+    let target = 1 - active;
     files[target]
         .set_len(0)
         .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;

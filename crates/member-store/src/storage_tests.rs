@@ -315,3 +315,33 @@ async fn p6_an_offline_backup_counts_the_grants_in_the_log_the_state_machine_has
         "read without writing"
     );
 }
+
+#[test]
+fn p8_a_store_whose_log_file_was_lost_refuses_to_open() {
+    // cluster.redb copied (or restored) without its log files: the member would start with
+    // its vote and state but none of the entries it acknowledged.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE);
+    {
+        let (log, _sm) = open(&path).unwrap();
+        log.write_entries(blanks(0..3)).unwrap();
+    }
+    let [first, _] = log_paths(&path);
+    let kept = std::fs::read(&first).unwrap();
+    for remove in [true, false] {
+        if remove {
+            std::fs::remove_file(&first).unwrap();
+        } else {
+            std::fs::write(&first, b"").unwrap();
+        }
+        let Err(error) = open(&path) else {
+            panic!("opened without its log");
+        };
+        assert!(
+            matches!(error, ClusterError::DataDirectory(ref why) if why.contains("missing or empty")),
+            "{error}"
+        );
+        std::fs::write(&first, &kept).unwrap();
+        assert!(open(&path).is_ok(), "the whole directory put back opens");
+    }
+}
