@@ -370,23 +370,13 @@ fn a_corrupt_cluster_store_refuses_to_start() {
         vec![0xa5; 64 * 1024], // not a redb file
     )
     .unwrap();
-    let port = free_port();
-    let output = Command::new(BINARY)
-        .args(["serve", "--node-id", "1", "--cluster"])
-        .arg(format!(
-            "1=127.0.0.1:{port},2=127.0.0.1:{},3=127.0.0.1:{}",
-            free_port(),
-            free_port()
-        ))
-        .arg("--insecure-peers")
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let cluster = format!(
+        "1=127.0.0.1:{},2=127.0.0.1:{},3=127.0.0.1:{}",
+        free_port(),
+        free_port(),
+        free_port()
+    );
+    let stderr = refused_start(1, &cluster, dir.path());
     assert!(stderr.contains("cluster.redb"), "{stderr}");
 }
 
@@ -396,18 +386,7 @@ fn a_corrupt_cluster_store_refuses_to_start() {
 fn a_damaged_raft_log_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cluster.raftlog.0"), vec![0xa5; 4096]).unwrap();
-    let output = Command::new(BINARY)
-        .args(["serve", "--node-id", "1", "--cluster"])
-        .arg(format!("1=127.0.0.1:{}", free_port()))
-        .arg("--insecure-peers")
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_start(1, &format!("1=127.0.0.1:{}", free_port()), dir.path());
     assert!(
         stderr.contains("not a Palisade raft log") && stderr.contains("cluster.raftlog.0"),
         "{stderr}"

@@ -213,9 +213,9 @@ fn sql_blocks_run_in_postgresql() {
     let url = format!("{server}/{name}");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let admin = connect(&maintenance).await;
+        let admin = common::pg_connect(&maintenance).await;
         a_fresh_database_and_the_roles(&admin, &name).await;
-        let db = connect(&url).await;
+        let db = common::pg_connect(&url).await;
         db.batch_execute(
             "CREATE TABLE reports (id bigint PRIMARY KEY, payload text NOT NULL);
              INSERT INTO reports VALUES (7, 'first');",
@@ -252,15 +252,6 @@ fn sql_blocks_run_in_postgresql() {
             .await
             .unwrap();
     });
-}
-
-/// A connection to `url` (its driver task spawned on the current runtime).
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
 }
 
 /// Database `name` created empty, and the roles the page names (cluster-wide: made once).

@@ -337,10 +337,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let admin = |sql: String| {
         runtime.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&maintenance, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(connection);
+            let client = common::pg_connect(&maintenance).await;
             client.batch_execute(&sql).await.unwrap();
         })
     };
@@ -376,7 +373,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
     // A database ahead of the coordinator (a coordinator restored without --floor-from it):
     // the floor would not cover what the database holds, so the restore is refused.
     runtime.block_on(async {
-        let client = connect(&url).await;
+        let client = common::pg_connect(&url).await;
         let ahead = floor as i64 + 1_000;
         client
             .execute(
@@ -405,7 +402,7 @@ fn p6_resource_restore_postgres_floors_the_database_at_an_epoch_the_coordinator_
 /// the old owner's epoch (`old`, below it) with P5007, and takes one at the next owner's
 /// (`next`, above it).
 async fn plain_sql_keeps_the_floor(url: &str, floor: u64, old: u64, next: u64) {
-    let client = connect(url).await;
+    let client = common::pg_connect(url).await;
     let recorded: i64 = client
         .query_one("SELECT floor FROM palisade_restore_floor", &[])
         .await
@@ -427,15 +424,6 @@ async fn plain_sql_keeps_the_floor(url: &str, floor: u64, old: u64, next: u64) {
         .await
         .unwrap();
     client.execute(insert, &[&(next as i64)]).await.unwrap();
-}
-
-/// A connection to `url` (its driver task spawned on the current runtime).
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
 }
 
 /// A `palisade serve` that must refuse to start: its exit status and stderr.

@@ -322,3 +322,12 @@ pub fn cp_a(from: &Path, to: &Path) {
         .unwrap();
     assert!(status.success());
 }
+
+/// A PostgreSQL connection to `url` (its driver task spawned on the current runtime).
+pub async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
