@@ -73,7 +73,6 @@ fn open_database(
     log_files: [Box<dyn LogFile>; 2],
 ) -> std::result::Result<(LogStore, StateMachine), ClusterError> {
     let db = Arc::new(db);
-    let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
     let txn = db.begin_write().map_err(|e| store_error(&e))?;
     for table in [RAFT_META, SM_META, SNAPSHOT, SM_LEASES] {
         txn.open_table(table).map_err(|e| store_error(&e))?;
@@ -113,72 +112,99 @@ fn open_log(
     db: &Database,
     files: [Box<dyn LogFile>; 2],
 ) -> std::result::Result<RaftLog, ClusterError> {
-    let store_error = |e: &dyn std::fmt::Display| ClusterError::Store(e.to_string());
-    let read = || -> Result<(Option<usize>, Option<LogId<NodeId>>, Entries)> {
-        let txn = db.begin_read().map_err(read_err)?;
-        let meta = txn.open_table(RAFT_META).map_err(read_err)?;
-        let get = |key: &str| meta.get(key).map_err(read_err);
-        let active: Option<usize> = match get(LOG_FILE)? {
-            Some(v) => Some(from_json(v.value())?),
-            None => None,
-        };
-        let purged: Option<LogId<NodeId>> = match get("last_purged")? {
-            Some(v) => from_json(v.value())?,
-            None => None,
-        };
-        let table = txn.open_table(LOG).map_err(read_err)?;
-        let mut old = Vec::new();
-        for row in table.iter().map_err(read_err)? {
-            let (_, value) = row.map_err(read_err)?;
-            let entry: Entry<TypeConfig> = from_json(value.value())?;
-            old.push((entry.log_id, value.value().to_vec()));
-        }
-        Ok((active, purged, old))
-    };
-    let (named, purged, old) = read().map_err(|e| store_error(&e))?;
+    let (named, purged, old) = read_log_meta(db).map_err(|e| store_error(&e))?;
     let active = named.unwrap_or(0).min(1);
     if old.is_empty() {
-        let length = files[active]
-            .len()
-            .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;
-        if named.is_some() && length == 0 {
-            // The store names its log file, and that file was written (a header at least)
-            // before it was named: empty now, the log is gone, and with it every entry this
-            // member acknowledged.
-            return Err(ClusterError::DataDirectory(format!(
-                "the Raft log file cluster.raftlog.{active} is missing or empty, but this \
-                 member's store (cluster.redb) keeps its log there: the entries it acknowledged \
-                 are gone (was cluster.redb copied or restored without the cluster.raftlog \
-                 files?). Put the whole data directory back, or remove this member and add it \
-                 back empty (palisade cluster remove N; restart it with --join on an empty data \
-                 directory; palisade cluster add N HOST:PORT)"
-            )));
-        }
-        let log = RaftLog::open(files, active, purged).map_err(|e| {
-            ClusterError::Store(format!(
-                "{e} (in cluster.raftlog.{active}, the file in use)"
-            ))
-        })?;
-        if named.is_none() {
-            // From now on the store names its log file, so that a lost one is noticed.
-            let txn = meta_write(db, LOG_FILE, &active, Durability::Immediate)
-                .map_err(|e| store_error(&e))?;
-            txn.commit().map_err(|e| store_error(&e))?;
-        }
-        return Ok(log);
+        open_named_log(db, files, named, active, purged)
+    } else {
+        move_old_log(db, files, active, purged, old)
     }
-    // A store of an earlier version: its entries go into the file not in use, which then
-    // becomes the one in use in the same commit that empties the table (a crash before it
-    // leaves the table as it was, and this runs again).
+}
+
+fn store_error(e: &dyn std::fmt::Display) -> ClusterError {
+    ClusterError::Store(e.to_string())
+}
+
+/// What the store says of its log: the file it names (none before the first open of this
+/// version), the last purged id, and the entries of a store from before the log file.
+fn read_log_meta(db: &Database) -> Result<(Option<usize>, Option<LogId<NodeId>>, Entries)> {
+    let txn = db.begin_read().map_err(read_err)?;
+    let meta = txn.open_table(RAFT_META).map_err(read_err)?;
+    let get = |key: &str| meta.get(key).map_err(read_err);
+    let active: Option<usize> = match get(LOG_FILE)? {
+        Some(v) => Some(from_json(v.value())?),
+        None => None,
+    };
+    let purged: Option<LogId<NodeId>> = match get("last_purged")? {
+        Some(v) => from_json(v.value())?,
+        None => None,
+    };
+    let table = txn.open_table(LOG).map_err(read_err)?;
+    let mut old = Vec::new();
+    for row in table.iter().map_err(read_err)? {
+        let (_, value) = row.map_err(read_err)?;
+        let entry: Entry<TypeConfig> = from_json(value.value())?;
+        old.push((entry.log_id, value.value().to_vec()));
+    }
+    Ok((active, purged, old))
+}
+
+/// Opens the log file in use; refuses a named file that is gone or empty, and names the file
+/// at the first open, so that a lost one is noticed from then on.
+fn open_named_log(
+    db: &Database,
+    files: [Box<dyn LogFile>; 2],
+    named: Option<usize>,
+    active: usize,
+    purged: Option<LogId<NodeId>>,
+) -> std::result::Result<RaftLog, ClusterError> {
+    let length = files[active]
+        .len()
+        .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;
+    if named.is_some() && length == 0 {
+        // The store names its log file, and that file was written (a header at least)
+        // before it was named: empty now, the log is gone, and with it every entry this
+        // member acknowledged.
+        return Err(ClusterError::DataDirectory(format!(
+            "the Raft log file cluster.raftlog.{active} is missing or empty, but this \
+             member's store (cluster.redb) keeps its log there: the entries it acknowledged \
+             are gone (was cluster.redb copied or restored without the cluster.raftlog \
+             files?). Put the whole data directory back, or remove this member and add it \
+             back empty (palisade cluster remove N; restart it with --join on an empty data \
+             directory; palisade cluster add N HOST:PORT)"
+        )));
+    }
+    let log = RaftLog::open(files, active, purged).map_err(|e| {
+        ClusterError::Store(format!(
+            "{e} (in cluster.raftlog.{active}, the file in use)"
+        ))
+    })?;
+    if named.is_none() {
+        let txn = meta_write(db, LOG_FILE, &active, Durability::Immediate)
+            .map_err(|e| store_error(&e))?;
+        txn.commit().map_err(|e| store_error(&e))?;
+    }
+    Ok(log)
+}
+
+/// A store of an earlier version: its entries go into the file not in use, which then
+/// becomes the one in use in the same commit that empties the table (a crash before it
+/// leaves the table as it was, and this runs again).
+fn move_old_log(
+    db: &Database,
+    files: [Box<dyn LogFile>; 2],
+    active: usize,
+    purged: Option<LogId<NodeId>>,
+    old: Entries,
+) -> std::result::Result<RaftLog, ClusterError> {
     let target = 1 - active;
     files[target]
         .set_len(0)
         .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;
-    let mut log =
-        RaftLog::open(files, target, purged).map_err(|e| ClusterError::Store(e.to_string()))?;
+    let mut log = RaftLog::open(files, target, purged).map_err(|e| store_error(&e))?;
     let mut no_switch = |_| Ok(());
     log.append(&old, &mut no_switch)
-        .map_err(|e| ClusterError::Store(e.to_string()))?;
+        .map_err(|e| store_error(&e))?;
     let moved = || -> Result<()> {
         let mut txn = db.begin_write().map_err(write_err)?;
         txn.set_durability(Durability::Immediate)
