@@ -160,34 +160,11 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
             request_id: Some(RequestId::new(format!("c{index}-{round}")).expect("valid id")),
         };
         let invoked = shared.now_us();
-        let invoked_ms = shared.now_ms();
-        let mut ambiguous = false;
-        let mut granted = None;
-        let mut attempt_sent_ms = invoked_ms;
-        for _ in 0..ACQUIRE_ATTEMPTS {
-            let node = believed_leader.unwrap_or_else(|| shared.random_node());
-            let request = request.clone();
-            attempt_sent_ms = shared.now_ms();
-            match call(&shared, node, |g| async move { g.acquire(request).await }).await {
-                Answer::Ok(lease) => {
-                    believed_leader = Some(node);
-                    granted = Some(lease);
-                    break;
-                }
-                Answer::Refused => break,
-                Answer::NotLeader(hint) => {
-                    believed_leader = hint;
-                    if hint.is_none() {
-                        tokio::time::sleep(Duration::from_millis(shared.range(20, 120))).await;
-                    }
-                }
-                Answer::Unknown => {
-                    ambiguous = true;
-                    believed_leader = None;
-                    tokio::time::sleep(Duration::from_millis(shared.range(20, 120))).await;
-                }
-            }
-        }
+        let Attempts {
+            granted,
+            ambiguous,
+            last_sent_ms: attempt_sent_ms,
+        } = acquire_with_retries(&shared, &mut believed_leader, &request).await;
         let completed = shared.now_us();
         let outcome = match &granted {
             Some(lease) => Outcome::Granted {
@@ -227,17 +204,73 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
             lease.epoch, end.until_ms, end.why
         ));
         if end.release {
-            let id = lease.id;
-            for _ in 0..3 {
-                let node = believed_leader.unwrap_or_else(|| shared.random_node());
-                match call(&shared, node, |g| async move { g.release(id, None).await }).await {
-                    Answer::Ok(_) | Answer::Refused => break,
-                    Answer::NotLeader(hint) => believed_leader = hint,
-                    Answer::Unknown => believed_leader = None,
-                }
-            }
+            release_with_retries(&shared, &mut believed_leader, lease.id).await;
         }
         tokio::time::sleep(Duration::from_millis(shared.range(0, 60))).await;
+    }
+}
+
+/// What a client's attempts at one acquire came to.
+struct Attempts {
+    granted: Option<Lease>,
+    /// An attempt's answer was lost: the grant may have happened.
+    ambiguous: bool,
+    /// When the last attempt was sent (the answered one, when granted), ms.
+    last_sent_ms: u64,
+}
+
+/// Sends one acquire (one request id) to the believed leader, following hints, up to
+/// `ACQUIRE_ATTEMPTS` times.
+async fn acquire_with_retries(
+    shared: &Shared,
+    believed_leader: &mut Option<NodeId>,
+    request: &AcquireRequest,
+) -> Attempts {
+    let mut attempts = Attempts {
+        granted: None,
+        ambiguous: false,
+        last_sent_ms: shared.now_ms(),
+    };
+    for _ in 0..ACQUIRE_ATTEMPTS {
+        let node = believed_leader.unwrap_or_else(|| shared.random_node());
+        let request = request.clone();
+        attempts.last_sent_ms = shared.now_ms();
+        match call(shared, node, |g| async move { g.acquire(request).await }).await {
+            Answer::Ok(lease) => {
+                *believed_leader = Some(node);
+                attempts.granted = Some(lease);
+                break;
+            }
+            Answer::Refused => break,
+            Answer::NotLeader(hint) => {
+                *believed_leader = hint;
+                if hint.is_none() {
+                    tokio::time::sleep(Duration::from_millis(shared.range(20, 120))).await;
+                }
+            }
+            Answer::Unknown => {
+                attempts.ambiguous = true;
+                *believed_leader = None;
+                tokio::time::sleep(Duration::from_millis(shared.range(20, 120))).await;
+            }
+        }
+    }
+    attempts
+}
+
+/// Releases a lease, following hints, at most three attempts.
+async fn release_with_retries(
+    shared: &Shared,
+    believed_leader: &mut Option<NodeId>,
+    id: palisade_core::LeaseId,
+) {
+    for _ in 0..3 {
+        let node = believed_leader.unwrap_or_else(|| shared.random_node());
+        match call(shared, node, |g| async move { g.release(id, None).await }).await {
+            Answer::Ok(_) | Answer::Refused => break,
+            Answer::NotLeader(hint) => *believed_leader = hint,
+            Answer::Unknown => *believed_leader = None,
+        }
     }
 }
 
@@ -499,29 +532,10 @@ impl Cluster {
         let member = &self.members[index];
         let (store, logs) = member.disk.open();
         let stores = storage::open_backend(store, logs).map_err(|e| e.to_string())?;
-        let current = palisade_core::witness::WitnessRecord {
-            kind: "member".into(),
-            store: stores.1.identity().store().to_owned(),
-            mark: stores
-                .1
-                .shared()
-                .lock()
-                .expect("not poisoned")
-                .header
-                .last_applied
-                .map_or(0, |l| l.index),
-        };
-        if let palisade_core::witness::Verdict::Behind { seen } =
-            palisade_core::witness::judge(member.witness.as_ref(), &current)
-        {
-            if !self.plant_no_witness {
-                self.shared.trace(&format!(
-                    "{id} refused: applied {} < {seen} (an older copy)",
-                    current.mark
-                ));
-                return Ok(false);
-            }
+        if self.witness_refuses(id, &stores.1) {
+            return Ok(false);
         }
+        let member = &self.members[index];
         let started = MemberStart {
             config: &config,
             raft_config,
@@ -551,6 +565,35 @@ impl Cluster {
         });
         self.shared.trace(&format!("start {id}"));
         Ok(true)
+    }
+
+    /// Whether `id`'s witness refuses the store it is starting from: applied less than the
+    /// witness saw, an older copy (unless the run plants a member without a witness).
+    fn witness_refuses(&self, id: NodeId, sm: &storage::StateMachine) -> bool {
+        let current = palisade_core::witness::WitnessRecord {
+            kind: "member".into(),
+            store: sm.identity().store().to_owned(),
+            mark: sm
+                .shared()
+                .lock()
+                .expect("not poisoned")
+                .header
+                .last_applied
+                .map_or(0, |l| l.index),
+        };
+        let member = &self.members[self.index(id)];
+        if let palisade_core::witness::Verdict::Behind { seen } =
+            palisade_core::witness::judge(member.witness.as_ref(), &current)
+        {
+            if !self.plant_no_witness {
+                self.shared.trace(&format!(
+                    "{id} refused: applied {} < {seen} (an older copy)",
+                    current.mark
+                ));
+                return true;
+            }
+        }
+        false
     }
 
     /// kill -9 and a power cut: unsynced writes are lost, nothing more is sent or answered.
