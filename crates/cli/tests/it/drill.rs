@@ -56,11 +56,17 @@ fn check_report(report: &Value, resource: &str) {
             "effects"
         ]
     );
-    // P7, for each receiver capability, checked from the receiver's own record: one owner
-    // stopped right before a send (then resumed late) and one killed after an answer; no
-    // duplicate effect, no lost operation, no send the ledger had not recorded, and every
-    // operation the superseded owner had not begun refused by the ledger.
-    let effects = &scenarios[9];
+    check_effects(&scenarios[9], resource);
+    check_restores(scenarios);
+    check_rollback(&scenarios[8]);
+    check_failover_and_stale(scenarios, resource);
+}
+
+/// P7, for each receiver capability, checked from the receiver's own record: one owner
+/// stopped right before a send (then resumed late) and one killed after an answer; no
+/// duplicate effect, no lost operation, no send the ledger had not recorded, and every
+/// operation the superseded owner had not begun refused by the ledger.
+fn check_effects(effects: &Value, resource: &str) {
     assert_eq!(effects["passed"], true, "{effects}");
     assert_eq!(effects["resource"], resource);
     let capabilities: Vec<&str> = effects["effects"]
@@ -86,8 +92,11 @@ fn check_report(report: &Value, resource: &str) {
             "{figures}"
         );
     }
-    // P6: two restores of each order; after each, the next owner wrote, every earlier owner was
-    // refused, and no epoch was issued twice (P1 on the history across restores).
+}
+
+/// P6: two restores of each order; after each, the next owner wrote, every earlier owner was
+/// refused, and no epoch was issued twice (P1 on the history across restores).
+fn check_restores(scenarios: &[Value]) {
     for (index, orders) in [
         (6, ["copy-back", "lost"]),
         (7, ["store", "store+coordinator"]),
@@ -106,10 +115,18 @@ fn check_report(report: &Value, resource: &str) {
             "{restore}"
         );
     }
-    // P1, P6: the coordinator's whole volume (data directory and high-water file) put back
-    // from a snapshot, after a clean stop and after a kill -9: no epoch granted twice, the next
-    // owner wrote, every superseded owner refused (the store saw the newer epochs).
-    let rollback = &scenarios[8];
+    assert!(
+        scenarios[7]["restore"]["refused_until_floor"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+/// P1, P6: the coordinator's whole volume (data directory and high-water file) put back
+/// from a snapshot, after a clean stop and after a kill -9: no epoch granted twice, the next
+/// owner wrote, every superseded owner refused (the store saw the newer epochs).
+fn check_rollback(rollback: &Value) {
     assert_eq!(rollback["passed"], true, "{rollback}");
     let figures = &rollback["restore"];
     assert_eq!(figures["orders"]["after-stop"], 1, "{rollback}");
@@ -122,14 +139,12 @@ fn check_report(report: &Value, resource: &str) {
         figures["obsolete_attempted"].as_u64().unwrap() > 0,
         "{rollback}"
     );
-    assert!(
-        scenarios[7]["restore"]["refused_until_floor"]
-            .as_u64()
-            .unwrap()
-            > 0
-    );
-    // P1/P8 across leader changes: the 3-process cluster survived a kill -9 of its leader per
-    // iteration, and the checker found every grant's epoch new and above every earlier one.
+}
+
+/// P1/P8 across leader changes: the 3-process cluster survived a kill -9 of its leader per
+/// iteration, and the checker found every grant's epoch new and above every earlier one; the
+/// first five scenarios refused every stale write they tried.
+fn check_failover_and_stale(scenarios: &[Value], resource: &str) {
     let failover = &scenarios[5];
     assert_eq!(failover["passed"], true);
     assert_eq!(failover["failover"]["leader_kills"], 2, "{failover}");
