@@ -15,6 +15,7 @@ mod docs_blocks;
 mod docs_names;
 mod drill;
 mod effects;
+mod function_sizes;
 mod hardening;
 mod imports;
 mod lock_run;
