@@ -10,11 +10,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use palisade_core::{Epoch, HolderId, LockName, TokenSigner, TokenVerifier};
-use palisade_effects::fake::{Fake, Faults};
 use palisade_effects::{
     perform, AnyLedger, Attempt, Capability, Done, HttpReceiver, LocalLedger, OpId, Receiver,
     ReceiverError, RedbStore, RunOptions, SendResult, Status,
 };
+use palisade_fake_receiver::{Fake, Faults};
 use palisade_fence::Verifier;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -273,7 +273,7 @@ async fn start_fake_receiver(dir: &std::path::Path) -> anyhow::Result<HttpReceiv
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     tokio::spawn(async move {
-        let _ = axum::serve(listener, palisade_effects::fake::router(fake)).await;
+        let _ = axum::serve(listener, palisade_fake_receiver::router(fake)).await;
     });
     Ok(HttpReceiver::new(
         "fake",

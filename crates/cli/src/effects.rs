@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
-use palisade_effects::fake::{Fake, Faults};
 use palisade_effects::metrics::EffectsMetrics;
 use palisade_effects::model::{now_ms, OpState};
 use palisade_effects::{
     perform, reconcile_once, Answer, AnyLedger, Capability, Done, HttpReceiver, Ledger as _,
     ListFilter, OpId, Receiver as _, Record, RunOptions, Verdict,
 };
+use palisade_fake_receiver::{Fake, Faults};
 use palisade_fence::Verifier;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -719,7 +719,7 @@ pub async fn run_receiver(command: ReceiverCommand) -> anyhow::Result<()> {
             _ = terminate.recv() => {},
         }
     };
-    axum::serve(listener, palisade_effects::fake::router(fake))
+    axum::serve(listener, palisade_fake_receiver::router(fake))
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())

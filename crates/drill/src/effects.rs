@@ -28,10 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use palisade_effects::fake::Event;
 use palisade_effects::{
     AnyLedger, Capability, Ledger as _, ListFilter, OpId, OpState, Record, Verdict,
 };
+use palisade_fake_receiver::Event;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -293,7 +293,7 @@ async fn run_capability(
     settle_everything(&setup, &admin, &locks, &receiver_url, &mut figures).await?;
     figures.receiver_restarts = receiver.restarts.load(Ordering::SeqCst);
     drop(receiver);
-    let events = palisade_effects::fake::read_record(&receiver_dir)?;
+    let events = palisade_fake_receiver::read_record(&receiver_dir)?;
     judge(&admin, &locks, &events, &mut figures).await?;
     drop(services);
     if let ResourceSpec::Postgres(url) = ledger {

@@ -207,7 +207,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// An error answer `{"error": CODE, "message": …}`, small enough to return in a `Result`.
-pub(crate) struct Refusal {
+pub struct Refusal {
     status: StatusCode,
     code: &'static str,
     message: String,
@@ -220,7 +220,8 @@ impl IntoResponse for Refusal {
     }
 }
 
-pub(crate) fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
+/// A refusal to return as the error of a handler (the fake receiver answers with these too).
+pub fn refusal(status: StatusCode, code: &'static str, message: &str) -> Refusal {
     Refusal {
         status,
         code,
@@ -228,7 +229,8 @@ pub(crate) fn refusal(status: StatusCode, code: &'static str, message: &str) -> 
     }
 }
 
-pub(crate) fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
+/// An error answer, `{"error": CODE, "message": …}` with `status`.
+pub fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
     refusal(status, code, message).into_response()
 }
 

@@ -15,7 +15,8 @@
 //!   embedded ledger hosted by `palisade resource serve`;
 //! - [`receiver`]: the [`Receiver`] trait and the HTTP receiver protocol;
 //! - [`runner`]: [`perform`] (an owner's run) and [`reconcile_once`];
-//! - [`fake`]: the fake receiver with faults (`palisade receiver serve`);
+//! - the fake receiver with faults (`palisade receiver serve`) is the crate
+//!   `palisade-fake-receiver`;
 //! - [`conformance`]: the suite every ledger passes.
 
 #![forbid(unsafe_code)]
@@ -23,7 +24,6 @@
 
 mod any;
 pub mod conformance;
-pub mod fake;
 pub mod http;
 pub mod ledger;
 pub mod metrics;

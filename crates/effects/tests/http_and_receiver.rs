@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_effects::fake::{Fake, Faults};
 use palisade_effects::http::{routes, Served};
 use palisade_effects::model::now_ms;
 use palisade_effects::{
@@ -12,6 +11,7 @@ use palisade_effects::{
     LedgerError, LocalLedger, OpId, Receiver, ReceiverError, RedbStore, SendResult, Settlement,
     Status,
 };
+use palisade_fake_receiver::{Fake, Faults};
 use palisade_fence::conformance::Harness;
 
 async fn serve(router: axum::Router) -> String {
@@ -164,7 +164,7 @@ fn attempt(op: &str, deadline_ms: u64, payload: &[u8]) -> Attempt {
 async fn receiver(capability: Capability) -> (HttpReceiver, Arc<Fake>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::open(dir.path(), capability, Faults::default()).unwrap();
-    let url = serve(palisade_effects::fake::router(fake.clone())).await;
+    let url = serve(palisade_fake_receiver::router(fake.clone())).await;
     let client = HttpReceiver::new("r", capability, url, Duration::from_secs(5)).unwrap();
     (client, fake, dir)
 }
@@ -219,18 +219,18 @@ async fn the_fake_receivers_record_is_durable_and_torn_lines_are_dropped() {
     let dir = tempfile::tempdir().unwrap();
     {
         let fake = Fake::open(dir.path(), Capability::None, Faults::default()).unwrap();
-        let url = serve(palisade_effects::fake::router(fake.clone())).await;
+        let url = serve(palisade_fake_receiver::router(fake.clone())).await;
         let client = HttpReceiver::new("r", Capability::None, url, Duration::from_secs(5)).unwrap();
         client.send(&attempt("x:d", now_ms() + 60_000, b"1")).await;
     }
-    let path = palisade_effects::fake::record_path(dir.path());
+    let path = palisade_fake_receiver::record_path(dir.path());
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str("{\"kind\":\"perf");
     std::fs::write(&path, text).unwrap();
     let fake = Fake::open(dir.path(), Capability::None, Faults::default()).unwrap();
     assert_eq!(fake.events().len(), 1);
     assert_eq!(
-        palisade_effects::fake::read_record(dir.path())
+        palisade_fake_receiver::read_record(dir.path())
             .unwrap()
             .len(),
         1

@@ -4,12 +4,16 @@
 //! before and after it, crashes right after it, duplicated deliveries — so tests and drills
 //! count *real* duplicate effects from the receiver's own record, not assumed ones.
 //!
-//! It speaks the receiver protocol of [`crate::receiver`], with one of three capabilities:
+//! It speaks the receiver protocol of [`palisade_effects::receiver`], with one of three
+//! capabilities:
 //! - `idempotent`: a key seen before is not performed again (its first answer is replayed; a
 //!   different payload under the key is refused with 422);
 //! - `lookup`: no deduplication, but `GET /v1/effects/{key}` answers, and a request that
 //!   arrives after its `palisade-deadline` is refused (410) without effect;
 //! - `none`: performs every request it gets; no lookup.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::io::{BufRead as _, Write as _};
@@ -27,9 +31,11 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::http::{error, refusal, Refusal};
-use crate::model::{now_ms, payload_hash, Capability, MAX_PAYLOAD_BYTES};
-use crate::receiver::{ATTEMPT_HEADER, DEADLINE_HEADER, EPOCH_HEADER, KEY_HEADER, OP_HEADER};
+use palisade_effects::http::{error, refusal, Refusal};
+use palisade_effects::model::{now_ms, payload_hash, Capability, MAX_PAYLOAD_BYTES};
+use palisade_effects::receiver::{
+    ATTEMPT_HEADER, DEADLINE_HEADER, EPOCH_HEADER, KEY_HEADER, OP_HEADER,
+};
 
 /// Longest idempotency key accepted, in bytes (Stripe's limit).
 pub const MAX_KEY_BYTES: usize = 255;
