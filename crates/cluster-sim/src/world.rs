@@ -535,7 +535,6 @@ impl Cluster {
         if self.witness_refuses(id, &stores.1) {
             return Ok(false);
         }
-        let member = &self.members[index];
         let started = MemberStart {
             config: &config,
             raft_config,

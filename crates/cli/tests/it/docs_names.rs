@@ -7,7 +7,7 @@
 //! sources — for a path, its last two segments in one file. A page that points a reader at
 //! something renamed or gone fails here.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use crate::docs_blocks::{pages, root};
@@ -16,12 +16,13 @@ use crate::docs_blocks::{pages, root};
 /// proto, the console, the scripts and the deployment files.
 fn source_files() -> Vec<String> {
     let mut files = Vec::new();
+    let root = root();
     let mut dirs: Vec<std::path::PathBuf> = ["crates", "clients", "scripts", "proto", "deploy"]
         .iter()
-        .map(|d| root().join(d))
+        .map(|d| root.join(d))
         .collect();
     while let Some(dir) = dirs.pop() {
-        let whole = dir.ends_with("scripts") || dir.starts_with(root().join("deploy"));
+        let whole = dir.ends_with("scripts") || dir.starts_with(root.join("deploy"));
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -74,12 +75,7 @@ fn rust_item(token: &str) -> Option<Vec<&str>> {
             .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
     let camel = word.chars().next().is_some_and(|c| c.is_ascii_uppercase())
         && word.chars().skip(1).any(|c| c.is_ascii_lowercase())
-        && word
-            .chars()
-            .skip(1)
-            .filter(|c| c.is_ascii_uppercase())
-            .count()
-            >= 1;
+        && word.chars().skip(1).any(|c| c.is_ascii_uppercase());
     let snake = word.contains('_')
         && word
             .chars()
@@ -103,21 +99,9 @@ const FOREIGN_NAMES: [&str; 7] = [
     "palisade_owner",
 ];
 
-/// The metrics docs/metrics.md documents (its table's first column); `metrics_docs.rs` keeps
-/// that list equal to what the coordinator and the reference store export, whose names the
-/// sources assemble from a prefix and a suffix.
-fn documented_metrics() -> HashSet<String> {
-    let page = std::fs::read_to_string(root().join("docs/metrics.md")).unwrap();
-    page.lines()
-        .filter_map(|line| line.strip_prefix("| `"))
-        .filter_map(|rest| rest.split('`').next())
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Whether a metric name is real: documented (and so exported), or a counter the docs tell
 /// an application to export from the Rust client's `Stats` field of the same name.
-fn metric_exists(metrics: &HashSet<String>, all: &HashSet<&str>, name: &str) -> bool {
+fn metric_exists(metrics: &BTreeSet<String>, all: &HashSet<&str>, name: &str) -> bool {
     metrics.contains(name)
         || name
             .strip_prefix("palisade_client_")
@@ -191,7 +175,9 @@ fn every_file_test_and_item_the_docs_name_exists() {
     let sources = texts.join("\n");
     let files: Vec<HashSet<&str>> = texts.iter().map(|t| identifiers(t)).collect();
     let all: HashSet<&str> = files.iter().flatten().copied().collect();
-    let metrics = documented_metrics();
+    // `metrics_docs.rs` keeps this list equal to what the processes export, whose names the
+    // sources assemble from a prefix and a suffix.
+    let metrics = crate::metrics_docs::documented();
     let (mut paths, mut tests, mut items, mut missing) = (0, 0, 0, Vec::new());
     for page in pages() {
         let text = std::fs::read_to_string(&page).unwrap();
