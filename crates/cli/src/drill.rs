@@ -1,5 +1,7 @@
 //! `palisade drill`, `palisade simulate`, and the hidden `palisade drill-worker`.
 
+use std::collections::BTreeMap;
+
 use anyhow::Context as _;
 use clap::Args;
 use palisade_drill::worker::{PausePoint, WorkerPlan};
@@ -387,6 +389,10 @@ struct SeedOutcome {
     failovers_ms: Vec<u64>,
     /// Members put back to an older copy, and of those refused by their witness.
     copy_backs: (u64, u64),
+    /// Every kind of fault the run injected (`ClusterFaults`'s fields), by name.
+    faults_by_kind: BTreeMap<String, u64>,
+    /// The longest time a connected majority granted nothing, ms.
+    longest_stall_ms: u64,
 }
 
 /// Runs one seed on this thread (the simulation runs its own single-threaded runtime), without
@@ -406,8 +412,60 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
         recovery_ms: report.recovery_ms,
         failovers_ms: report.failovers_ms.clone(),
         copy_backs: (report.faults.copy_backs, report.faults.copy_backs_refused),
+        faults_by_kind: faults_by_kind(&report.faults),
+        longest_stall_ms: report.longest_stall_ms,
         trace: report.trace,
     }
+}
+
+/// Each count of `faults` by its field's name: a fault kind added to the simulation is reported
+/// without another line here.
+fn faults_by_kind(faults: &palisade_cluster_sim::ClusterFaults) -> BTreeMap<String, u64> {
+    let value = serde_json::to_value(faults).expect("fault counts serialize");
+    value
+        .as_object()
+        .map(|fields| {
+            fields
+                .iter()
+                .filter_map(|(name, count)| Some((name.clone(), count.as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The fault counts of every seed added up, by kind.
+fn sum_faults_by_kind(outcomes: &[SeedOutcome]) -> BTreeMap<String, u64> {
+    let mut sum = BTreeMap::new();
+    for outcome in outcomes {
+        for (kind, count) in &outcome.faults_by_kind {
+            *sum.entry(kind.clone()).or_insert(0) += count;
+        }
+    }
+    sum
+}
+
+/// The longest time a connected majority granted nothing in any seed, and that seed.
+fn longest_stall(outcomes: &[SeedOutcome]) -> (u64, u64) {
+    outcomes
+        .iter()
+        .map(|o| (o.longest_stall_ms, o.seed))
+        .max()
+        .unwrap_or((0, 0))
+}
+
+/// The line after a cluster simulation's figures: each fault kind injected, and liveness.
+fn print_faults_and_stall(by_kind: &BTreeMap<String, u64>, longest_ms: u64, seed: u64) {
+    let kinds: Vec<String> = by_kind
+        .iter()
+        .filter(|(_, count)| **count > 0)
+        .map(|(kind, count)| format!("{kind} {count}"))
+        .collect();
+    println!(
+        "faults by kind: {}; longest time a connected majority granted nothing: {longest_ms} ms \
+         (seed {seed}; bound {} ms)",
+        kinds.join(", "),
+        palisade_cluster_sim::LIVENESS_BOUND_MS
+    );
 }
 
 /// Runs every seed (on `--threads` threads, each taking the next seed), reports every failing
@@ -503,17 +561,21 @@ fn summarize_cluster_seeds(
         .collect();
     let (p50, max) = median_and_max(&mut recovery);
     let (failover_p50, failover_max) = median_and_max(&mut failovers);
+    let by_kind = sum_faults_by_kind(outcomes);
+    let (longest_stall, stalled_seed) = longest_stall(outcomes);
     if json {
         print_json(&json!({
             "seeds": args.seeds, "from": args.from, "members": members, "wipe": args.wipe,
             "join": args.join, "copy_back": args.copy_back, "rollback": args.rollback,
-            "copy_backs": copy_backs,
-            "copy_backs_refused": copy_backs_refused,
+            "copy_backs": copy_backs, "copy_backs_refused": copy_backs_refused,
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
             "malformed_appends_refused": malformed,
             "recovery_p50_ms": p50, "recovery_max_ms": max, "leader_crashes": failovers.len(),
             "failover_p50_ms": failover_p50, "failover_max_ms": failover_max, "seconds": seconds,
+            "faults_by_kind": by_kind, "longest_stall_ms": longest_stall,
+            "longest_stall_seed": stalled_seed,
+            "liveness_bound_ms": palisade_cluster_sim::LIVENESS_BOUND_MS,
         }));
     } else {
         eprintln!();
@@ -532,13 +594,18 @@ fn summarize_cluster_seeds(
             faults as f64 / args.seeds.max(1) as f64,
             failovers.len()
         );
+        print_faults_and_stall(&by_kind, longest_stall, stalled_seed);
     }
+    fail_on(&failed, outcomes.len())
+}
+
+/// An error naming the seeds that failed, if any did.
+fn fail_on(failed: &[u64], seeds: usize) -> anyhow::Result<()> {
     if !failed.is_empty() {
         let list: Vec<String> = failed.iter().map(u64::to_string).collect();
         anyhow::bail!(
-            "{} of {} seeds violate a property of the replicated coordinator: {}",
+            "{} of {seeds} seeds violate a property of the replicated coordinator: {}",
             failed.len(),
-            outcomes.len(),
             list.join(" ")
         );
     }

@@ -18,6 +18,8 @@
 //!   lost or cut short across a leader change);
 //! - **P8, nothing acknowledged is lost**: every granted epoch is at most the epoch counter
 //!   every member holds after recovery;
+//! - **liveness**: while a majority is up and connected, something is granted at least every
+//!   [`LIVENESS_BOUND_MS`];
 //! - **recovery**: after healing, a leader serves an acquire within 10 s, and once the clients
 //!   stop every member applies the same state.
 //!
@@ -35,12 +37,15 @@ mod network;
 mod world;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use palisade_history::{check, History, Mode, Outcome, Summary, Violation};
 use serde::Serialize;
 
 pub use disk::{Disk, DiskHandle, Volume};
 pub use network::{Endpoint, Introductions, NetStats, Router};
+use world::liveness::Stalls;
+pub use world::liveness::LIVENESS_BOUND_MS;
 
 /// What a run simulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +198,9 @@ pub struct ClusterSimReport {
     pub failovers_ms: Vec<u64>,
     /// Time from the last heal to the first acquire served, ms.
     pub recovery_ms: Option<u64>,
+    /// The longest time a majority of members was up and connected but nothing was granted,
+    /// ms (past [`LIVENESS_BOUND_MS`] it is a violation).
+    pub longest_stall_ms: u64,
     /// The P1 checker's verdict.
     pub verdict: Result<Summary, Violation>,
     /// Violations of P8 and of recovery, for people.
@@ -279,9 +287,20 @@ async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
     let clients: Vec<_> = (0..config.clients)
         .map(|i| tokio::spawn(world::client(cluster.shared.clone(), i, config.locks)))
         .collect();
+    let stalls = Arc::new(Mutex::new(Stalls::default()));
+    let watchdog = tokio::spawn(world::liveness::watch(
+        cluster.shared.clone(),
+        cluster.router(),
+        cluster.ids(),
+        config.duration_ms,
+        stalls.clone(),
+    ));
     if let Err(error) = cluster.drive_faults(config.duration_ms).await {
         violations.push(error);
     }
+    let _ = watchdog.await;
+    let stalls = std::mem::take(&mut *stalls.lock().expect("not poisoned"));
+    violations.extend(stalls.violations);
     let recovery = cluster.recover().await;
     cluster.stop_clients();
     for client in clients {
@@ -321,6 +340,7 @@ async fn simulate(seed: u64, config: ClusterSimConfig) -> ClusterSimReport {
         final_epoch,
         failovers_ms: cluster.failovers_ms.clone(),
         recovery_ms,
+        longest_stall_ms: stalls.longest_ms,
         verdict,
         violations,
     };

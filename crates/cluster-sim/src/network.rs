@@ -116,6 +116,37 @@ impl Router {
         links.no_entries.clear();
     }
 
+    /// True when a majority of `voters` is up, each with the store its membership names, and
+    /// every link among them carries messages both ways (the liveness check's premise).
+    pub fn majority_connected(&self, voters: &[NodeId]) -> bool {
+        let links = self.links();
+        let alive: Vec<NodeId> = voters
+            .iter()
+            .copied()
+            .filter(|id| {
+                links
+                    .up
+                    .get(id)
+                    .is_some_and(|(_, identity)| identity.may_send().is_ok())
+            })
+            .collect();
+        let quorum = voters.len() / 2 + 1;
+        // At most 7 voters: every subset of the live ones.
+        (0u32..1 << alive.len())
+            .filter(|mask| mask.count_ones() as usize >= quorum)
+            .any(|mask| {
+                let group: Vec<NodeId> = (0..alive.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| alive[i])
+                    .collect();
+                group.iter().all(|a| {
+                    group
+                        .iter()
+                        .all(|b| a == b || !links.cut.contains(&(*a, *b)))
+                })
+            })
+    }
+
     /// What the network did so far.
     pub fn stats(&self) -> NetStats {
         *self.stats.lock().expect("not poisoned")

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use crate::network::Router;
 use crate::{ClusterFaults, ClusterSimConfig, Hold};
 
 mod faults;
+pub(crate) mod liveness;
 
 /// Lease TTL of the simulated clients, ms.
 const TTL_MS: u64 = 400;
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) history: Mutex<History>,
     pub(crate) holds: Mutex<Vec<Hold>>,
     stop_clients: AtomicBool,
+    /// When a client last had an acquire granted, ms (the liveness watchdog's evidence).
+    last_grant_ms: AtomicU64,
 }
 
 impl Shared {
@@ -186,6 +189,9 @@ pub(crate) async fn client(shared: Arc<Shared>, index: usize, locks: usize) {
             outcome,
         });
         let Some(lease) = granted else { continue };
+        shared
+            .last_grant_ms
+            .store(shared.now_ms(), Ordering::Relaxed);
         // The lease is valid, as the Rust client counts, TTL after the attempt that was
         // answered was sent — for a retry with the same request id too, which the
         // coordinator must honour by renewing the lease (P8).
@@ -444,6 +450,7 @@ impl Cluster {
             history: Mutex::default(),
             holds: Mutex::default(),
             stop_clients: AtomicBool::new(false),
+            last_grant_ms: AtomicU64::new(0),
         });
         let members = ids
             .iter()
@@ -480,11 +487,16 @@ impl Cluster {
         }
     }
 
+    /// The network, for the liveness watchdog.
+    pub(crate) fn router(&self) -> Router {
+        self.router.clone()
+    }
+
     pub(crate) fn stop_clients(&self) {
         self.shared.stop_clients.store(true, Ordering::Relaxed);
     }
 
-    fn ids(&self) -> Vec<NodeId> {
+    pub(crate) fn ids(&self) -> Vec<NodeId> {
         self.members.iter().map(|m| m.id).collect()
     }
 
