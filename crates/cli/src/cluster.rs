@@ -198,7 +198,8 @@ fn member_rows(reference: &Value, views: &BTreeMap<u64, Value>) -> Vec<Value> {
         let role = match view {
             None => json!("unreachable"),
             Some(_) if lost_its_data => json!("refused: lost its data (remove, add back)"),
-            Some(v) => v["role"].clone(),
+            Some(v) if not_ready(v).is_empty() => v["role"].clone(),
+            Some(v) => json!(format!("{}, not ready", text(&v["role"]))),
         };
         members.push(json!({
             "id": id,
@@ -208,9 +209,24 @@ fn member_rows(reference: &Value, views: &BTreeMap<u64, Value>) -> Vec<Value> {
             "term": view.map_or(Value::Null, |v| v["term"].clone()),
             "last_applied": view.map_or(Value::Null, |v| v["last_applied"].clone()),
             "lag": if lost_its_data { Value::Null } else { member["lag"].clone() },
+            "not_ready": view.map_or_else(Vec::new, not_ready),
         }));
     }
     members
+}
+
+/// Why a member's own view says it is not ready (`not_ready`; absent from older members).
+fn not_ready(view: &Value) -> Vec<Value> {
+    view["not_ready"].as_array().cloned().unwrap_or_default()
+}
+
+/// A cell of the status table.
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
@@ -221,11 +237,6 @@ fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
     let rows: Vec<Vec<String>> = members
         .iter()
         .map(|m| {
-            let text = |v: &Value| match v {
-                Value::Null => "-".to_owned(),
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
             vec![
                 text(&m["id"]),
                 text(&m["addr"]),
@@ -240,6 +251,11 @@ fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
         &["ID", "ADDRESS", "KIND", "ROLE", "LAST APPLIED", "LAG"],
         &rows,
     );
+    for member in members {
+        for why in member["not_ready"].as_array().into_iter().flatten() {
+            println!("node {} is not ready: {}", text(&member["id"]), text(why));
+        }
+    }
 }
 
 /// Sends a membership change to the leader; while there is none (or it changes under the

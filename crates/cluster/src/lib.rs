@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod health;
 pub mod membership;
 pub mod network;
 pub mod peer_tls;
@@ -296,6 +297,10 @@ pub struct NodeStatus {
     pub serving: bool,
     /// The members of the current membership.
     pub members: Vec<MemberStatus>,
+    /// Why it is not ready although it may see a leader ([`health::Health`]); empty when
+    /// nothing keeps it from being ready.
+    #[serde(default)]
+    pub not_ready: Vec<String>,
 }
 
 /// This node's view of the cluster.
@@ -347,6 +352,7 @@ pub fn node_status(raft: &RaftNode, serving: bool) -> NodeStatus {
         last_applied: metrics.last_applied.map(|l| l.index),
         serving,
         members,
+        not_ready: Vec::new(),
     }
 }
 

@@ -30,6 +30,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
+use super::health::{Condition, Health};
 use super::identity::{Identity, Introduction, FROM_METADATA, STORE_METADATA};
 use super::membership::{Introducer, Introducing, INTRODUCE_TIMEOUT};
 use super::peer_tls::PeerTls;
@@ -451,6 +452,8 @@ pub struct RaftService {
     /// Set when the member stops: open append streams end, so that the listener's graceful
     /// shutdown does not wait for the leader to close them.
     shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Where a refused divergent history is reported (not ready) until an append is taken.
+    health: Health,
 }
 
 /// The answer to a Raft message that did not come from an authenticated member: it says
@@ -472,13 +475,14 @@ fn log_diverged(diverged: &DivergedHistory) {
 
 /// The gRPC service of Raft traffic for member `node`'s `raft`, whose store is `identity`;
 /// with `tls`, only from members authenticated by their peer certificates. Its append streams
-/// end when `shutdown` is set.
+/// end when `shutdown` is set. A leader's history it refuses is reported to `health`.
 pub fn service(
     node: NodeId,
     raft: RaftNode,
     identity: Identity,
     tls: Option<Arc<PeerTls>>,
     shutdown: tokio::sync::watch::Receiver<bool>,
+    health: Health,
 ) -> RaftServer<RaftService> {
     RaftServer::new(RaftService {
         node,
@@ -486,6 +490,7 @@ pub fn service(
         identity,
         tls,
         shutdown,
+        health,
     })
     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
@@ -559,10 +564,15 @@ impl RaftService {
         let applied = self.raft.metrics().borrow().last_applied;
         if let Err(diverged) = check_history(&request, applied) {
             log_diverged(&diverged);
+            self.health
+                .set(Condition::DivergedHistory, diverged.to_string());
             return Err(Status::failed_precondition(diverged.to_string()));
         }
         let reach = AppendReach::of(&request);
         let answer = self.raft.append_entries(request).await;
+        if answer.is_ok() {
+            self.health.clear(Condition::DivergedHistory);
+        }
         reach.tell(&self.identity, &answer);
         Ok(payload(&answer))
     }

@@ -52,6 +52,8 @@ pub struct Api {
     pub feed: Arc<palisade_coordinator::feed::Feed>,
     /// The audits: one at a time, the last one reused briefly.
     pub audits: Arc<Audits>,
+    /// The data directory, whose free space `/readyz` weighs ([`crate::disk::not_ready`]).
+    pub data_dir: Arc<std::path::Path>,
 }
 
 /// A cluster member, for `/v1/cluster` and `/v1/keys`.
@@ -65,6 +67,8 @@ pub struct ClusterMember {
     pub state: Arc<std::sync::Mutex<palisade_cluster::storage::SmState>>,
     /// Its membership changes.
     pub changes: Arc<palisade_cluster::membership::Changes>,
+    /// Why it is not ready although it sees a leader (its Raft service reports).
+    pub health: palisade_cluster::health::Health,
 }
 
 impl Api {

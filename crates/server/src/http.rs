@@ -319,18 +319,24 @@ async fn metrics(State(api): State<Api>) -> impl IntoResponse {
 
 /// `GET /readyz`: a single node serves; a cluster member sees a leader (itself or another:
 /// a follower forwards nobody, but a client it names the leader to is served, so a load
-/// balancer or a Kubernetes Service may send clients to any ready member). `/healthz` is the
-/// process alone, and never depends on a leader.
+/// balancer or a Kubernetes Service may send clients to any ready member) and nothing keeps
+/// it from following that leader ([`palisade_cluster::health`]). Either way its disk has
+/// room for the next commit ([`crate::disk::not_ready`]). The answer says why when it is
+/// not ready. `/healthz` is the process alone, and never depends on a leader.
 async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
+    let unavailable =
+        |why: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why);
+    if let Some(why) = crate::disk::not_ready(&api.data_dir) {
+        return Err(unavailable(why));
+    }
     if let Some(member) = &api.cluster {
+        if let Some(why) = member.health.reasons().into_iter().next() {
+            return Err(unavailable(why));
+        }
         let leader = member.raft.metrics().borrow().current_leader;
         return match leader {
             Some(_) => Ok("ready\n"),
-            None => Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "this member sees no leader",
-            )),
+            None => Err(unavailable("this member sees no leader".into())),
         };
     }
     if api.coordinator.is_ready() {
@@ -338,11 +344,7 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
     } else if let Some(error @ CoordinatorError::NotLeader { .. }) = api.coordinator.not_serving() {
         Err(error.into())
     } else {
-        Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "not ready",
-        ))
+        Err(unavailable("not ready".into()))
     }
 }
 
@@ -351,7 +353,12 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
 async fn cluster_status(State(api): State<Api>, _caller: Caller) -> Json<serde_json::Value> {
     match &api.cluster {
         Some(member) => {
-            let status = palisade_cluster::node_status(&member.raft, api.coordinator.is_ready());
+            let mut status =
+                palisade_cluster::node_status(&member.raft, api.coordinator.is_ready());
+            status.not_ready = member.health.reasons();
+            status
+                .not_ready
+                .extend(crate::disk::not_ready(&api.data_dir));
             let mut value = serde_json::to_value(status).expect("status serializes");
             value["mode"] = json!("cluster");
             Json(value)

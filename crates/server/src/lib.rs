@@ -13,6 +13,7 @@ pub mod api;
 pub mod auth;
 pub mod backup;
 pub mod console;
+pub mod disk;
 pub mod grpc;
 pub mod http;
 pub mod http_error;
@@ -301,6 +302,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         Some(_) => palisade_cluster::witness::default_path(dir),
     };
     refuse_side_file_inside(dir, &side_file)?;
+    // A node that cannot write its disk never says it is ready: refused here, with the cause.
+    disk::probe(dir)?;
     create_store_before_key(dir, config.cluster.is_some())?;
     let signer = Arc::new(keys::load_or_create_signer(dir)?);
     let metrics = Arc::new(Metrics::new());
@@ -446,6 +449,7 @@ fn start_single(
         policy: Arc::new(policy::PolicyState::none()),
         feed: Arc::default(),
         audits: Arc::default(),
+        data_dir: Arc::from(dir),
     };
     let core: Core = Box::pin(async move {
         // The engine ends on shutdown or on a storage failure.
@@ -476,6 +480,7 @@ async fn start_cluster(
         shutdown_signal.clone(),
     )
     .await?;
+    let health = palisade_cluster::health::Health::default();
     let api = Api {
         coordinator: member.gateway,
         signer,
@@ -485,11 +490,13 @@ async fn start_cluster(
             node_id: cluster.node_id,
             state: member.state,
             changes: member.changes,
+            health: health.clone(),
         }),
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),
         feed: Arc::default(),
         audits: Arc::default(),
+        data_dir: Arc::from(dir),
     };
     let raft = member.raft.clone();
     let supervisor = member.supervisor;
@@ -508,6 +515,7 @@ async fn start_cluster(
         member.identity,
         peer_tls,
         shutdown_signal,
+        health,
     );
     Ok((api, Some(service), core))
 }

@@ -21,6 +21,7 @@ mod imports;
 mod lock_run;
 mod metrics_docs;
 mod peer_tls;
+mod readiness;
 mod resource_cli;
 mod restore;
 mod security;
