@@ -617,3 +617,26 @@ fn stale_refusal(
         }),
     }
 }
+
+/// The greatest epoch `boundary` has accepted or fenced at, for any lock: a reference store's
+/// (or its effects ledger's) `highest_fence` in `/v1/info`, a PostgreSQL database's Palisade
+/// tables and guarded tables (`palisade_fence_postgres::highest_fence`). What a coordinator
+/// must issue above (`palisade restore --floor-from`, and every single node's start). At most
+/// [`TIMEOUT`] for a database; an HTTP boundary is bounded by `http`'s own timeouts.
+pub async fn highest_fence(http: &reqwest::Client, boundary: &Boundary) -> Result<u64, String> {
+    match boundary {
+        Boundary::Resource { url } | Boundary::Effects { url, .. } => {
+            let base = url.trim_end_matches('/');
+            let info = get_json(http, &format!("{base}/v1/info")).await?;
+            palisade_core::json::read(&info["highest_fence"]).ok_or_else(|| {
+                format!("{base}/v1/info reports no highest fence (an older version?)")
+            })
+        }
+        Boundary::Postgres { url, .. } => {
+            tokio::time::timeout(TIMEOUT, palisade_fence_postgres::highest_fence(url))
+                .await
+                .map_err(|_| format!("no answer within {} s", TIMEOUT.as_secs()))?
+                .map_err(|error| error.to_string())
+        }
+    }
+}

@@ -186,9 +186,10 @@ async fn read_floor(source: &str, tls: &crate::ClientTlsArgs) -> anyhow::Result<
         bail!("a floor source is an http(s):// reference store or a postgres:// database");
     }
     let http = tls.http(None, REQUEST_TIMEOUT)?;
-    let url = format!("{}/v1/info", source.trim_end_matches('/'));
-    let response = http.get(&url).send().await?.error_for_status()?;
-    let info: Value = response.json().await?;
-    palisade_core::json::read(&info["highest_fence"])
-        .context("the store did not report its highest fence (an older version?)")
+    let store = palisade_audit::policy::Boundary::Resource {
+        url: source.to_owned(),
+    };
+    palisade_audit::observe::highest_fence(&http, &store)
+        .await
+        .map_err(anyhow::Error::msg)
 }

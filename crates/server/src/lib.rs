@@ -19,6 +19,7 @@ pub mod http;
 pub mod http_error;
 pub mod policy;
 pub mod tls;
+pub mod witnesses;
 
 use std::io;
 use std::net::SocketAddr;
@@ -310,7 +311,12 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
     let (mut api, raft_service, core) = match &config.cluster {
-        None => start_single(dir, &high_water, signer, metrics, shutdown_signal.clone())?,
+        None => {
+            // The boundaries witness what this node issued, whatever its disk and clock say.
+            let witnessed = witnesses::ask(&config.policy.current()).await;
+            let files = (dir.as_path(), high_water.as_path());
+            start_single(files, witnessed, signer, metrics, shutdown_signal.clone())?
+        }
         Some(cluster) => {
             let peer_tls = config.peer_tls.clone();
             let cluster = ClusterConfig {
@@ -408,10 +414,43 @@ fn log_where_epochs_start(dir: &Path, bound: &high_water::HighWater, stored: pal
     }
 }
 
+/// Raises the high-water bound to the greatest fence the policy's boundaries answered, when it
+/// is above what this node's disk holds: the counter then starts above every epoch they saw.
+fn start_above_witnesses(
+    bound: &mut high_water::HighWater,
+    witnessed: &witnesses::Witnessed,
+    stored: palisade_core::Epoch,
+) -> Result<(), ServerError> {
+    for silent in &witnessed.silent {
+        tracing::warn!(
+            boundary = %silent,
+            "a boundary of the policy did not say its highest fence at start; the counter \
+             starts above the others' and the clock's"
+        );
+    }
+    if witnessed.greatest > stored.0 && witnessed.greatest > bound.bound() {
+        tracing::warn!(
+            witnessed = witnessed.greatest,
+            stored = stored.0,
+            "a boundary of the policy holds a fence above every epoch this node's disk \
+             knows (its volume and clock went back, or another coordinator signs with its \
+             key): the counter starts above it"
+        );
+        bound.raise(witnessed.greatest)?;
+    } else if witnessed.answered > 0 {
+        tracing::info!(
+            witnessed = witnessed.greatest,
+            boundaries = witnessed.answered,
+            "the policy's boundaries witnessed no epoch above this node's"
+        );
+    }
+    Ok(())
+}
+
 /// A single node: the engine over the lease log (`coordinator.log`).
 fn start_single(
-    dir: &Path,
-    high_water: &Path,
+    (dir, high_water): (&Path, &Path),
+    witnessed: witnesses::Witnessed,
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
     shutdown_signal: watch::Receiver<bool>,
@@ -428,8 +467,9 @@ fn start_single(
     }
     let mut store = log_store::open_in(dir)?;
     store.count_syncs(metrics.store_syncs.clone());
-    let bound = high_water::HighWater::open(high_water)?;
+    let mut bound = high_water::HighWater::open(high_water)?;
     let stored = store::LeaseStore::load(&store)?.last_epoch;
+    start_above_witnesses(&mut bound, &witnessed, stored)?;
     log_where_epochs_start(dir, &bound, stored);
     let store = high_water::Bounded::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);

@@ -6,6 +6,7 @@ mod common;
 
 mod audit;
 mod bench_compare;
+mod boundary_witness;
 mod cli;
 mod client_tls;
 mod cluster;

@@ -30,6 +30,13 @@ impl ServerProcess {
         Self::start_command(command, data_dir)
     }
 
+    /// [`Self::start_with`] with `envs` set for the process (e.g. libfaketime's).
+    pub fn start_with_env(args: &[&str], envs: &[(&str, &str)], data_dir: &Path) -> Self {
+        let mut command = Command::new(BINARY);
+        command.args(args).envs(envs.iter().copied());
+        Self::start_command(command, data_dir)
+    }
+
     /// Starts `palisade serve` with at most `descriptors` open files (`ulimit -n`).
     pub fn start_with_descriptor_limit(descriptors: u32, data_dir: &Path) -> Self {
         let mut command = Command::new("sh");
@@ -287,14 +294,19 @@ pub fn free_port() -> u16 {
 /// so the process never blocks on a full pipe.
 fn read_stderr_until(child: &mut Child, found: impl Fn(&str) -> Option<String>) -> String {
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
     let picked = loop {
-        let line = lines
-            .next()
-            .expect("the process printed its address before exiting")
-            .unwrap();
+        let Some(line) = lines.next() else {
+            panic!(
+                "the process exited before printing its address:\n{}",
+                seen.join("\n")
+            );
+        };
+        let line = line.unwrap();
         if let Some(picked) = found(&line) {
             break picked;
         }
+        seen.push(line);
     };
     std::thread::spawn(move || lines.for_each(drop));
     picked
