@@ -433,6 +433,7 @@ impl Cluster {
                 .collect(),
             join: false,
             client_tls: false,
+            max_clock_offset_ms: palisade_cluster::clock_check::DEFAULT_MAX_CLOCK_OFFSET_MS,
         };
         let shared = Arc::new(Shared {
             rng: rng.clone(),
@@ -445,7 +446,7 @@ impl Cluster {
             holds: Mutex::default(),
             stop_clients: AtomicBool::new(false),
         });
-        let members = ids
+        let members: Vec<Member> = ids
             .iter()
             .map(|id| Member {
                 id: *id,
@@ -463,9 +464,13 @@ impl Cluster {
                 clock: member_clock(seed, *id, sim),
             })
             .collect();
+        let router = Router::new(rng);
+        for member in &members {
+            router.clock(member.id, member.clock.clone());
+        }
         Self {
             shared,
-            router: Router::new(rng),
+            router,
             config,
             members,
             incarnations: 0,

@@ -65,6 +65,8 @@ pub struct ClusterMember {
     pub state: Arc<std::sync::Mutex<palisade_cluster::storage::SmState>>,
     /// Its membership changes.
     pub changes: Arc<palisade_cluster::membership::Changes>,
+    /// Its clock against its peers' (shown by `cluster status`).
+    pub clock_check: Arc<palisade_cluster::clock_check::ClockCheck>,
 }
 
 impl Api {

@@ -351,7 +351,11 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
 async fn cluster_status(State(api): State<Api>, _caller: Caller) -> Json<serde_json::Value> {
     match &api.cluster {
         Some(member) => {
-            let status = palisade_cluster::node_status(&member.raft, api.coordinator.is_ready());
+            let status = palisade_cluster::node_status(
+                &member.raft,
+                api.coordinator.is_ready(),
+                &member.clock_check,
+            );
             let mut value = serde_json::to_value(status).expect("status serializes");
             value["mode"] = json!("cluster");
             Json(value)

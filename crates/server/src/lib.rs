@@ -72,6 +72,9 @@ pub struct ServerConfig {
     /// The lock policy (`--policy`, `--require-policy`); reload it with
     /// [`policy::PolicyState::reload`].
     pub policy: Arc<policy::PolicyState>,
+    /// A single node: the operator says its clock is right and the epoch counter named is
+    /// ahead of it (`--resume-counter-ahead`, [`palisade_coordinator::counter_ahead`]).
+    pub resume_counter_ahead: Option<palisade_core::Epoch>,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +90,7 @@ impl Default for ServerConfig {
             high_water: None,
             insecure_peers: false,
             policy: Arc::new(policy::PolicyState::none()),
+            resume_counter_ahead: None,
         }
     }
 }
@@ -307,7 +311,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
     let (mut api, raft_service, core) = match &config.cluster {
-        None => start_single(dir, &high_water, signer, metrics, shutdown_signal.clone())?,
+        None => start_single(
+            dir,
+            &high_water,
+            config.resume_counter_ahead,
+            signer,
+            metrics,
+            shutdown_signal.clone(),
+        )?,
         Some(cluster) => {
             let peer_tls = config.peer_tls.clone();
             let cluster = ClusterConfig {
@@ -409,6 +420,7 @@ fn log_where_epochs_start(dir: &Path, bound: &high_water::HighWater, stored: pal
 fn start_single(
     dir: &Path,
     high_water: &Path,
+    resume_counter_ahead: Option<palisade_core::Epoch>,
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
     shutdown_signal: watch::Receiver<bool>,
@@ -428,14 +440,27 @@ fn start_single(
     let bound = high_water::HighWater::open(high_water)?;
     let stored = store::LeaseStore::load(&store)?.last_epoch;
     log_where_epochs_start(dir, &bound, stored);
+    let clock = Arc::new(palisade_core::clock::SystemClock);
+    let counter = stored.max(palisade_core::Epoch(bound.bound()));
+    let accepted = palisade_coordinator::counter_ahead::accepted(
+        dir,
+        resume_counter_ahead,
+        counter,
+        palisade_core::clock::WallClock::now_ms(&*clock),
+    )?;
     let store = high_water::Bounded::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
-    let (handle, engine) = engine::start_with(
+    let rules = engine::ClockRules {
+        clock,
+        counter_ahead: accepted
+            .map_or(engine::CounterAhead::Refuse, engine::CounterAhead::Accepted),
+    };
+    let (handle, engine) = engine::start_with_rules(
         store,
         metrics.clone(),
         shutdown_signal,
         transitions.clone(),
-        Arc::new(palisade_core::clock::SystemClock),
+        rules,
     )?;
     let api = Api {
         coordinator: Gateway::fixed(handle, transitions),
@@ -485,6 +510,7 @@ async fn start_cluster(
             node_id: cluster.node_id,
             state: member.state,
             changes: member.changes,
+            clock_check: member.clock_check,
         }),
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),

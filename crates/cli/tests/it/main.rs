@@ -8,6 +8,7 @@ mod audit;
 mod bench_compare;
 mod cli;
 mod client_tls;
+mod clock;
 mod cluster;
 mod console_browser;
 mod crash_churn;

@@ -30,6 +30,14 @@ impl ServerProcess {
         Self::start_command(command, data_dir)
     }
 
+    /// Starts `palisade ARGS --data-dir DATA_DIR` with `env` added to its environment (e.g.
+    /// libfaketime's) and waits until it listens.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)], data_dir: &Path) -> Self {
+        let mut command = Command::new(BINARY);
+        command.args(args).envs(env.iter().copied());
+        Self::start_command(command, data_dir)
+    }
+
     /// Starts `palisade serve` with at most `descriptors` open files (`ulimit -n`).
     pub fn start_with_descriptor_limit(descriptors: u32, data_dir: &Path) -> Self {
         let mut command = Command::new("sh");
