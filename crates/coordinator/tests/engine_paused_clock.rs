@@ -495,3 +495,29 @@ async fn p1_a_leader_outvoting_its_counter_waits_the_offset_out_and_then_issues_
     assert!(second.epoch > first.epoch);
     leader.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn p1_a_clock_past_the_headroom_refuses_to_start_with_a_typed_error() {
+    let store = MemoryLeaseStore::default();
+    for now_ms in [palisade_core::clock::LAST_CLOCK_MS + 1, 1 << 44, u64::MAX] {
+        let clock = Arc::new(SteppableClock::starting_at(now_ms));
+        let refused = start_with_clock(&store, &clock).err().unwrap();
+        assert!(
+            matches!(
+                refused,
+                palisade_coordinator::store::StoreError::Headroom(
+                    palisade_core::clock::HeadroomError::ClockPastLastMs { .. }
+                )
+            ),
+            "{refused}"
+        );
+    }
+    // At the last millisecond, it starts and grants.
+    let clock = Arc::new(SteppableClock::starting_at(
+        palisade_core::clock::LAST_CLOCK_MS - 1_000,
+    ));
+    let running = start_with_clock(&store, &clock).unwrap();
+    let lease = running.grant("r/1", 1_000).await;
+    assert!(lease.epoch.0 <= palisade_core::clock::MAX_EPOCH);
+    running.stop().await;
+}

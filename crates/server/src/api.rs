@@ -173,6 +173,7 @@ fn refusal_reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::WaitTimedOut { .. } => "wait_timed_out",
         CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => "too_many_waiters",
         CoordinatorError::Lease(LeaseError::PrincipalLimit { .. }) => "principal_limit",
+        CoordinatorError::Lease(LeaseError::EpochsExhausted { .. }) => "epochs_exhausted",
         CoordinatorError::Lease(_) => "invalid",
         CoordinatorError::NotLeader { .. } => "not_leader",
         // A renew's refusal; an acquire never meets it.
