@@ -210,6 +210,7 @@ fn member_rows(reference: &Value, views: &BTreeMap<u64, Value>) -> Vec<Value> {
             "last_applied": view.map_or(Value::Null, |v| v["last_applied"].clone()),
             "lag": if lost_its_data { Value::Null } else { member["lag"].clone() },
             "not_ready": view.map_or_else(Vec::new, not_ready),
+            "clock": view.map_or(Value::Null, |v| clock_column(&v["clock"])),
         }));
     }
     members
@@ -229,6 +230,22 @@ fn text(value: &Value) -> String {
     }
 }
 
+/// A member's clock as its own view judges it: its offset from its peers (ms), and whether a
+/// majority refuses it (then it commits no clock floor and does not lead).
+fn clock_column(verdict: &Value) -> Value {
+    let Some(offset_ms) = verdict["offset_ms"].as_i64() else {
+        return Value::Null;
+    };
+    let max_offset_ms = verdict["max_offset_ms"].as_u64().unwrap_or(0);
+    if verdict["refused"] == true {
+        json!(format!(
+            "{offset_ms:+} ms: beyond {max_offset_ms} ms from a majority (does not lead)"
+        ))
+    } else {
+        json!(format!("{offset_ms:+} ms"))
+    }
+}
+
 fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
     match leader {
         Some(id) => println!("leader: node {id} (term {})", term.unwrap_or(0)),
@@ -244,11 +261,20 @@ fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
                 text(&m["role"]),
                 text(&m["last_applied"]),
                 text(&m["lag"]),
+                text(&m["clock"]),
             ]
         })
         .collect();
     print_table(
-        &["ID", "ADDRESS", "KIND", "ROLE", "LAST APPLIED", "LAG"],
+        &[
+            "ID",
+            "ADDRESS",
+            "KIND",
+            "ROLE",
+            "LAST APPLIED",
+            "LAG",
+            "CLOCK",
+        ],
         &rows,
     );
     for member in members {

@@ -168,6 +168,22 @@ struct ServeArgs {
     /// Refuse acquires of critical locks whose policy names no boundary (needs --policy).
     #[arg(long, requires = "policy")]
     require_policy: bool,
+    /// A single node refused to start because its epoch counter is ahead of its clock, and its
+    /// clock is right: serve now, issuing above COUNTER (the counter the refusal named). Kept
+    /// in the data directory until the clock passes the counter; until then a copy of the data
+    /// directory put back is not caught by the clock floor (docs/operations.md).
+    #[arg(long, value_name = "COUNTER", conflicts_with = "cluster")]
+    resume_counter_ahead: Option<u64>,
+    /// Cluster mode: the greatest offset between a leader's wall clock and a majority of the
+    /// members' before it commits a clock floor; a member whose clock is further off does not
+    /// lead, and says why (ARCHITECTURE.md, "Hybrid epochs").
+    #[arg(
+        long,
+        value_name = "MS",
+        requires = "cluster",
+        default_value_t = palisade_cluster::clock_check::DEFAULT_MAX_CLOCK_OFFSET_MS
+    )]
+    max_clock_offset_ms: u64,
 }
 
 /// Where the coordinator is.

@@ -16,10 +16,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::ServeArgs;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let cluster = match (args.node_id, &args.cluster) {
-        (Some(node_id), Some(list)) => Some(ClusterConfig::parse(node_id, list, args.join)?),
-        _ => None,
-    };
+    let cluster = cluster_config(&args)?;
     let listen = match (args.listen, &cluster) {
         (Some(listen), _) => listen,
         (None, Some(cluster)) => resolve(cluster.own_addr()).await?,
@@ -54,6 +51,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         high_water: args.high_water_file,
         insecure_peers: args.insecure_peers,
         policy: policy.clone(),
+        resume_counter_ahead: args.resume_counter_ahead.map(palisade_core::Epoch),
     })
     .await
     .context("cannot start the coordinator")?;
@@ -82,6 +80,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .shutdown()
         .await
         .context("the coordinator stopped with an error")
+}
+
+/// Cluster mode's settings (`--node-id`, `--cluster`, `--join`, `--max-clock-offset-ms`), or
+/// `None` for a single node.
+fn cluster_config(args: &ServeArgs) -> anyhow::Result<Option<ClusterConfig>> {
+    Ok(match (args.node_id, &args.cluster) {
+        (Some(node_id), Some(list)) => Some(ClusterConfig {
+            max_clock_offset_ms: args.max_clock_offset_ms,
+            ..ClusterConfig::parse(node_id, list, args.join)?
+        }),
+        _ => None,
+    })
 }
 
 /// The principals and their rights: from the auth and ACL files, or open (no files).

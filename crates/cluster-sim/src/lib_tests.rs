@@ -295,6 +295,14 @@ impl palisade_cluster::membership::Introducer for Phantom {
             })
         })
     }
+
+    fn read_clock(
+        &self,
+        _node: palisade_cluster::NodeId,
+        _addr: &str,
+    ) -> palisade_cluster::membership::ReadingClock {
+        Box::pin(async { Err("a phantom has no clock".to_owned()) })
+    }
 }
 
 fn voters(raft: &palisade_cluster::RaftNode) -> Vec<u64> {

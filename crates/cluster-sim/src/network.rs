@@ -19,7 +19,7 @@ use openraft::raft::{
 };
 use palisade_cluster::identity::Identity;
 use palisade_cluster::identity::Introduction;
-use palisade_cluster::membership::{Introducer, Introducing};
+use palisade_cluster::membership::{Introducer, Introducing, ReadingClock};
 use palisade_cluster::network::{check_append_entries, check_history, AppendReach};
 use palisade_cluster::{MemberNode, NodeId, RaftNode, TypeConfig};
 use palisade_sim::SplitMix64;
@@ -33,6 +33,8 @@ const DROP_PERCENT: u64 = 1;
 struct Links {
     /// Members that are up: their Raft node and their store's identity.
     up: BTreeMap<NodeId, (RaftNode, Identity)>,
+    /// Every member's wall clock (it runs while the member is down, as a machine's does).
+    clocks: BTreeMap<NodeId, Arc<dyn palisade_core::clock::WallClock>>,
     /// Directed links that carry nothing.
     cut: BTreeSet<(NodeId, NodeId)>,
     /// Directed links that carry everything but a leader's entries (a test's timing: one
@@ -82,6 +84,11 @@ impl Router {
     /// `id` is up and reachable at `raft`; its messages present `identity`.
     pub fn up(&self, id: NodeId, raft: RaftNode, identity: Identity) {
         self.links().up.insert(id, (raft, identity));
+    }
+
+    /// Member `id`'s wall clock, read when a peer asks for it.
+    pub fn clock(&self, id: NodeId, clock: Arc<dyn palisade_core::clock::WallClock>) {
+        self.links().clocks.insert(id, clock);
     }
 
     /// `id` is down: messages to it are lost.
@@ -397,6 +404,25 @@ impl Introducer for Introductions {
                 .await
                 .ok_or_else(|| format!("no route {to} -> {from}"))?;
             Ok(introduction)
+        })
+    }
+
+    fn read_clock(&self, node: NodeId, _addr: &str) -> ReadingClock {
+        let (from, router) = (self.from, self.router.clone());
+        Box::pin(async move {
+            router
+                .carry(from, node)
+                .await
+                .ok_or_else(|| format!("no route {from} -> {node}"))?;
+            let clock = router.links().clocks.get(&node).cloned();
+            let wall_ms = clock
+                .ok_or_else(|| format!("node {node} has no clock"))?
+                .now_ms();
+            router
+                .carry(node, from)
+                .await
+                .ok_or_else(|| format!("no route {node} -> {from}"))?;
+            Ok(wall_ms)
         })
     }
 }

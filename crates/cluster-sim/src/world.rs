@@ -439,6 +439,7 @@ impl Cluster {
                 .collect(),
             join: false,
             client_tls: false,
+            max_clock_offset_ms: palisade_cluster::clock_check::DEFAULT_MAX_CLOCK_OFFSET_MS,
         };
         let shared = Arc::new(Shared {
             rng: rng.clone(),
@@ -452,7 +453,7 @@ impl Cluster {
             stop_clients: AtomicBool::new(false),
             last_grant_ms: AtomicU64::new(0),
         });
-        let members = ids
+        let members: Vec<Member> = ids
             .iter()
             .map(|id| Member {
                 id: *id,
@@ -470,9 +471,13 @@ impl Cluster {
                 clock: member_clock(seed, *id, sim),
             })
             .collect();
+        let router = Router::new(rng);
+        for member in &members {
+            router.clock(member.id, member.clock.clone());
+        }
         Self {
             shared,
-            router: Router::new(rng),
+            router,
             config,
             members,
             incarnations: 0,

@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod clock_check;
 mod error;
 pub mod health;
 pub mod membership;
@@ -84,6 +85,9 @@ pub struct ClusterConfig {
     pub join: bool,
     /// Clients reach the members over TLS: a follower names the leader as `https://`.
     pub client_tls: bool,
+    /// The greatest offset between a leader's clock and a majority's before it commits a
+    /// clock floor (`--max-clock-offset-ms`, [`clock_check`]).
+    pub max_clock_offset_ms: u64,
 }
 
 impl ClusterConfig {
@@ -133,6 +137,7 @@ impl ClusterConfig {
             members,
             join,
             client_tls: false,
+            max_clock_offset_ms: clock_check::DEFAULT_MAX_CLOCK_OFFSET_MS,
         })
     }
 
@@ -301,10 +306,13 @@ pub struct NodeStatus {
     /// nothing keeps it from being ready.
     #[serde(default)]
     pub not_ready: Vec<String>,
+    /// Its clock against its peers' (the latest fresh verdict; `None`: none yet).
+    #[serde(default)]
+    pub clock: Option<clock_check::Verdict>,
 }
 
-/// This node's view of the cluster.
-pub fn node_status(raft: &RaftNode, serving: bool) -> NodeStatus {
+/// This node's view of the cluster; `clock`: its clock's check against its peers'.
+pub fn node_status(raft: &RaftNode, serving: bool, clock: &clock_check::ClockCheck) -> NodeStatus {
     let metrics = raft.metrics().borrow().clone();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -353,6 +361,7 @@ pub fn node_status(raft: &RaftNode, serving: bool) -> NodeStatus {
         serving,
         members,
         not_ready: Vec::new(),
+        clock: clock.fresh(),
     }
 }
 
@@ -368,6 +377,8 @@ pub struct Member {
     pub identity: identity::Identity,
     /// Its membership changes (`cluster add|remove`; they succeed while it leads).
     pub changes: Arc<membership::Changes>,
+    /// Its clock against its peers' ([`clock_check`]).
+    pub clock_check: Arc<clock_check::ClockCheck>,
     /// The supervisor; ends on shutdown, or with the fatal error that stopped Raft.
     pub supervisor: tokio::task::JoinHandle<Result<(), ClusterError>>,
     /// The applied log id known to be on disk
@@ -554,7 +565,12 @@ impl MemberStart<'_> {
             ));
         let (gateway, transitions) =
             palisade_coordinator::gateway::Gateway::switching(serving_signal);
+        let clock_check = Arc::new(clock_check::ClockCheck::new(
+            config.max_clock_offset_ms,
+            self.metrics.clone(),
+        ));
         let supervisor = supervisor::Supervisor {
+            clock_check: clock_check.clone(),
             raft: raft.clone(),
             node_id: config.node_id,
             identity: identity.clone(),
@@ -578,6 +594,7 @@ impl MemberStart<'_> {
             state,
             identity,
             changes,
+            clock_check,
             supervisor,
             durable_applied,
         })

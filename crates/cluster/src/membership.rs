@@ -41,11 +41,16 @@ const FOUND_LOG_EVERY: Duration = Duration::from_secs(5);
 /// A boxed future of an introduction.
 pub type Introducing = Pin<Box<dyn Future<Output = Result<Introduction, String>> + Send>>;
 
-/// Asks the node at an address who it is: gRPC between real members, the simulated network
-/// in the cluster simulation.
+/// A boxed future of a peer's wall-clock reading (ms since 1970).
+pub type ReadingClock = Pin<Box<dyn Future<Output = Result<u64, String>> + Send>>;
+
+/// Asks the node at an address who it is, and what its clock reads: gRPC between real
+/// members, the simulated network in the cluster simulation.
 pub trait Introducer: Send + Sync + 'static {
     /// The node at `addr`, or why it did not answer.
     fn introduce(&self, node: NodeId, addr: &str) -> Introducing;
+    /// The wall clock of the node at `addr` (`crate::clock_check`), or why it did not answer.
+    fn read_clock(&self, node: NodeId, addr: &str) -> ReadingClock;
 }
 
 /// Runs membership changes on this member (they succeed only while it leads).
@@ -273,6 +278,11 @@ impl Changes {
             .membership_config
             .membership()
             .clone()
+    }
+
+    /// How this member asks other nodes who they are and what their clocks read.
+    pub fn introducer(&self) -> &Arc<dyn Introducer> {
+        &self.introducer
     }
 
     /// Asks every other voter of this member's membership who it is and where its log ends,

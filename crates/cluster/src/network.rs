@@ -26,13 +26,13 @@ use palisade_proto::v1 as pb;
 use pb::raft_client::RaftClient;
 use pb::raft_server::{Raft as RaftRpc, RaftServer};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::health::{Condition, Health};
 use super::identity::{Identity, Introduction, FROM_METADATA, STORE_METADATA};
-use super::membership::{Introducer, Introducing, INTRODUCE_TIMEOUT};
+use super::membership::{Introducer, Introducing, ReadingClock, INTRODUCE_TIMEOUT};
 use super::peer_tls::PeerTls;
 use super::{MemberNode, NodeId, RaftNode, TypeConfig};
 
@@ -652,6 +652,29 @@ impl RaftRpc for RaftService {
             Introduction::of(self.node, &self.identity, &self.raft.metrics().borrow());
         self.encode(&introduction)
     }
+
+    async fn clock(
+        &self,
+        request: Request<pb::RaftPayload>,
+    ) -> Result<Response<pb::RaftPayload>, Status> {
+        // Any member may ask (a leader checking its clock before it commits a floor).
+        if self.tls.is_some() {
+            let certificates = request.extensions().get::<PeerCertificates>();
+            if certificates.is_none_or(|c| c.0.is_empty()) {
+                return Err(not_a_peer());
+            }
+        }
+        self.encode(&ClockReading {
+            wall_ms: palisade_core::clock::now_ms(),
+        })
+    }
+}
+
+/// A member's answer to `Clock`: what its wall clock read.
+#[derive(Debug, Serialize, Deserialize)]
+struct ClockReading {
+    /// Milliseconds since 1970.
+    wall_ms: u64,
 }
 
 /// Asks nodes who they are over gRPC (`Identify`), one short-lived connection per question;
@@ -676,6 +699,24 @@ impl Introducer for GrpcIntroducer {
                 .map_err(|status| format!("{}: {}", status.code(), status.message()))?;
             serde_json::from_slice(&reply.into_inner().json)
                 .map_err(|e| format!("an answer that is not an introduction: {e}"))
+        })
+    }
+
+    fn read_clock(&self, node: NodeId, addr: &str) -> ReadingClock {
+        let endpoint = peer_channel(node, addr, self.tls.as_deref());
+        Box::pin(async move {
+            let channel = endpoint?
+                .timeout(crate::clock_check::READ_TIMEOUT)
+                .connect()
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let reply = RaftClient::new(channel)
+                .clock(pb::RaftPayload { json: Vec::new() })
+                .await
+                .map_err(|status| format!("{}: {}", status.code(), status.message()))?;
+            let reading: ClockReading = serde_json::from_slice(&reply.into_inner().json)
+                .map_err(|e| format!("an answer that is not a clock reading: {e}"))?;
+            Ok(reading.wall_ms)
         })
     }
 }

@@ -62,6 +62,9 @@ pub struct Supervisor {
     pub changes: Arc<super::membership::Changes>,
     /// The scheme of the members' client URLs in leader hints (`http` or `https`).
     pub client_scheme: &'static str,
+    /// This member's clock against its peers': a leader commits a clock floor only with a
+    /// clock a majority agrees with, and a member whose clock they refuse does not lead.
+    pub clock_check: Arc<super::clock_check::ClockCheck>,
 }
 
 struct Running {
@@ -100,6 +103,9 @@ pub struct View {
     pub term: u64,
     /// A majority acknowledged this leader within [`QUORUM_LOSS_MS`] (or it has no figure).
     pub quorum: bool,
+    /// This member's clock is beyond the maximum offset from a majority
+    /// ([`super::clock_check::Verdict::refused`]).
+    pub clock_refused: bool,
 }
 
 /// What the supervisor sees of the running engine.
@@ -124,6 +130,9 @@ pub enum Action {
     Start,
     /// Follow: refuse with `not leader` and the leader's URL.
     Follow,
+    /// Lead no more: this member leads, but its clock is beyond the maximum offset from a
+    /// majority; it starts no engine and stops its heartbeats, so that another is elected.
+    Abstain,
 }
 
 /// Whether this member may stand for election: its membership names it with its own store.
@@ -154,10 +163,13 @@ pub fn decide(view: View, engine: Option<EngineView>) -> Action {
                 Action::Stop("no majority heard from")
             } else if engine.finished {
                 Action::Stop("the engine stopped (a commit failed)")
+            } else if view.clock_refused {
+                Action::Stop("its clock is beyond the maximum offset from a majority")
             } else {
                 Action::Keep
             }
         }
+        None if view.leader && view.clock_refused => Action::Abstain,
         // Starting needs no quorum check: the barrier commits only with a majority.
         None if view.leader => Action::Start,
         None => Action::Follow,
@@ -201,6 +213,7 @@ impl Supervisor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut outcome = Ok(());
         let mut electing = false;
+        let mut heartbeats = true;
         let mut last_leader = None;
         let mut chores = Chores::default();
         loop {
@@ -224,8 +237,9 @@ impl Supervisor {
                 break;
             }
             chores.census(&self);
+            chores.read_clocks(&self);
             self.switch_elections(&m, &mut electing);
-            self.step_engine(&m, &mut running).await;
+            self.step_engine(&m, &mut running, &mut heartbeats).await;
             chores.finish_joint(&self, &m, running.is_some());
         }
         chores.abort();
@@ -242,7 +256,9 @@ impl Supervisor {
     /// lets it campaign; `electing` is what openraft was last told.
     fn switch_elections(&self, m: &RaftMetrics<NodeId, MemberNode>, electing: &mut bool) {
         let named = may_elect(m, self.identity.store());
+        let clock_refused = self.clock_check.refused();
         let may_elect = named
+            && !clock_refused
             && self
                 .identity
                 .may_campaign(self.identity.last_log().as_ref());
@@ -258,6 +274,10 @@ impl Supervisor {
                 "elections off: {}",
                 super::identity::Refused::Replaced { node: self.node_id }
             );
+        } else if clock_refused {
+            tracing::warn!(
+                "elections off: this member's clock is beyond the maximum offset from a majority"
+            );
         }
     }
 
@@ -266,6 +286,7 @@ impl Supervisor {
         &self,
         m: &RaftMetrics<NodeId, MemberNode>,
         running: &mut Option<Running>,
+        heartbeats: &mut bool,
     ) {
         let view = View {
             leader: m.state == ServerState::Leader && m.current_leader == Some(self.node_id),
@@ -273,7 +294,16 @@ impl Supervisor {
             quorum: m
                 .millis_since_quorum_ack
                 .is_none_or(|ms| ms < QUORUM_LOSS_MS),
+            clock_refused: self.clock_check.refused(),
         };
+        // A leader whose clock a majority refuses sends no heartbeats, so that the others
+        // elect one of theirs (openraft has no step-down); any other member sends them as
+        // usual once it leads.
+        let beat = !(view.leader && view.clock_refused);
+        if beat != *heartbeats {
+            *heartbeats = beat;
+            self.raft.runtime_config().heartbeat(beat);
+        }
         let mut action = decide(view, running.as_ref().map(Running::view));
         if let Action::Stop(why) = action {
             let _ = self.serving.send(Serving::Unavailable(format!(
@@ -291,6 +321,15 @@ impl Supervisor {
             Action::Keep | Action::Stop(_) => {}
             Action::Start => *running = self.lead(view.term).await,
             Action::Follow => self.follow(m),
+            Action::Abstain => {
+                let _ = self.serving.send(Serving::Unavailable(format!(
+                    "node {} was elected but does not lead: {}",
+                    self.node_id,
+                    self.clock_check
+                        .fresh()
+                        .map_or_else(String::new, |verdict| verdict.refusal())
+                )));
+            }
         }
     }
 
@@ -305,7 +344,7 @@ impl Supervisor {
             Err(error) => {
                 tracing::warn!(%error, "could not start deciding as leader; will retry");
                 let _ = self.serving.send(Serving::Unavailable(format!(
-                    "node {} leads but could not commit with a majority: {error}",
+                    "node {} leads but cannot decide yet: {error}",
                     self.node_id
                 )));
                 None
@@ -333,17 +372,33 @@ impl Supervisor {
         });
     }
 
-    /// Commits the barrier, loads the applied state, starts an engine over Raft.
+    /// Checks this member's clock against a majority's, commits the barrier with its clock
+    /// floor, loads the applied state, starts an engine over Raft.
     async fn start_engine(&self, term: u64) -> Result<Running, ClusterError> {
+        let verdict = self
+            .clock_check
+            .measure(&self.raft, self.changes.introducer(), &self.clock)
+            .await;
+        if !verdict.agrees {
+            return Err(ClusterError::Raft(if verdict.refused {
+                verdict.refusal()
+            } else {
+                format!(
+                    "too few voters answered for their clocks ({} of {} agree, {} needed); no \
+                     clock floor is committed before a majority agrees with this clock",
+                    verdict.agreeing.len(),
+                    verdict.peers.len() + 1,
+                    verdict.majority
+                )
+            }));
+        }
+        let clock_floor = palisade_core::clock::checked_floor_at(self.clock.now_ms())
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let barrier = Command::LeaderStart {
             node: self.node_id,
             key_id: self.key.0.clone(),
             public_key: self.key.1.clone(),
-            floor: self
-                .floor
-                .max(palisade_core::Epoch(palisade_core::clock::floor_at(
-                    self.clock.now_ms(),
-                ))),
+            floor: self.floor.max(palisade_core::Epoch(clock_floor)),
         };
         match tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(barrier)).await {
             Ok(Ok(_)) => {}
@@ -356,12 +411,20 @@ impl Supervisor {
         }
         let store = RaftLeaseStore::new(self.raft.clone(), self.state.clone());
         let (stop, stop_signal) = watch::channel(false);
-        let (handle, task) = engine::start_with(
+        // The majority agrees with this clock: a counter ahead of it was raised by a clock
+        // that was wrong, and is issued above rather than waited for.
+        let rules = engine::ClockRules {
+            clock: self.clock.clone(),
+            counter_ahead: engine::CounterAhead::Outvoted {
+                max_wait_ms: self.clock_check.max_offset_ms,
+            },
+        };
+        let (handle, task) = engine::start_with_rules(
             store,
             self.metrics.clone(),
             stop_signal,
             self.transitions.clone(),
-            self.clock.clone(),
+            rules,
         )
         .map_err(|e| ClusterError::Raft(format!("the leader engine: {e}")))?;
         tracing::info!(
@@ -388,6 +451,9 @@ struct Chores {
     /// Finishing a joint membership a deposed leader left.
     finishing: Option<JoinHandle<()>>,
     finish_after: tokio::time::Instant,
+    /// Reading the peers' clocks ([`super::clock_check`]).
+    clocks: Option<JoinHandle<()>>,
+    clocks_after: tokio::time::Instant,
 }
 
 impl Default for Chores {
@@ -398,6 +464,8 @@ impl Default for Chores {
             census_after: now,
             finishing: None,
             finish_after: now,
+            clocks: None,
+            clocks_after: now,
         }
     }
 }
@@ -414,6 +482,22 @@ impl Chores {
             let (changes, identity) = (supervisor.changes.clone(), supervisor.identity.clone());
             self.census = Some(tokio::spawn(async move {
                 identity.record_census(&changes.census().await);
+            }));
+        }
+    }
+
+    /// Every [`super::clock_check::PROBE_INTERVAL`]: reads the peers' clocks and judges this
+    /// member's (the verdict the supervisor, the metrics and `cluster status` use).
+    fn read_clocks(&mut self, supervisor: &Supervisor) {
+        if self.clocks.as_ref().is_none_or(JoinHandle::is_finished)
+            && tokio::time::Instant::now() >= self.clocks_after
+        {
+            self.clocks_after = tokio::time::Instant::now() + super::clock_check::PROBE_INTERVAL;
+            let check = supervisor.clock_check.clone();
+            let (raft, clock) = (supervisor.raft.clone(), supervisor.clock.clone());
+            let introducer = supervisor.changes.introducer().clone();
+            self.clocks = Some(tokio::spawn(async move {
+                check.measure(&raft, &introducer, &clock).await;
             }));
         }
     }
@@ -441,7 +525,10 @@ impl Chores {
     }
 
     fn abort(self) {
-        for task in [self.census, self.finishing].into_iter().flatten() {
+        for task in [self.census, self.finishing, self.clocks]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
         }
     }
@@ -455,6 +542,7 @@ mod tests {
         leader: true,
         term: 4,
         quorum: true,
+        clock_refused: false,
     };
 
     fn engine(term: u64, age_ms: u64, finished: bool) -> Option<EngineView> {
@@ -501,5 +589,24 @@ mod tests {
         );
         // The figure may predate a fresh engine: not judged yet.
         assert_eq!(decide(alone, engine(4, 5, false)), Action::Keep);
+    }
+
+    #[test]
+    fn p1_a_leader_whose_clock_a_majority_refuses_never_starts_and_stops_deciding() {
+        let refused = View {
+            clock_refused: true,
+            ..LEADING
+        };
+        assert_eq!(decide(refused, None), Action::Abstain);
+        assert_eq!(
+            decide(refused, engine(4, 10, false)),
+            Action::Stop("its clock is beyond the maximum offset from a majority")
+        );
+        // A follower whose clock is refused just follows.
+        let follower = View {
+            leader: false,
+            ..refused
+        };
+        assert_eq!(decide(follower, None), Action::Follow);
     }
 }

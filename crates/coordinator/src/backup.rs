@@ -19,8 +19,8 @@
 //!    lost;
 //!
 //! and then [`RESTORE_MARGIN`] above the greatest of 1–3. One restore consumes about
-//! 2^32 epochs beyond the floor; the clock floor reaches 2^63 (PostgreSQL's bigint) in the
-//! 23rd century.
+//! 2^32 epochs beyond the floor; the clock floor reaches the end of the epochs' headroom
+//! (`palisade_core::clock::MAX_EPOCH`, 2^63 − 1: PostgreSQL's bigint) in 2248.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -328,7 +328,8 @@ fn refuse_a_coordinator_in(data_dir: &Path) -> Result<(), BackupError> {
 }
 
 /// The restored counter above the greatest known epoch `known` (from `known_source`) and the
-/// clock floor at `now_ms`, with what decided it; refused when no room is left below 2^63.
+/// clock floor at `now_ms`, with what decided it; refused when no room is left at or below
+/// [`palisade_core::clock::MAX_EPOCH`].
 fn counter_above(
     known: u64,
     known_source: &str,
@@ -343,10 +344,10 @@ fn counter_above(
         DecidedBy::Clock => "the clock".to_owned(),
         DecidedBy::Floor => format!("{known_source} + 2^32"),
     };
-    if counter > i64::MAX as u64 {
+    if counter >= palisade_core::clock::MAX_EPOCH {
         return Err(BackupError::Refused(format!(
-            "the restored counter {counter} would pass 2^63, which PostgreSQL resources cannot \
-             store"
+            "the restored counter {counter} leaves no epoch at or below 2^63 - 1, the end of \
+             the epochs' headroom (PostgreSQL resources store no greater fence)"
         )));
     }
     Ok((counter, decided_by))

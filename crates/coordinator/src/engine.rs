@@ -318,19 +318,90 @@ pub fn start_with<S: LeaseStore>(
     ),
     StoreError,
 > {
+    let rules = ClockRules {
+        clock,
+        counter_ahead: CounterAhead::Refuse,
+    };
+    start_with_rules(store, metrics, shutdown, transitions, rules)
+}
+
+/// The wall clock an engine reads, and what it does with a counter ahead of it.
+#[derive(Debug, Clone)]
+pub struct ClockRules {
+    /// The clock the floor and the ceiling are read from ([`palisade_core::clock`]).
+    pub clock: Arc<dyn WallClock>,
+    /// What a counter ahead of the clock by more than the engine waits does.
+    pub counter_ahead: CounterAhead,
+}
+
+/// What an engine does when its epoch counter is ahead of its wall clock by more than it
+/// waits ([`clock::MAX_CLOCK_WAIT_MS`]): a clock that ran ahead raised it, or this clock went
+/// back. Issuing above the counter anyway never reissues an epoch (P1: the counter only
+/// rises); what it gives up until the clock passes the counter is the clock floor's cover of
+/// a volume put back (P6), which is why it is never the default of a single node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterAhead {
+    /// Refuse to start, and stop issuing while serving ([`StoreError::CounterAhead`],
+    /// [`StoreError::ClockBehind`]): a single node, where no peer can say which is wrong.
+    Refuse,
+    /// The operator said this clock is right (`palisade serve --resume-counter-ahead`): epochs
+    /// rise from counters up to this one's millisecond (plus [`clock::MAX_CLOCK_WAIT_MS`])
+    /// with no wait for the clock, until the clock passes the counter; then the engine is back
+    /// to [`CounterAhead::Refuse`] by itself. A counter raised further than that (by another
+    /// clock ahead since) is refused again.
+    Accepted(Epoch),
+    /// A cluster leader whose clock agrees with a majority of the members: a clock behind the
+    /// counter by up to `max_wait_ms` (the maximum offset) is waited out; further, the counter
+    /// was raised by a clock that was wrong, and epochs rise from it with no wait.
+    Outvoted {
+        /// The longest wait for the clock (the cluster's maximum clock offset).
+        max_wait_ms: u64,
+    },
+}
+
+impl CounterAhead {
+    /// True when a counter `behind_ms` ahead of the clock is issued above at once.
+    fn waives(self, counter: Epoch, behind_ms: u64) -> bool {
+        match self {
+            CounterAhead::Refuse => false,
+            CounterAhead::Accepted(accepted) => {
+                clock::epoch_time_ms(counter.0)
+                    <= clock::epoch_time_ms(accepted.0).saturating_add(clock::MAX_CLOCK_WAIT_MS)
+            }
+            CounterAhead::Outvoted { max_wait_ms } => {
+                behind_ms > max_wait_ms.min(clock::MAX_CLOCK_WAIT_MS)
+            }
+        }
+    }
+}
+
+/// [`start_with`], with the clock's rules spelled out: the counter ahead of the clock refused
+/// (a single node), accepted by the operator, or outvoted (a cluster leader).
+pub fn start_with_rules<S: LeaseStore>(
+    store: S,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+    transitions: broadcast::Sender<Transition>,
+    rules: ClockRules,
+) -> Result<
+    (
+        CoordinatorHandle,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
+    ),
+    StoreError,
+> {
+    let ClockRules {
+        clock,
+        counter_ahead,
+    } = rules;
     let durable = store.load()?;
     let start = Instant::now();
     let now_ms = clock.now_ms();
-    let behind_ms = clock::wait_ms(durable.last_epoch.0, now_ms);
-    if behind_ms > clock::MAX_CLOCK_WAIT_MS {
-        return Err(StoreError::ClockBehind {
-            behind_ms,
-            counter: durable.last_epoch.0,
-        });
-    }
+    let clock_floor = clock::checked_floor_at(now_ms)?;
+    check_counter_ahead(durable.last_epoch, now_ms, counter_ahead, &metrics)?;
     let mut table = LeaseTable::restore(durable.last_epoch, durable.leases, 0);
     table.set_lease_secret(crate::lease_secret::lease_secret());
-    table.raise_epoch_floor(Epoch(clock::floor_at(now_ms)));
+    table.raise_epoch_floor(Epoch(clock_floor));
     tracing::info!(
         stored_epoch = %durable.last_epoch,
         last_epoch = %table.last_epoch(),
@@ -350,6 +421,7 @@ pub fn start_with<S: LeaseStore>(
     // thread (the engine would wake it, then be woken by it).
     let own_thread = store.dedicated_thread();
     let engine = Engine {
+        counter_ahead,
         committed_epoch: durable.last_epoch,
         last_granted: HashMap::new(),
         table,
@@ -369,6 +441,37 @@ pub fn start_with<S: LeaseStore>(
         tokio::spawn(engine.run(shutdown))
     };
     Ok((handle, task))
+}
+
+/// At a start: refuses a counter further ahead of the clock than the engine waits, unless
+/// the rules issue above it (then says so, once, and counts it).
+fn check_counter_ahead(
+    counter: Epoch,
+    now_ms: u64,
+    rules: CounterAhead,
+    metrics: &Metrics,
+) -> Result<(), StoreError> {
+    let behind_ms = clock::wait_ms(counter.0, now_ms);
+    if behind_ms <= clock::MAX_CLOCK_WAIT_MS {
+        return Ok(());
+    }
+    if !rules.waives(counter, behind_ms) {
+        return Err(StoreError::CounterAhead {
+            counter: counter.0,
+            now_ms,
+        });
+    }
+    metrics.clock_ceiling_waived.inc();
+    tracing::warn!(
+        counter = counter.0,
+        ahead_ms = behind_ms,
+        counter_time = %clock::display_ms(clock::epoch_time_ms(counter.0)),
+        rules = ?rules,
+        "the epoch counter is ahead of the clock (raised by a clock that ran ahead): epochs \
+         rise from the counter with no wait for the clock until the clock passes it; until \
+         then the clock floor does not cover a volume put back"
+    );
+    Ok(())
 }
 
 /// Runs the engine on a dedicated OS thread with a single-threaded runtime of its own (timers
@@ -399,21 +502,46 @@ fn spawn_on_own_thread(
 /// that no start after this commit can floor the counter at or below an epoch it
 /// acknowledges. Right after a start that is under a millisecond; after a clock step back
 /// or a leader change to a member whose clock runs behind, as long as the step (at most
-/// [`clock::MAX_CLOCK_WAIT_MS`], after which the commit is refused).
+/// [`clock::MAX_CLOCK_WAIT_MS`], after which the commit is refused) — unless the rules
+/// (`counter_ahead`) issue above the counter at once; once the clock has passed the counter,
+/// an operator's acceptance has done its work and the rules are back to refusing.
 async fn wait_for_clock(
     clock: Arc<dyn WallClock>,
     metrics: Arc<Metrics>,
+    counter_ahead: &mut CounterAhead,
     counter: Epoch,
 ) -> Result<(), StoreError> {
     loop {
-        let behind_ms = clock::wait_ms(counter.0, clock.now_ms());
+        let now_ms = clock.now_ms();
+        let behind_ms = clock::wait_ms(counter.0, now_ms);
         if behind_ms == 0 {
+            if matches!(counter_ahead, CounterAhead::Accepted(_)) {
+                tracing::info!(
+                    counter = counter.0,
+                    "the clock has passed the epoch counter accepted ahead of it: the clock \
+                     floor covers every epoch again"
+                );
+                *counter_ahead = CounterAhead::Refuse;
+            }
+            return Ok(());
+        }
+        if counter_ahead.waives(counter, behind_ms) {
+            if let CounterAhead::Outvoted { .. } = counter_ahead {
+                metrics.clock_ceiling_waived.inc();
+                tracing::warn!(
+                    behind_ms,
+                    counter = counter.0,
+                    "the epoch counter is ahead of this leader's clock, which a majority \
+                     agrees with: issuing above the counter without waiting"
+                );
+            }
             return Ok(());
         }
         if behind_ms > clock::MAX_CLOCK_WAIT_MS {
             return Err(StoreError::ClockBehind {
                 behind_ms,
                 counter: counter.0,
+                now_ms,
             });
         }
         if behind_ms > 1 {
@@ -467,6 +595,8 @@ impl WallClock for SteppableClock {
 
 struct Engine<S> {
     table: LeaseTable,
+    /// What a counter ahead of the clock does ([`CounterAhead`]).
+    counter_ahead: CounterAhead,
     /// The wall clock the epochs' floor and ceiling are read from ([`palisade_core::clock`]).
     clock: Arc<dyn WallClock>,
     /// The epoch counter as last made durable: a commit that raises it past this waits for
@@ -498,7 +628,12 @@ impl<S: LeaseStore> Engine<S> {
         let waited = tokio::select! {
             biased;
             () = shutdown_requested(&mut shutdown) => None,
-            waited = wait_for_clock(self.clock.clone(), self.metrics.clone(), floor) => Some(waited),
+            waited = wait_for_clock(
+                self.clock.clone(),
+                self.metrics.clone(),
+                &mut self.counter_ahead,
+                floor,
+            ) => Some(waited),
         };
         let result = match waited {
             None => Ok(()),
@@ -584,7 +719,7 @@ impl<S: LeaseStore> Engine<S> {
                     StoreError::Replication(why) => CoordinatorError::Unavailable(format!(
                         "not committed (outcome unknown; retry with the same request id): {why}"
                     )),
-                    StoreError::ClockBehind { .. } => {
+                    StoreError::ClockBehind { .. } | StoreError::Headroom(_) => {
                         CoordinatorError::Unavailable(error.to_string())
                     }
                     _ => CoordinatorError::Unavailable(format!("storage failed: {error}")),
@@ -616,7 +751,13 @@ impl<S: LeaseStore> Engine<S> {
     /// or inline (memory).
     async fn commit(&mut self, changes: Changes, batch_size: usize) -> Result<(), StoreError> {
         if changes.last_epoch > self.committed_epoch {
-            wait_for_clock(self.clock.clone(), self.metrics.clone(), changes.last_epoch).await?;
+            wait_for_clock(
+                self.clock.clone(),
+                self.metrics.clone(),
+                &mut self.counter_ahead,
+                changes.last_epoch,
+            )
+            .await?;
         }
         let mut store = self
             .store

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod backup;
+pub mod counter_ahead;
 pub mod engine;
 pub mod feed;
 pub mod gateway;

@@ -74,6 +74,15 @@ pub struct Metrics {
     /// Commits that waited for the wall clock to pass the epoch counter (a clock stepped back,
     /// or a leader whose clock runs behind the previous leader's).
     pub clock_waits: Counter,
+    /// Starts and commits that issued above an epoch counter ahead of the clock without
+    /// waiting for the clock (an operator's `--resume-counter-ahead`, or a cluster leader
+    /// whose clock a majority agrees with).
+    pub clock_ceiling_waived: Counter,
+    /// Cluster: this member's clock minus its peers' (the median of its latest readings), ms.
+    pub clock_offset_ms: Gauge,
+    /// Cluster: times this member found its clock beyond the maximum offset from a majority
+    /// (it then commits no clock floor and does not lead).
+    pub clock_refusals: Counter,
     /// CPU time (user + system) of this process, in seconds; read at every scrape.
     process_cpu: Counter<f64, std::sync::atomic::AtomicU64>,
     /// The CPU seconds already added to `process_cpu`.
@@ -118,6 +127,9 @@ impl Metrics {
             commit_duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
             store_syncs: Counter::default(),
             clock_waits: Counter::default(),
+            clock_ceiling_waived: Counter::default(),
+            clock_offset_ms: Gauge::default(),
+            clock_refusals: Counter::default(),
             process_cpu: Counter::default(),
             process_cpu_seen: std::sync::Mutex::new(0.0),
             acquires_refused: Family::default(),
@@ -228,6 +240,21 @@ impl Metrics {
             "clock_waits",
             "Commits that waited for the wall clock to pass the epoch counter",
             self.clock_waits.clone(),
+        );
+        r.register(
+            "clock_ceiling_waived",
+            "Starts and commits that issued above a counter ahead of the clock without waiting",
+            self.clock_ceiling_waived.clone(),
+        );
+        r.register(
+            "clock_offset_ms",
+            "Cluster: this member's clock minus its peers' (median of the latest readings), ms",
+            self.clock_offset_ms.clone(),
+        );
+        r.register(
+            "clock_refusals",
+            "Cluster: times this member found its clock beyond the maximum offset from a majority",
+            self.clock_refusals.clone(),
         );
         r.register(
             "process_cpu_seconds",

@@ -47,21 +47,75 @@ pub enum StoreError {
     /// durable until space is freed.
     #[error("the disk is full: {0}; free space, then restart (nothing acknowledged was lost)")]
     DiskFull(String),
-    /// The wall clock is behind the epoch counter by more than the engine waits
-    /// (`palisade_core::clock::MAX_CLOCK_WAIT_MS`): issuing now could put an epoch above a
-    /// later start's clock floor, so nothing is issued until the clock is fixed.
-    #[error(
-        "the wall clock is {behind_ms} ms behind the epoch counter {counter} (stepped back, \
-         or far behind the clock of the member that issued it); no epoch is issued until the \
-         clock is right (check NTP), since an epoch issued now could be issued again after a \
-         restart"
-    )]
+    /// The wall clock went behind the epoch counter, while serving, by more than the engine
+    /// waits (`palisade_core::clock::MAX_CLOCK_WAIT_MS`): issuing now could put an epoch above
+    /// a later start's clock floor, so nothing is issued; the engine stops. Either this clock
+    /// was stepped back, or it was stepped forward to the right time after a clock that ran
+    /// ahead raised the counter: the message says both, and the way on.
+    #[error("while serving, {}", counter_ahead_message(*.counter, *.now_ms))]
     ClockBehind {
         /// How far the clock must move before the counter's epochs may be issued.
         behind_ms: u64,
         /// The epoch counter.
         counter: u64,
+        /// The clock's reading, ms since 1970.
+        now_ms: u64,
     },
+    /// At a start, the epoch counter is further ahead of the wall clock than the engine waits:
+    /// a clock that ran ahead raised it (at an earlier start or commit), or this clock went
+    /// back since. Nothing on this node can tell which; the operator can
+    /// (`palisade serve --resume-counter-ahead`, docs/operations.md).
+    #[error("{}", counter_ahead_message(*.counter, *.now_ms))]
+    CounterAhead {
+        /// The epoch counter.
+        counter: u64,
+        /// The clock's reading, ms since 1970.
+        now_ms: u64,
+    },
+    /// The wall clock reads past the last millisecond whose clock floor is an epoch every
+    /// resource can store (`palisade_core::clock::LAST_CLOCK_MS`, in the year 2248): a clock
+    /// that is wrong, or a deployment older than anyone planned for.
+    #[error("{0}")]
+    Headroom(#[from] palisade_core::clock::HeadroomError),
+}
+
+/// The operator's flag that resumes a single node whose counter is ahead of its clock.
+pub const RESUME_COUNTER_AHEAD_FLAG: &str = "--resume-counter-ahead";
+
+/// What happened when the counter is ahead of the clock, and the ways on: never "check NTP"
+/// alone, since the clock may be the one that is right now.
+fn counter_ahead_message(counter: u64, now_ms: u64) -> String {
+    use palisade_core::clock::{display_ms, epoch_time_ms};
+    let counter_ms = epoch_time_ms(counter);
+    let ahead_ms = counter_ms.saturating_sub(now_ms);
+    format!(
+        "the epoch counter {counter} is ahead of this clock: it was raised by a clock that \
+         read {counter_at}, {ahead} ahead of this clock, which reads {now}. Either a clock \
+         that ran ahead raised it (this node started or issued with a wrong clock, and its \
+         clock is right now), or this clock went back since. If this clock is right, resume \
+         now with `palisade serve {flag} {counter}` (docs/operations.md): epochs then rise \
+         from the counter with no wait for the clock, and until the clock passes {counter_at} \
+         a copy of this data directory put back is not caught by the clock floor (the \
+         high-water file and the boundaries' fences still catch it). If this clock is wrong, \
+         set it right. Otherwise this node issues again once its clock passes {counter_at} \
+         (in {ahead})",
+        counter_at = display_ms(counter_ms),
+        ahead = display_duration_ms(ahead_ms),
+        now = display_ms(now_ms),
+        flag = RESUME_COUNTER_AHEAD_FLAG,
+    )
+}
+
+/// `ms` as hours, minutes and seconds (`26h 3m 4.5s`).
+fn display_duration_ms(ms: u64) -> String {
+    let (hours, minutes) = (ms / 3_600_000, ms / 60_000 % 60);
+    let seconds = ms % 60_000;
+    let seconds = format!("{}.{:03}s", seconds / 1_000, seconds % 1_000);
+    match (hours, minutes) {
+        (0, 0) => seconds,
+        (0, _) => format!("{minutes}m {seconds}"),
+        _ => format!("{hours}h {minutes}m {seconds}"),
+    }
 }
 
 impl StoreError {

@@ -349,7 +349,14 @@ async fn p1_p6_a_clock_stepped_back_far_stops_issuing_and_refuses_to_start() {
     // stored counter is refused, naming the clock.
     assert_eq!(store.load().unwrap().last_epoch, first.epoch);
     let error = start_with_clock(&store, &clock).err().unwrap();
-    assert!(error.to_string().contains("NTP"), "{error}");
+    assert!(
+        matches!(
+            error,
+            palisade_coordinator::store::StoreError::CounterAhead { .. }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("went back"), "{error}");
     // Once the clock is right again, the coordinator starts and issues above.
     clock.step(step);
     let again = start_with_clock(&store, &clock).unwrap();
@@ -360,4 +367,157 @@ async fn p1_p6_a_clock_stepped_back_far_stops_issuing_and_refuses_to_start() {
         .unwrap();
     assert!(next.epoch > first.epoch);
     again.stop().await;
+}
+
+fn start_with_rules(
+    store: &MemoryLeaseStore,
+    clock: &Arc<SteppableClock>,
+    counter_ahead: engine::CounterAhead,
+) -> Result<Running, palisade_coordinator::store::StoreError> {
+    let (stop, signal) = watch::channel(false);
+    let (transitions, _) = tokio::sync::broadcast::channel(16);
+    let rules = engine::ClockRules {
+        clock: clock.clone(),
+        counter_ahead,
+    };
+    let (handle, task) = engine::start_with_rules(
+        store.clone(),
+        Arc::new(Metrics::new()),
+        signal,
+        transitions,
+        rules,
+    )?;
+    Ok(Running { handle, stop, task })
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+#[tokio::test(start_paused = true)]
+async fn p1_p6_a_counter_raised_by_a_clock_a_day_ahead_names_what_happened_and_resumes_on_the_operators_word(
+) {
+    // Started once with the clock a day ahead, one grant, stopped; the clock set right.
+    let (store, clock, running) = started();
+    clock.step(DAY_MS);
+    running.stop().await;
+    let ahead = start_with_clock(&store, &clock).unwrap();
+    let first = ahead.grant("r/1", 60_000).await;
+    ahead.stop().await;
+    clock.step(-DAY_MS);
+    let refused = start_with_clock(&store, &clock).err().unwrap();
+    let counter = store.load().unwrap().last_epoch;
+    let message = refused.to_string();
+    for words in [
+        "raised by a clock that read".to_owned(),
+        "ran ahead".to_owned(),
+        format!("--resume-counter-ahead {}", counter.0),
+        "is not caught by the clock floor".to_owned(),
+    ] {
+        assert!(message.contains(&words), "{words:?} not in {message}");
+    }
+    assert!(!message.contains("NTP"), "{message}");
+    assert!(
+        message.contains("23h 59m 59.") || message.contains("24h 0m 0."),
+        "not a day ahead: {message}"
+    );
+    // The operator's word: epochs rise from the counter at once, no wait for the clock.
+    let resumed =
+        start_with_rules(&store, &clock, engine::CounterAhead::Accepted(counter)).unwrap();
+    let before = tokio::time::Instant::now();
+    let second = resumed.grant("r/2", 60_000).await;
+    let third = resumed.grant("r/3", 60_000).await;
+    assert!(before.elapsed() < Duration::from_millis(1));
+    assert!(first.epoch < second.epoch && second.epoch < third.epoch);
+    // Once the clock passes the counter, the ceiling is back by itself: a clock stepped back
+    // far is refused again, never issued above.
+    clock.step(DAY_MS + 1_000);
+    let fourth = resumed.grant("r/4", 60_000).await;
+    assert!(fourth.epoch > third.epoch);
+    clock.step(-DAY_MS);
+    let refused = resumed.handle.acquire(request("r/5", "a", 1_000, 0)).await;
+    assert!(
+        matches!(refused, Err(CoordinatorError::Unavailable(_))),
+        "{refused:?}"
+    );
+    assert!(resumed.task.await.unwrap().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn p1_p6_an_acceptance_covers_only_the_counter_it_named() {
+    let (store, clock, running) = started();
+    running.stop().await;
+    clock.step(DAY_MS);
+    let ahead = start_with_clock(&store, &clock).unwrap();
+    let first = ahead.grant("r/1", 60_000).await;
+    ahead.stop().await;
+    // Accepted at the counter of a day ahead; the counter then raised by a clock two days ahead.
+    let accepted = store.load().unwrap().last_epoch;
+    clock.step(DAY_MS);
+    let further = start_with_clock(&store, &clock).unwrap();
+    further.grant("r/2", 60_000).await;
+    further.stop().await;
+    clock.step(-2 * DAY_MS);
+    let refused = start_with_rules(&store, &clock, engine::CounterAhead::Accepted(accepted));
+    assert!(
+        matches!(
+            refused.err().unwrap(),
+            palisade_coordinator::store::StoreError::CounterAhead { .. }
+        ),
+        "accepted {} covered a counter raised past it",
+        first.epoch
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn p1_a_leader_outvoting_its_counter_waits_the_offset_out_and_then_issues_above() {
+    let (store, clock, running) = started();
+    running.stop().await;
+    clock.step(DAY_MS);
+    let ahead = start_with_clock(&store, &clock).unwrap();
+    let first = ahead.grant("r/1", 60_000).await;
+    ahead.stop().await;
+    clock.step(-DAY_MS);
+    let outvoted = engine::CounterAhead::Outvoted { max_wait_ms: 500 };
+    let leader = start_with_rules(&store, &clock, outvoted).unwrap();
+    let before = tokio::time::Instant::now();
+    let second = leader.grant("r/2", 60_000).await;
+    assert!(before.elapsed() < Duration::from_millis(1));
+    assert!(second.epoch > first.epoch);
+    // A clock behind by less than the offset is waited out, as before.
+    leader.stop().await;
+    let (store, clock, running) = started();
+    let first = running.grant("r/1", 60_000).await;
+    running.stop().await;
+    clock.step(-300);
+    let leader = start_with_rules(&store, &clock, outvoted).unwrap();
+    let before = tokio::time::Instant::now();
+    let second = leader.grant("r/2", 60_000).await;
+    assert!(before.elapsed() >= Duration::from_millis(299));
+    assert!(second.epoch > first.epoch);
+    leader.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn p1_a_clock_past_the_headroom_refuses_to_start_with_a_typed_error() {
+    let store = MemoryLeaseStore::default();
+    for now_ms in [palisade_core::clock::LAST_CLOCK_MS + 1, 1 << 44, u64::MAX] {
+        let clock = Arc::new(SteppableClock::starting_at(now_ms));
+        let refused = start_with_clock(&store, &clock).err().unwrap();
+        assert!(
+            matches!(
+                refused,
+                palisade_coordinator::store::StoreError::Headroom(
+                    palisade_core::clock::HeadroomError::ClockPastLastMs { .. }
+                )
+            ),
+            "{refused}"
+        );
+    }
+    // At the last millisecond, it starts and grants.
+    let clock = Arc::new(SteppableClock::starting_at(
+        palisade_core::clock::LAST_CLOCK_MS - 1_000,
+    ));
+    let running = start_with_clock(&store, &clock).unwrap();
+    let lease = running.grant("r/1", 1_000).await;
+    assert!(lease.epoch.0 <= palisade_core::clock::MAX_EPOCH);
+    running.stop().await;
 }

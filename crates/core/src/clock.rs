@@ -23,9 +23,12 @@
 //! be noticed by anything on that machine, and is what the high-water file and the
 //! boundaries' fences still guard against.
 //!
-//! Headroom: the floor passes `u64::MAX` at `2^44` ms after 1970, in the year 2527; one
-//! millisecond holds 2^20 epochs, so the ceiling makes a coordinator wait only above a
-//! billion grants a second. Restarts cost nothing: each restart's floor is the clock's.
+//! Headroom, the one true number: epochs end at [`MAX_EPOCH`] = 2^63 − 1, the greatest value a
+//! PostgreSQL resource can store as a fence (`bigint`), and the clock floor reaches it at
+//! [`LAST_CLOCK_MS`] (2^43 ms after 1970, in the year 2248). A clock past that, or a counter at
+//! the end, is a typed error ([`HeadroomError`], `LeaseError::EpochsExhausted`), never a panic
+//! or a wrap. One millisecond holds 2^20 epochs, so the ceiling makes a coordinator wait only
+//! above a billion grants a second. Restarts cost nothing: each restart's floor is the clock's.
 
 /// The floor is the wall clock in milliseconds shifted left by this much (one millisecond
 /// spans 2^20 epochs).
@@ -36,6 +39,49 @@ pub const CLOCK_SHIFT: u32 = 20;
 /// out once; a clock stepped back further than this is an operator's problem to fix (NTP),
 /// never a reason to issue an epoch below one already acknowledged.
 pub const MAX_CLOCK_WAIT_MS: u64 = 5_000;
+
+/// The greatest epoch ever issued: a PostgreSQL resource stores fences as `bigint`, whose
+/// greatest value this is; an epoch above it could not be fenced there.
+pub const MAX_EPOCH: u64 = i64::MAX as u64;
+
+/// The last wall-clock millisecond whose floor ([`floor_at`]) is at most [`MAX_EPOCH`]: 2^43 − 1
+/// ms after 1970, in the year 2248.
+pub const LAST_CLOCK_MS: u64 = MAX_EPOCH >> CLOCK_SHIFT;
+
+/// The clock or the counter has reached the end of the epochs' headroom.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadroomError {
+    /// The wall clock reads past [`LAST_CLOCK_MS`]: its floor would be above [`MAX_EPOCH`].
+    #[error(
+        "the wall clock reads {now} ({now_ms} ms since 1970), past the last time whose clock \
+         floor is an epoch a resource can store ({last}, 2^63 epochs): a clock this far ahead \
+         is wrong; set it right"
+    , now = display_ms(*.now_ms), last = display_ms(LAST_CLOCK_MS))]
+    ClockPastLastMs {
+        /// The clock's reading.
+        now_ms: u64,
+    },
+}
+
+/// The clock floor at `now_ms`, or why there is none: a clock past [`LAST_CLOCK_MS`].
+pub fn checked_floor_at(now_ms: u64) -> Result<u64, HeadroomError> {
+    if now_ms > LAST_CLOCK_MS {
+        return Err(HeadroomError::ClockPastLastMs { now_ms });
+    }
+    Ok(floor_at(now_ms))
+}
+
+/// `ms` since 1970 as an RFC 3339 time (UTC, milliseconds), for messages; a reading beyond the
+/// year 9999 as plain milliseconds.
+pub fn display_ms(ms: u64) -> String {
+    /// 9999-12-31T23:59:59.999Z: the last time RFC 3339 writes.
+    const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+    if ms > LAST_RFC3339_MS {
+        return format!("{ms} ms since 1970");
+    }
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(time).to_string()
+}
 
 /// A source of wall-clock time in milliseconds since 1970. The coordinator reads the system
 /// clock; tests and simulations pass a clock they control (and step back).
@@ -83,7 +129,10 @@ pub fn wait_ms(counter: u64, now_ms: u64) -> u64 {
     if issuable(counter, now_ms) {
         0
     } else {
-        (counter >> CLOCK_SHIFT) + 1 - now_ms
+        // The counter's millisecond is at most 2^44 − 1; a clock past it with the counter
+        // still not issuable (a counter of `u64::MAX`) waits at least a millisecond, never
+        // a wrapped figure.
+        ((counter >> CLOCK_SHIFT) + 1).saturating_sub(now_ms).max(1)
     }
 }
 
@@ -127,11 +176,35 @@ mod tests {
     }
 
     #[test]
-    fn the_floor_lasts_until_2527() {
+    fn the_headroom_ends_at_2_63_in_the_year_2248() {
         let year_ms: u64 = 365 * 24 * 3_600 * 1_000 + 6 * 3_600 * 1_000;
-        let last_ms = u64::MAX >> CLOCK_SHIFT;
-        assert_eq!(1970 + last_ms / year_ms, 2527);
-        assert_eq!(floor_at(u64::MAX), u64::MAX);
+        assert_eq!(1970 + LAST_CLOCK_MS / year_ms, 2248);
+        assert!(display_ms(LAST_CLOCK_MS).starts_with("2248-"));
+        assert!(floor_at(LAST_CLOCK_MS) <= MAX_EPOCH);
+        assert!(floor_at(LAST_CLOCK_MS + 1) > MAX_EPOCH);
+        assert_eq!(checked_floor_at(LAST_CLOCK_MS), Ok(floor_at(LAST_CLOCK_MS)));
         assert!(SystemClock.now_ms() > NOW - 365 * 24 * 3_600 * 1_000);
+    }
+
+    #[test]
+    fn p1_a_clock_past_the_headroom_is_a_typed_error_never_a_wrap() {
+        for now_ms in [LAST_CLOCK_MS + 1, 1 << 44, (1 << 44) + 5, u64::MAX] {
+            let refused = checked_floor_at(now_ms).unwrap_err();
+            assert_eq!(refused, HeadroomError::ClockPastLastMs { now_ms });
+            assert!(refused.to_string().contains("2248-"), "{refused}");
+        }
+        // The ceiling's arithmetic holds at every edge: no underflow, no overflow.
+        for counter in [MAX_EPOCH, MAX_EPOCH + 1, u64::MAX - 1, u64::MAX] {
+            for now_ms in [0, LAST_CLOCK_MS, 1 << 44, (1 << 44) + 1, u64::MAX] {
+                let wait = wait_ms(counter, now_ms);
+                assert_eq!(
+                    wait == 0,
+                    issuable(counter, now_ms),
+                    "{counter} at {now_ms}"
+                );
+            }
+        }
+        assert_eq!(wait_ms(u64::MAX, u64::MAX), 1);
+        assert!(display_ms(u64::MAX).ends_with("ms since 1970"));
     }
 }

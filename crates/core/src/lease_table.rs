@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::MAX_EPOCH;
 use crate::limits::{MAX_TTL_MS, MAX_WAITERS_PER_LOCK, MAX_WAIT_MS, MIN_TTL_MS};
 use sha2::{Digest as _, Sha256};
 
@@ -140,6 +141,16 @@ pub enum LeaseError {
         principal: Principal,
         /// Its limit.
         limit: usize,
+    },
+    /// No epoch is left for another acquire: the counter (with the waiters queued) is at
+    /// [`MAX_EPOCH`], the greatest epoch a resource can store. Renewals and releases go on.
+    #[error(
+        "no epoch left: the epoch counter {last} is at the end of the epochs' headroom (2^63 - 1, \
+         the greatest fence a PostgreSQL resource stores); nothing more can be granted"
+    )]
+    EpochsExhausted {
+        /// The epoch counter.
+        last: Epoch,
     },
 }
 
@@ -394,7 +405,8 @@ impl LeaseTable {
                 limit,
             }),
             _ => Ok(()),
-        };
+        }
+        .and(self.epochs_left());
         let state = self.locks.entry(request.lock.clone()).or_default();
         let Some(current) = &state.lease else {
             return self.grant_free(request, now, within_limit);
@@ -646,6 +658,19 @@ impl LeaseTable {
         std::mem::take(&mut self.events)
     }
 
+    /// Refuses a new acquire when the epochs left could not serve it and every queued waiter:
+    /// each admitted acquire takes at most one epoch, so `last_epoch + waiters` never passes
+    /// [`MAX_EPOCH`] and a hand-off to a waiter never runs out ([`Self::grant`]).
+    fn epochs_left(&self) -> Result<(), LeaseError> {
+        let promised = self.last_epoch.0.saturating_add(self.waiter_count() as u64);
+        if promised >= MAX_EPOCH {
+            return Err(LeaseError::EpochsExhausted {
+                last: self.last_epoch,
+            });
+        }
+        Ok(())
+    }
+
     /// Takes the next epoch and installs a lease for it on a free lock.
     fn grant(&mut self, lock: &LockName, grantee: Grantee, now: Millis) -> Lease {
         let Grantee {
@@ -659,7 +684,8 @@ impl LeaseTable {
             self.last_epoch
                 .0
                 .checked_add(1)
-                .expect("epoch space exhausted"),
+                .filter(|epoch| *epoch <= MAX_EPOCH)
+                .expect("admission keeps last_epoch + waiters at most MAX_EPOCH (epochs_left)"),
         );
         self.last_epoch = epoch;
         let lease = Lease {

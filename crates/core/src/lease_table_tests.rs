@@ -606,3 +606,36 @@ proptest! {
         run_ops(ops);
     }
 }
+
+#[test]
+fn p1_the_last_epochs_are_granted_then_a_typed_refusal_never_a_panic() {
+    let mut table = LeaseTable::restore(Epoch(MAX_EPOCH - 2), Vec::new(), 0);
+    let first = granted(table.acquire(request("x", "a", 1_000, 0), 0).unwrap());
+    assert_eq!(first.epoch, Epoch(MAX_EPOCH - 1));
+    // A waiter is promised the last epoch: nothing else is admitted meanwhile.
+    let queued = table.acquire(request("x", "b", 1_000, 5_000), 0).unwrap();
+    assert!(matches!(queued, AcquireOutcome::Waiting(_)), "{queued:?}");
+    let refused = table.acquire(request("y", "c", 1_000, 0), 0).unwrap_err();
+    assert_eq!(refused, LeaseError::EpochsExhausted { last: first.epoch });
+    assert!(refused.to_string().contains("2^63"), "{refused}");
+    // The hand-off takes the last epoch; renewals go on; nothing more is granted.
+    table.take_events();
+    table.release(first.id, None, 1).unwrap();
+    let last = table
+        .take_events()
+        .into_iter()
+        .find_map(|event| match event {
+            Event::Granted { lease, .. } => Some(lease),
+            _ => None,
+        });
+    let last = last.expect("the waiter was handed the lock");
+    assert_eq!(last.epoch, Epoch(MAX_EPOCH));
+    table.renew(last.id, None, 2).unwrap();
+    assert!(table.acquire(request("y", "c", 1_000, 0), 2).is_err());
+    // A counter restored past the end (an older store's) refuses too, without a panic.
+    let mut beyond = LeaseTable::restore(Epoch(u64::MAX), Vec::new(), 0);
+    assert!(matches!(
+        beyond.acquire(request("z", "d", 1_000, 0), 0),
+        Err(LeaseError::EpochsExhausted { .. })
+    ));
+}

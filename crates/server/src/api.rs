@@ -69,6 +69,8 @@ pub struct ClusterMember {
     pub changes: Arc<palisade_cluster::membership::Changes>,
     /// Why it is not ready although it sees a leader (its Raft service reports).
     pub health: palisade_cluster::health::Health,
+    /// Its clock against its peers' (shown by `cluster status`).
+    pub clock_check: Arc<palisade_cluster::clock_check::ClockCheck>,
 }
 
 impl Api {
@@ -175,6 +177,7 @@ fn refusal_reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::WaitTimedOut { .. } => "wait_timed_out",
         CoordinatorError::Lease(LeaseError::TooManyWaiters { .. }) => "too_many_waiters",
         CoordinatorError::Lease(LeaseError::PrincipalLimit { .. }) => "principal_limit",
+        CoordinatorError::Lease(LeaseError::EpochsExhausted { .. }) => "epochs_exhausted",
         CoordinatorError::Lease(_) => "invalid",
         CoordinatorError::NotLeader { .. } => "not_leader",
         // A renew's refusal; an acquire never meets it.

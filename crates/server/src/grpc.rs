@@ -51,7 +51,9 @@ fn status(error: CoordinatorError) -> Status {
         CoordinatorError::Lease(LeaseError::Held { .. })
         | CoordinatorError::WaitTimedOut { .. } => Status::already_exists(message),
         CoordinatorError::Lease(
-            LeaseError::TooManyWaiters { .. } | LeaseError::PrincipalLimit { .. },
+            LeaseError::TooManyWaiters { .. }
+            | LeaseError::PrincipalLimit { .. }
+            | LeaseError::EpochsExhausted { .. },
         ) => Status::resource_exhausted(message),
         CoordinatorError::Lease(LeaseError::UnknownLease(_)) => Status::not_found(message),
         CoordinatorError::Lease(LeaseError::NotHolder(_)) | CoordinatorError::LostRight { .. } => {

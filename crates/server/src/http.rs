@@ -353,8 +353,11 @@ async fn readyz(State(api): State<Api>) -> Result<&'static str, ApiError> {
 async fn cluster_status(State(api): State<Api>, _caller: Caller) -> Json<serde_json::Value> {
     match &api.cluster {
         Some(member) => {
-            let mut status =
-                palisade_cluster::node_status(&member.raft, api.coordinator.is_ready());
+            let mut status = palisade_cluster::node_status(
+                &member.raft,
+                api.coordinator.is_ready(),
+                &member.clock_check,
+            );
             status.not_ready = member.health.reasons();
             status
                 .not_ready

@@ -86,6 +86,9 @@ impl From<CoordinatorError> for ApiError {
             CoordinatorError::Lease(LeaseError::UnknownLease(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_lease")
             }
+            CoordinatorError::Lease(LeaseError::EpochsExhausted { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "epochs_exhausted")
+            }
             CoordinatorError::Lease(LeaseError::NotHolder(_))
             | CoordinatorError::LostRight { .. } => (StatusCode::FORBIDDEN, "permission_denied"),
             CoordinatorError::Lease(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),

@@ -74,6 +74,9 @@ pub struct ServerConfig {
     /// The lock policy (`--policy`, `--require-policy`); reload it with
     /// [`policy::PolicyState::reload`].
     pub policy: Arc<policy::PolicyState>,
+    /// A single node: the operator says its clock is right and the epoch counter named is
+    /// ahead of it (`--resume-counter-ahead`, [`palisade_coordinator::counter_ahead`]).
+    pub resume_counter_ahead: Option<palisade_core::Epoch>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
             high_water: None,
             insecure_peers: false,
             policy: Arc::new(policy::PolicyState::none()),
+            resume_counter_ahead: None,
         }
     }
 }
@@ -293,19 +297,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         config.cluster.is_some() && config.peer_tls.is_none(),
     )?;
     let dir = &config.data_dir;
-    keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
-    let high_water = config
-        .high_water
-        .clone()
-        .unwrap_or_else(|| high_water::default_path(dir));
-    let side_file = match &config.cluster {
-        None => high_water.clone(),
-        Some(_) => palisade_cluster::witness::default_path(dir),
-    };
-    refuse_side_file_inside(dir, &side_file)?;
-    // A node that cannot write its disk never says it is ready: refused here, with the cause.
-    disk::probe(dir)?;
-    create_store_before_key(dir, config.cluster.is_some())?;
+    let high_water = prepare_data_dir(&config)?;
     let signer = Arc::new(keys::load_or_create_signer(dir)?);
     let metrics = Arc::new(Metrics::new());
     let (shutdown, shutdown_signal) = watch::channel(false);
@@ -315,7 +307,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             // The boundaries witness what this node issued, whatever its disk and clock say.
             let witnessed = witnesses::ask(&config.policy.current()).await;
             let files = (dir.as_path(), high_water.as_path());
-            start_single(files, witnessed, signer, metrics, shutdown_signal.clone())?
+            start_single(
+                files,
+                witnessed,
+                config.resume_counter_ahead,
+                signer,
+                metrics,
+                shutdown_signal.clone(),
+            )?
         }
         Some(cluster) => {
             let peer_tls = config.peer_tls.clone();
@@ -349,6 +348,26 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         shutdown_signal,
     )
     .await
+}
+
+/// Creates the data directory (and its store before its key), refuses a side file inside it
+/// and a disk that cannot take a write; the high-water file's path.
+fn prepare_data_dir(config: &ServerConfig) -> Result<PathBuf, ServerError> {
+    let dir = &config.data_dir;
+    keys::create_data_dir(dir).map_err(io(format!("data directory {}", dir.display())))?;
+    let high_water = config
+        .high_water
+        .clone()
+        .unwrap_or_else(|| high_water::default_path(dir));
+    let side_file = match &config.cluster {
+        None => high_water.clone(),
+        Some(_) => palisade_cluster::witness::default_path(dir),
+    };
+    refuse_side_file_inside(dir, &side_file)?;
+    // A node that cannot write its disk never says it is ready: refused here, with the cause.
+    disk::probe(dir)?;
+    create_store_before_key(dir, config.cluster.is_some())?;
+    Ok(high_water)
 }
 
 /// Refuses to serve clients without authentication on a non-loopback address, and a cluster
@@ -451,6 +470,7 @@ fn start_above_witnesses(
 fn start_single(
     (dir, high_water): (&Path, &Path),
     witnessed: witnesses::Witnessed,
+    resume_counter_ahead: Option<palisade_core::Epoch>,
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
     shutdown_signal: watch::Receiver<bool>,
@@ -471,14 +491,27 @@ fn start_single(
     let stored = store::LeaseStore::load(&store)?.last_epoch;
     start_above_witnesses(&mut bound, &witnessed, stored)?;
     log_where_epochs_start(dir, &bound, stored);
+    let clock = Arc::new(palisade_core::clock::SystemClock);
+    let counter = stored.max(palisade_core::Epoch(bound.bound()));
+    let accepted = palisade_coordinator::counter_ahead::accepted(
+        dir,
+        resume_counter_ahead,
+        counter,
+        palisade_core::clock::WallClock::now_ms(&*clock),
+    )?;
     let store = high_water::Bounded::new(store, bound);
     let (transitions, _) = tokio::sync::broadcast::channel(engine::WATCH_BUFFER);
-    let (handle, engine) = engine::start_with(
+    let rules = engine::ClockRules {
+        clock,
+        counter_ahead: accepted
+            .map_or(engine::CounterAhead::Refuse, engine::CounterAhead::Accepted),
+    };
+    let (handle, engine) = engine::start_with_rules(
         store,
         metrics.clone(),
         shutdown_signal,
         transitions.clone(),
-        Arc::new(palisade_core::clock::SystemClock),
+        rules,
     )?;
     let api = Api {
         coordinator: Gateway::fixed(handle, transitions),
@@ -531,6 +564,7 @@ async fn start_cluster(
             state: member.state,
             changes: member.changes,
             health: health.clone(),
+            clock_check: member.clock_check,
         }),
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),

@@ -9,6 +9,7 @@ mod bench_compare;
 mod boundary_witness;
 mod cli;
 mod client_tls;
+mod clock;
 mod cluster;
 mod console_browser;
 mod crash_churn;

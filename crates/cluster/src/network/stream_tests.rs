@@ -103,6 +103,13 @@ impl RaftRpc for FakePeer {
     ) -> Result<Response<pb::RaftPayload>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+
+    async fn clock(
+        &self,
+        _: Request<pb::RaftPayload>,
+    ) -> Result<Response<pb::RaftPayload>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
 }
 
 struct Setup {

@@ -30,10 +30,11 @@ impl ServerProcess {
         Self::start_command(command, data_dir)
     }
 
-    /// [`Self::start_with`] with `envs` set for the process (e.g. libfaketime's).
-    pub fn start_with_env(args: &[&str], envs: &[(&str, &str)], data_dir: &Path) -> Self {
+    /// Starts `palisade ARGS --data-dir DATA_DIR` with `env` added to its environment (e.g.
+    /// libfaketime's) and waits until it listens.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)], data_dir: &Path) -> Self {
         let mut command = Command::new(BINARY);
-        command.args(args).envs(envs.iter().copied());
+        command.args(args).envs(env.iter().copied());
         Self::start_command(command, data_dir)
     }
 
