@@ -304,6 +304,10 @@ pub struct SimulateArgs {
     /// --join and `cluster add` (members that talk only to the leader until they vote).
     #[arg(long, requires = "cluster")]
     join: bool,
+    /// With --cluster: a crash lands inside the member's next Raft log write, and the disk
+    /// keeps a random subset of that write's 512-byte sectors (seeded).
+    #[arg(long, requires = "cluster")]
+    torn_sectors: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -387,6 +391,9 @@ struct SeedOutcome {
     failovers_ms: Vec<u64>,
     /// Members put back to an older copy, and of those refused by their witness.
     copy_backs: (u64, u64),
+    /// Crashes that landed in a Raft log write, and of those with a lost sector before a kept
+    /// one.
+    torn_sectors: (u64, u64),
 }
 
 /// Runs one seed on this thread (the simulation runs its own single-threaded runtime), without
@@ -406,6 +413,10 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
         recovery_ms: report.recovery_ms,
         failovers_ms: report.failovers_ms.clone(),
         copy_backs: (report.faults.copy_backs, report.faults.copy_backs_refused),
+        torn_sectors: (
+            report.faults.torn_sector_crashes,
+            report.faults.torn_sectors_out_of_order,
+        ),
         trace: report.trace,
     }
 }
@@ -419,6 +430,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         copy_back_on_crash: args.copy_back || args.rollback,
         rollback_volumes: args.rollback,
         join_members: args.join,
+        torn_sectors: args.torn_sectors,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -490,12 +502,11 @@ fn summarize_cluster_seeds(
         .filter(|o| o.problems.is_some())
         .map(|o| o.seed)
         .collect();
-    let faults: u64 = outcomes.iter().map(|o| o.faults).sum();
-    let grants: usize = outcomes.iter().map(|o| o.grants).sum();
-    let leaders: u64 = outcomes.iter().map(|o| o.leaders).sum();
-    let malformed: u64 = outcomes.iter().map(|o| o.malformed_refused).sum();
-    let copy_backs: u64 = outcomes.iter().map(|o| o.copy_backs.0).sum();
-    let copy_backs_refused: u64 = outcomes.iter().map(|o| o.copy_backs.1).sum();
+    let sum = |pick: fn(&SeedOutcome) -> u64| -> u64 { outcomes.iter().map(pick).sum() };
+    let (faults, leaders) = (sum(|o| o.faults), sum(|o| o.leaders));
+    let (grants, malformed) = (sum(|o| o.grants as u64), sum(|o| o.malformed_refused));
+    let (copy_backs, copy_backs_refused) = (sum(|o| o.copy_backs.0), sum(|o| o.copy_backs.1));
+    let (torn, torn_out_of_order) = (sum(|o| o.torn_sectors.0), sum(|o| o.torn_sectors.1));
     let mut recovery: Vec<u64> = outcomes.iter().filter_map(|o| o.recovery_ms).collect();
     let mut failovers: Vec<u64> = outcomes
         .iter()
@@ -507,8 +518,9 @@ fn summarize_cluster_seeds(
         print_json(&json!({
             "seeds": args.seeds, "from": args.from, "members": members, "wipe": args.wipe,
             "join": args.join, "copy_back": args.copy_back, "rollback": args.rollback,
-            "copy_backs": copy_backs,
-            "copy_backs_refused": copy_backs_refused,
+            "copy_backs": copy_backs, "copy_backs_refused": copy_backs_refused,
+            "torn_sectors": args.torn_sectors, "torn_sector_crashes": torn,
+            "torn_sectors_out_of_order": torn_out_of_order,
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
             "malformed_appends_refused": malformed,
@@ -523,7 +535,9 @@ fn summarize_cluster_seeds(
              malformed appends refused; simulated time from a leader's crash to another member \
              serving p50 {failover_p50} ms, max {failover_max} ms ({} crashes); first acquire \
              after the last heal p50 {p50} ms, max {max} ms; {copy_backs} members put back to an \
-             older copy, {copy_backs_refused} refused; {seconds:.1} s on {threads} threads",
+             older copy, {copy_backs_refused} refused; {torn} crashes in a raft log write \
+             ({torn_out_of_order} with a sector lost before one kept); {seconds:.1} s on \
+             {threads} threads",
             args.seeds,
             args.from,
             mode_label(args),
