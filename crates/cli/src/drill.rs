@@ -306,6 +306,10 @@ pub struct SimulateArgs {
     /// --join and `cluster add` (members that talk only to the leader until they vote).
     #[arg(long, requires = "cluster")]
     join: bool,
+    /// With --cluster: a crash lands inside the member's next Raft log write, and the disk
+    /// keeps a random subset of that write's 512-byte sectors (seeded).
+    #[arg(long, requires = "cluster")]
+    torn_sectors: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -477,6 +481,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         copy_back_on_crash: args.copy_back || args.rollback,
         rollback_volumes: args.rollback,
         join_members: args.join,
+        torn_sectors: args.torn_sectors,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -548,12 +553,10 @@ fn summarize_cluster_seeds(
         .filter(|o| o.problems.is_some())
         .map(|o| o.seed)
         .collect();
-    let faults: u64 = outcomes.iter().map(|o| o.faults).sum();
-    let grants: usize = outcomes.iter().map(|o| o.grants).sum();
-    let leaders: u64 = outcomes.iter().map(|o| o.leaders).sum();
-    let malformed: u64 = outcomes.iter().map(|o| o.malformed_refused).sum();
-    let copy_backs: u64 = outcomes.iter().map(|o| o.copy_backs.0).sum();
-    let copy_backs_refused: u64 = outcomes.iter().map(|o| o.copy_backs.1).sum();
+    let sum = |pick: fn(&SeedOutcome) -> u64| -> u64 { outcomes.iter().map(pick).sum() };
+    let (faults, leaders) = (sum(|o| o.faults), sum(|o| o.leaders));
+    let (grants, malformed) = (sum(|o| o.grants as u64), sum(|o| o.malformed_refused));
+    let (copy_backs, copy_backs_refused) = (sum(|o| o.copy_backs.0), sum(|o| o.copy_backs.1));
     let mut recovery: Vec<u64> = outcomes.iter().filter_map(|o| o.recovery_ms).collect();
     let mut failovers: Vec<u64> = outcomes
         .iter()

@@ -5,11 +5,21 @@
 //! contract — `append`, `save_vote` and `apply` return only after an immediate commit — is what
 //! keeps P8 true across crashes here. A crash also bumps the disk's generation: the crashed
 //! incarnation's handles fail every later call (a dead process writes nothing).
+//!
+//! A power cut can also land inside a write (`--torn-sectors`): a volume armed with
+//! [`Volume::arm_cut`] lets its next Raft log write land and then fails every later write,
+//! resize and sync of the volume (the process is gone), and its crash keeps a random subset of
+//! that write's 512-byte sectors — any subset, in any order, as a disk that reorders its cache
+//! may. A crash of an unarmed volume happens between writes, as before.
 
 use std::sync::{Arc, Mutex};
 
 use palisade_cluster::raft_log::LogFile;
+use palisade_sim::SplitMix64;
 use redb::StorageBackend;
+
+/// The unit a disk writes atomically: a power cut keeps or loses each whole sector.
+pub const SECTOR_BYTES: usize = 512;
 
 /// What redb's backend methods fail with.
 type BackendIoError = std::io::Error;
@@ -26,6 +36,28 @@ struct State {
     lies: bool,
     /// The disk is full: every write, resize and sync fails from now on.
     full: bool,
+    /// The write a power cut landed in (where, and its bytes), kept in part by the crash.
+    torn: Option<(usize, Vec<u8>)>,
+}
+
+/// A power cut timed to land inside a Raft log write, shared by the disks of one volume.
+#[derive(Debug, Default)]
+struct Cut {
+    /// The next Raft log write is the last thing the process does.
+    armed: bool,
+    /// It happened: every later change to the volume fails.
+    landed: bool,
+}
+
+/// What a crash did to a write it landed in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tear {
+    /// Sectors the write spanned.
+    pub sectors: usize,
+    /// Of those, the sectors the disk kept.
+    pub kept: usize,
+    /// A sector was lost before one that was kept (what the old Raft log read as damage).
+    pub out_of_order: bool,
 }
 
 #[derive(Debug)]
@@ -40,6 +72,8 @@ enum Undo {
 #[derive(Debug, Clone, Default)]
 pub struct Disk {
     state: Arc<Mutex<State>>,
+    /// The power cut of the volume this disk belongs to.
+    cut: Arc<Mutex<Cut>>,
 }
 
 impl Disk {
@@ -100,7 +134,41 @@ impl Disk {
                 lies: state.lies,
                 ..State::default()
             })),
+            cut: Arc::default(),
         }
+    }
+
+    /// After [`Self::crash`]: keeps a random subset of the sectors of the write the power cut
+    /// landed in (drawn from `rng`), durably. `None` when no cut landed in this disk.
+    fn keep_torn_sectors(&self, rng: &mut SplitMix64) -> Option<Tear> {
+        let mut state = self.state.lock().expect("not poisoned");
+        let (offset, bytes) = state.torn.take()?;
+        let end = offset + bytes.len();
+        let first = offset / SECTOR_BYTES;
+        let sectors = (end - 1) / SECTOR_BYTES + 1 - first;
+        // Now and then all or none, else each sector on its own.
+        let mode = rng.range(0, 8);
+        let kept: Vec<bool> = (0..sectors)
+            .map(|_| match mode {
+                0 => false,
+                1 => true,
+                _ => rng.chance(50),
+            })
+            .collect();
+        for (i, _) in kept.iter().enumerate().filter(|(_, keep)| **keep) {
+            let from = ((first + i) * SECTOR_BYTES).max(offset);
+            let to = ((first + i + 1) * SECTOR_BYTES).min(end);
+            if state.data.len() < to {
+                state.data.resize(to, 0);
+            }
+            state.data[from..to].copy_from_slice(&bytes[from - offset..to - offset]);
+        }
+        let out_of_order = kept.windows(2).any(|pair| !pair[0] && pair[1]);
+        Some(Tear {
+            sectors,
+            kept: kept.iter().filter(|k| **k).count(),
+            out_of_order,
+        })
     }
 
     /// The disk fills up: from now on every write, resize and sync fails (reads still work).
@@ -135,6 +203,11 @@ impl DiskHandle {
     }
 
     fn state(&self) -> Result<std::sync::MutexGuard<'_, State>, BackendIoError> {
+        if self.disk.cut.lock().expect("not poisoned").landed {
+            return Err(std::io::Error::other(
+                "the power went out in a write: this disk handle is dead",
+            ));
+        }
         let state = self.disk.state.lock().expect("not poisoned");
         if state.generation != self.generation {
             return Err(std::io::Error::other(
@@ -217,7 +290,15 @@ impl LogFile for DiskHandle {
         if end > StorageBackend::len(self)? {
             StorageBackend::set_len(self, end)?;
         }
-        StorageBackend::write(self, at, data)
+        StorageBackend::write(self, at, data)?;
+        let mut cut = self.disk.cut.lock().expect("not poisoned");
+        if cut.armed {
+            // The power goes out while this write is in the disk's cache: the crash keeps
+            // some of its sectors, and nothing after it reaches any disk of the volume.
+            cut.landed = true;
+            self.disk.state.lock().expect("not poisoned").torn = Some((offset(at)?, data.to_vec()));
+        }
+        Ok(())
     }
 
     fn set_len(&self, len: u64) -> std::io::Result<()> {
@@ -231,19 +312,45 @@ impl LogFile for DiskHandle {
 
 /// A member's volume: its store (redb) and its two Raft log files, which crash, copy, fill
 /// and lie together.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Volume {
     store: Disk,
     logs: [Disk; 2],
 }
 
+impl Default for Volume {
+    fn default() -> Self {
+        Self::of([Disk::default(), Disk::default(), Disk::default()])
+    }
+}
+
 impl Volume {
+    /// A volume of these disks (store, log files), sharing one power cut.
+    fn of([store, first, second]: [Disk; 3]) -> Self {
+        let cut = Arc::new(Mutex::new(Cut::default()));
+        let share = |disk: Disk| Disk {
+            cut: cut.clone(),
+            ..disk
+        };
+        Self {
+            store: share(store),
+            logs: [share(first), share(second)],
+        }
+    }
+
     /// A volume whose fsyncs are all no-ops (a planted bug).
     pub fn lying() -> Self {
-        Self {
-            store: Disk::lying(),
-            logs: [Disk::lying(), Disk::lying()],
-        }
+        Self::of([Disk::lying(), Disk::lying(), Disk::lying()])
+    }
+
+    /// Times the next power cut to land inside the next Raft log write (see the module).
+    pub fn arm_cut(&self) {
+        self.store.cut.lock().expect("not poisoned").armed = true;
+    }
+
+    /// Whether an armed power cut has landed in a write.
+    pub fn cut_landed(&self) -> bool {
+        self.store.cut.lock().expect("not poisoned").landed
     }
 
     fn disks(&self) -> [&Disk; 3] {
@@ -261,11 +368,18 @@ impl Volume {
     /// Power cut: every file loses its writes since its last sync. With `torn` (some bytes),
     /// each log file also ends in that many bytes of an append that was cut midway — on disk,
     /// never acknowledged (a real power cut can leave part of a write).
-    pub fn crash(&self, torn: Option<Vec<u8>>) {
+    /// A power cut that landed in a write ([`Self::arm_cut`]) keeps a subset of its sectors
+    /// drawn from `rng` (and no torn bytes are added to that file): what it did, if it landed.
+    pub fn crash(&self, torn: Option<Vec<u8>>, rng: &mut SplitMix64) -> Option<Tear> {
         for disk in self.disks() {
             disk.crash();
         }
-        if let Some(bytes) = torn {
+        *self.store.cut.lock().expect("not poisoned") = Cut::default();
+        let mut tear = None;
+        for log in &self.logs {
+            tear = tear.or(log.keep_torn_sectors(rng));
+        }
+        if let Some(bytes) = torn.filter(|_| tear.is_none()) {
             for log in &self.logs {
                 let handle = log.open();
                 let end = StorageBackend::len(&handle).unwrap_or(0);
@@ -275,14 +389,17 @@ impl Volume {
                 }
             }
         }
+        if tear.is_some() {
+            for log in &self.logs {
+                let _ = StorageBackend::sync_data(&log.open());
+            }
+        }
+        tear
     }
 
     /// A copy of what the volume durably holds now (`cp -a` of a stopped member's directory).
     pub fn copy(&self) -> Self {
-        Self {
-            store: self.store.copy(),
-            logs: [self.logs[0].copy(), self.logs[1].copy()],
-        }
+        Self::of([self.store.copy(), self.logs[0].copy(), self.logs[1].copy()])
     }
 
     /// The volume fills up.
@@ -402,7 +519,10 @@ mod tests {
         logs[0].sync_data().unwrap();
         LogFile::write(logs[0].as_ref(), 6, b"+lost").unwrap();
         let copy = volume.copy();
-        volume.crash(Some(b"torn".to_vec()));
+        volume.crash(
+            Some(b"torn".to_vec()),
+            &mut palisade_sim::SplitMix64::new(1),
+        );
         let (_, logs) = volume.open();
         let mut out = [0; 10];
         LogFile::read(logs[0].as_ref(), 0, &mut out).unwrap();
@@ -417,6 +537,55 @@ mod tests {
             LogFile::len(copied[0].as_ref()).unwrap(),
             6,
             "a copy holds what is synced"
+        );
+    }
+
+    #[test]
+    fn a_power_cut_in_a_write_keeps_a_subset_of_its_sectors_and_nothing_after_it() {
+        use super::SECTOR_BYTES;
+        use palisade_cluster::raft_log::LogFile;
+        let mut seen_out_of_order = false;
+        for seed in 0..40 {
+            let volume = Volume::default();
+            let (store, logs) = volume.open();
+            LogFile::write(logs[0].as_ref(), 0, &[1; 100]).unwrap();
+            logs[0].sync_data().unwrap();
+            volume.arm_cut();
+            assert!(!volume.cut_landed());
+            // Six sectors' worth from byte 100: seven sectors touched.
+            let write = vec![2u8; 6 * SECTOR_BYTES];
+            LogFile::write(logs[0].as_ref(), 100, &write).unwrap();
+            assert!(volume.cut_landed());
+            assert!(logs[0].sync_data().is_err(), "the process is gone");
+            assert!(
+                redb::StorageBackend::sync_data(&store).is_err(),
+                "on every disk of the volume"
+            );
+            let tear = volume
+                .crash(None, &mut palisade_sim::SplitMix64::new(seed))
+                .expect("it landed");
+            assert_eq!(tear.sectors, 7);
+            seen_out_of_order |= tear.out_of_order;
+            let (_, logs) = volume.open();
+            let length = LogFile::len(logs[0].as_ref()).unwrap() as usize;
+            let mut bytes = vec![0; length];
+            LogFile::read(logs[0].as_ref(), 0, &mut bytes).unwrap();
+            assert_eq!(&bytes[..100], &[1; 100], "synced bytes stay");
+            let kept = (0..7)
+                .filter(|s| {
+                    let from = (s * SECTOR_BYTES).max(100);
+                    bytes.get(from) == Some(&2)
+                })
+                .count();
+            assert_eq!(kept, tear.kept, "seed {seed}");
+            assert!(bytes[100..].iter().all(|b| *b == 0 || *b == 2));
+            // The next incarnation writes and syncs again.
+            LogFile::write(logs[0].as_ref(), 0, &[3]).unwrap();
+            logs[0].sync_data().unwrap();
+        }
+        assert!(
+            seen_out_of_order,
+            "some seed loses a sector before one it keeps"
         );
     }
 }

@@ -83,6 +83,9 @@ pub struct ClusterSimConfig {
     /// The members' clocks never move from `wall_clock_origin_ms` (the Raft store's
     /// conformance suite, which counts epochs from 0: no clock floor above 0 then).
     pub frozen_clocks: bool,
+    /// A crash lands inside the member's next Raft log write (within 500 ms) and the disk
+    /// keeps a random subset of that write's 512-byte sectors (`disk.rs`).
+    pub torn_sectors: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -100,6 +103,7 @@ impl Default for ClusterSimConfig {
             rollback_volumes: false,
             wall_clock_origin_ms: 1_800_000_000_000,
             frozen_clocks: false,
+            torn_sectors: false,
         }
     }
 }
@@ -137,6 +141,11 @@ pub struct ClusterFaults {
     pub copy_backs: u64,
     /// Of those, starts the member's witness refused (then wiped and re-added).
     pub copy_backs_refused: u64,
+    /// Crashes that landed inside a Raft log write and kept a random subset of its sectors.
+    pub torn_sector_crashes: u64,
+    /// Of those, a lost sector before a kept one (a record lost, a later one of the same
+    /// append kept).
+    pub torn_sectors_out_of_order: u64,
 }
 
 impl ClusterFaults {

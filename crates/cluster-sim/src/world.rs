@@ -38,6 +38,12 @@ const RECOVERY_MS: u64 = 10_000;
 /// then catch up from snapshots too, not only from the log.
 const SIM_SNAPSHOT_EVERY: u64 = 30;
 
+/// With `torn_sectors`, how long a crash waits for the member's next Raft log write to land
+/// in, ms: past it the power goes out between writes, as without the flag.
+const TORN_WAIT_MS: u64 = 500;
+/// Mixed into the seed for the generator of torn sectors.
+const TEAR_STREAM: u64 = 0x746f_726e_5f73_6563;
+
 /// Everything the tasks of a run share.
 pub(crate) struct Shared {
     pub(crate) rng: Arc<Mutex<SplitMix64>>,
@@ -423,6 +429,11 @@ pub(crate) struct Cluster {
     copy_back_on_crash: bool,
     rollback_volumes: bool,
     plant_no_witness: bool,
+    /// Crashes land inside a Raft log write and keep a random subset of its sectors.
+    torn_sectors: bool,
+    /// Draws which sectors a torn write keeps (apart from the run's generator, so that its
+    /// other draws stay as they were).
+    tear_rng: SplitMix64,
     /// Every member has been started once (the cluster is formed).
     formed: bool,
 }
@@ -488,6 +499,8 @@ impl Cluster {
             copy_back_on_crash: sim.copy_back_on_crash,
             rollback_volumes: sim.rollback_volumes,
             plant_no_witness: sim.plant_no_witness,
+            torn_sectors: sim.torn_sectors,
+            tear_rng: SplitMix64::new(seed ^ TEAR_STREAM),
             formed: false,
         }
     }
@@ -614,6 +627,9 @@ impl Cluster {
 
     /// kill -9 and a power cut: unsynced writes are lost, nothing more is sent or answered.
     pub(crate) async fn crash(&mut self, id: NodeId) {
+        if self.torn_sectors && self.members[self.index(id)].running.is_some() {
+            self.cut_in_a_write(id).await;
+        }
         let Some(running) = self.take_down(id) else {
             return;
         };
@@ -646,10 +662,31 @@ impl Cluster {
             bytes.truncate(1 + (crashes as usize * 7) % 60);
             bytes
         });
-        self.members[self.index(id)].disk.crash(torn);
+        let tear = self.members[self.index(id)]
+            .disk
+            .crash(torn, &mut self.tear_rng);
         running.stop().await;
         self.faults.crashes += 1;
+        if let Some(tear) = tear {
+            self.faults.torn_sector_crashes += 1;
+            self.faults.torn_sectors_out_of_order += u64::from(tear.out_of_order);
+            self.shared.trace(&format!(
+                "crash {id} in a raft log write: kept {} of its {} sectors",
+                tear.kept, tear.sectors
+            ));
+        }
         self.shared.trace(&format!("crash {id}"));
+    }
+
+    /// Lets `id` run until its next Raft log write, in which the power goes out (at most
+    /// [`TORN_WAIT_MS`]).
+    async fn cut_in_a_write(&mut self, id: NodeId) {
+        let disk = self.members[self.index(id)].disk.clone();
+        disk.arm_cut();
+        let until = self.shared.now_ms() + TORN_WAIT_MS;
+        while !disk.cut_landed() && self.shared.now_ms() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     fn index(&self, id: NodeId) -> usize {

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod appends;
 pub mod records;
 
 use std::fs::File;

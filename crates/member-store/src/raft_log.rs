@@ -1,55 +1,74 @@
-//! The Raft log as an append-only file of checksummed records: one write and one fdatasync per
-//! append, however many entries it carries.
+//! The Raft log as an append-only file of appends: one write and one fdatasync per append,
+//! however many entries it carries, framed so that it is read whole or not at all.
 //!
 //! ```text
 //! header    16 bytes "palisade-raftlog", format version (u32 LE), 12 bytes reserved (zeros)
+//! appends   palisade_durable::appends: [56-byte header: where it is, first index, records,
+//!           length, checksum of the header, checksum of all of it][its records]
 //! records   palisade_durable::records: [length][Raft log index][checksum][JSON of the entry]
 //! ```
 //!
 //! A member keeps two such files and uses one at a time; which one is recorded in the store's
-//! redb file, with the last purged log id. The records of the file in use run without a gap
-//! and never go back in term. What a reader makes of a damaged file:
-//! - **a torn last record** (an append cut by a power cut; it was never acknowledged): dropped,
-//!   and the file is cut back to the record before it;
-//! - **a record that does not check followed by one that does** (damage in the middle), an
-//!   index out of sequence, a term going back, an entry whose index is not its record's: the
-//!   file is refused rather than read short, and the member does not start;
+//! redb file, with the last purged log id. The appends of the file in use follow each other
+//! without a gap and never go back in term, except that an append with no records is a
+//! truncation: the entries from its index on are gone, and the next append starts there. What
+//! a reader makes of a file:
+//! - **an append that does not check with no whole append after it** (zeros, or the sectors a
+//!   power cut kept of the last append — any subset of them, in any order — or nothing): the
+//!   last append was cut by a power cut and never acknowledged (each append is fdatasynced
+//!   before it is): dropped whole, and the file cut back to the append before it;
+//! - **an append that does not check followed by one that does**: an append was fdatasynced
+//!   after it, so it was damaged on the disk, not torn — the file is refused rather than read
+//!   short, naming the byte, and the member does not start. So is an append that checks but
+//!   whose records do not agree with it, an index out of sequence, a term going back;
 //! - **records at or below the last purged id**: dropped at the next compaction. A purge
 //!   records the new purged id in redb first (an immediate commit), so a crash before the
 //!   compaction leaves records that are simply skipped.
 //!
+//! The file is read as a stream (a window of buffered reads; memory holds one entry at a time
+//! and the index of the live ones), and the search for a whole append after a broken one
+//! compares each offset's magic and offset before hashing anything: linear in the file's size.
+//!
 //! Compaction writes the live records into the other file, fsyncs it, and only then switches
 //! the redb record to it (one immediate commit): a crash on either side of the switch leaves
-//! one complete file in use.
+//! one complete file in use. A file of format 1 (records without appends, an earlier version)
+//! is read with that format's rules once and compacted into format 2 at the open.
 //!
-//! What this does not detect: a file cut short at a record boundary (`truncate -s`, a copy cut
-//! short) reads as a log that ends earlier — the member then holds fewer entries than it
+//! What this does not detect: a file cut short at an append boundary (`truncate -s`, a copy
+//! cut short) reads as a log that ends earlier — the member then holds fewer entries than it
 //! acknowledged, the class of a member whose volume was put back, which probation and the
-//! census (`identity` rule 4) keep from voting a lagging member in.
+//! census (`identity` rule 4) keep from voting a lagging member in. It assumes that a file
+//! extended past its end reads zeros there (POSIX), so that an append truncated away never
+//! comes back.
 
 use std::collections::VecDeque;
 use std::io;
 use std::ops::Bound;
 
 use openraft::LogId;
-use palisade_durable::records;
+use palisade_durable::{appends, records};
 
 use super::NodeId;
 
+mod scan;
+
+use scan::{Append, Reader};
+
 /// The first bytes of a Raft log file.
 const MAGIC: &[u8; 16] = b"palisade-raftlog";
-/// The format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
-/// Bytes before the first record.
+/// The format this build writes: records framed in appends.
+pub const FORMAT_VERSION: u32 = 2;
+/// The format of an earlier version (records without appends), read to move it into this one.
+pub const FORMAT_VERSION_RECORDS: u32 = 1;
+/// Bytes before the first append.
 pub const HEADER_BYTES: u64 = 32;
 /// Largest entry (its JSON) the log takes: a batch entry can hold thousands of lock changes.
 pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
-/// Largest file the log reads at start.
-pub const MAX_FILE_BYTES: u64 = 4 << 30;
 /// A purge compacts the file once the purged records take more than this and more than the
 /// live ones.
 pub const COMPACT_AT_BYTES: u64 = 8 << 20;
-
+/// A compaction writes the live records in appends of about this size: it holds one in memory.
+pub const COMPACT_APPEND_BYTES: usize = 4 << 20;
 /// A file the log writes: a real file, or a simulation's crashable one.
 #[allow(clippy::len_without_is_empty)] // a file's length, not a collection's
 pub trait LogFile: Send + Sync + std::fmt::Debug {
@@ -104,12 +123,17 @@ pub enum LogError {
 /// Log ids and the JSON of their entries, in order.
 pub type Entries = Vec<(LogId<NodeId>, Vec<u8>)>;
 
+/// Records a compaction's new file as the one in use, durably (see [`RaftLog::compact`]).
+pub type Switch<'a> = &'a mut dyn FnMut(usize) -> Result<(), LogError>;
+
 /// Where a live entry's record is.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     log_id: LogId<NodeId>,
     at: u64,
     len: u64,
+    /// The first record of its append: a truncation from it cuts the file at the append.
+    opens_append: bool,
 }
 
 /// The log: the file in use and an index of its live records.
@@ -117,49 +141,75 @@ struct Slot {
 pub struct RaftLog {
     files: [Box<dyn LogFile>; 2],
     active: usize,
+    /// Where the live entries are.
+    index: Index,
+    /// Where the next append goes.
+    end: u64,
+    purged: Option<LogId<NodeId>>,
+}
+
+/// Where the live entries' records are in the file in use.
+#[derive(Debug, Default)]
+struct Index {
     /// The live entries, contiguous, oldest first.
     live: VecDeque<Slot>,
-    /// The last record in the file, live or purged: the next append must follow it.
-    file_last: Option<u64>,
-    /// Where the next record goes.
-    end: u64,
-    /// Bytes of purged records still in the file.
-    dead: u64,
-    purged: Option<LogId<NodeId>>,
+    /// Bytes of the live entries' records.
+    live_bytes: u64,
+    /// The index the next append in the file must start at (`None`: any), live or purged
+    /// records before it; otherwise the append compacts first.
+    next_in_file: Option<u64>,
+}
+
+/// What a replay keeps between appends.
+#[derive(Default)]
+struct Replay {
+    /// The term of the last entry kept (0: not known, after a truncation into purged ones).
+    last_term: u64,
+    /// The last purged record read.
+    last_dead: Option<LogId<NodeId>>,
 }
 
 impl RaftLog {
     /// Reads the log in `files[active]`, skipping what `purged` covers; an empty file is given
-    /// a header. A torn last record is cut off; damage refuses the file.
+    /// a header. A torn last append is cut off; damage refuses the file. A file of format 1 is
+    /// compacted into format 2 in the other file, recorded by `switch`.
     pub fn open(
         files: [Box<dyn LogFile>; 2],
         active: usize,
         purged: Option<LogId<NodeId>>,
+        switch: Switch,
     ) -> Result<Self, LogError> {
         let mut log = RaftLog {
             files,
             active: active.min(1),
-            live: VecDeque::new(),
-            file_last: None,
+            index: Index::default(),
             end: HEADER_BYTES,
-            dead: 0,
             purged,
         };
-        let length = log.file().len()?;
-        if length == 0 {
+        if log.file().len()? == 0 {
             log.file().write(0, &header())?;
             log.file().sync_data()?;
             return Ok(log);
         }
-        if length > MAX_FILE_BYTES {
-            return Err(LogError::Damaged(format!(
-                "{length} bytes, more than a log holds"
-            )));
+        let mut head = [0u8; HEADER_BYTES as usize];
+        log.file()
+            .read(0, &mut head)
+            .map_err(|_| LogError::Damaged("not a Palisade raft log".into()))?;
+        let version = check_header(&head)?;
+        let end = if version == FORMAT_VERSION {
+            log.replay()?
+        } else {
+            log.replay_records()?
+        };
+        log.check_resumes_after_purge()?;
+        log.cut_at(end)?;
+        if version != FORMAT_VERSION {
+            log.compact(switch)?;
+            tracing::info!(
+                entries = log.index.live.len(),
+                "moved the raft log into format {FORMAT_VERSION} (appends read whole or not at all)"
+            );
         }
-        let mut bytes = vec![0u8; length as usize];
-        log.file().read(0, &mut bytes)?;
-        check_header(&bytes)?;
-        log.replay(&bytes)?;
         Ok(log)
     }
 
@@ -172,45 +222,85 @@ impl RaftLog {
         self.active
     }
 
-    fn replay(&mut self, bytes: &[u8]) -> Result<(), LogError> {
-        let mut at = HEADER_BYTES as usize;
-        let mut last_term = 0;
-        while let Some(record) = records::record_at(bytes, at, MAX_ENTRY_BYTES) {
-            let log_id = entry_log_id(record.payload)?;
-            let expected = self.file_last.map(|last| last + 1);
-            if log_id.index != record.sequence || expected.is_some_and(|e| e != log_id.index) {
-                return Err(LogError::Damaged(format!(
-                    "record {} at byte {at} holds entry {log_id} where entry {} comes next",
-                    record.sequence,
-                    expected.map_or("any".into(), |e| e.to_string()),
-                )));
-            }
-            if log_id.leader_id.term < last_term {
-                return Err(LogError::Damaged(format!(
-                    "entry {log_id} at byte {at} goes back from term {last_term}"
-                )));
-            }
-            last_term = log_id.leader_id.term;
-            self.file_last = Some(log_id.index);
-            let slot = Slot {
-                log_id,
-                at: at as u64,
-                len: (record.next - at) as u64,
+    /// Reads the appends of a file of format 2; where the whole ones end.
+    fn replay(&mut self) -> Result<u64, LogError> {
+        let file = self.files[self.active].as_ref();
+        let mut reader = Reader::new(file)?;
+        let mut replay = Replay::default();
+        let mut at = HEADER_BYTES;
+        while at < reader.len() {
+            let mut parse = |sequence, json: &[u8]| match entry_log_id(json) {
+                Ok(id) if id.index == sequence => Ok(id),
+                Ok(id) => Err(format!("record {sequence} holds entry {id}")),
+                Err(e) => Err(e.to_string()),
             };
-            if self.purged.is_some_and(|p| log_id.index <= p.index) {
-                self.dead += slot.len;
-            } else {
-                self.live.push_back(slot);
+            match scan::read_append(&mut reader, at, &mut parse)? {
+                Append::Whole {
+                    first,
+                    records,
+                    next,
+                } => {
+                    self.index
+                        .take_append(self.purged, &mut replay, at, first, records)?;
+                    at = next;
+                }
+                Append::Inconsistent(why) => return Err(scan::damaged(at, why)),
+                Append::Broken => break,
             }
-            at = record.next;
         }
-        if let Some((found, index)) = later_record(bytes, at, self.file_last) {
+        if at < reader.len() {
+            if let Some((found, first)) = scan::later_append(&mut reader, at + 1)? {
+                return Err(LogError::Damaged(format!(
+                    "the append at byte {at} does not check, and a whole append (from entry \
+                     {first}) follows it at byte {found}: the log is damaged (not a torn \
+                     write), so it is not read short"
+                )));
+            }
+        }
+        self.end = at;
+        Ok(at)
+    }
+
+    /// Reads the records of a file of format 1 (an earlier version) by its rules: a record that
+    /// does not check ends the log unless one that does follows it. Where they end.
+    fn replay_records(&mut self) -> Result<u64, LogError> {
+        let file = self.files[self.active].as_ref();
+        let mut reader = Reader::new(file)?;
+        let mut replay = Replay::default();
+        let mut at = HEADER_BYTES;
+        while let Some((sequence, json, len)) = scan::v1_record(&mut reader, at)? {
+            let log_id = entry_log_id(json)?;
+            if log_id.index != sequence {
+                return Err(LogError::Damaged(format!(
+                    "record {sequence} at byte {at} holds entry {log_id}"
+                )));
+            }
+            self.index.take_append(
+                self.purged,
+                &mut replay,
+                at,
+                log_id.index,
+                vec![(log_id, at, len)],
+            )?;
+            at += len;
+        }
+        if let Some((found, index)) = scan::v1_later_record(&mut reader, at, self.last_index())? {
             return Err(LogError::Damaged(format!(
                 "the record at byte {at} does not check, and entry {index} follows it at byte \
                  {found}: the log is damaged (not a torn write), so it is not read short"
             )));
         }
-        if let Some(first) = self.live.front() {
+        self.end = at;
+        Ok(at)
+    }
+
+    /// The last record's index in the file, live or purged.
+    fn last_index(&self) -> Option<u64> {
+        self.index.next_in_file.and_then(|next| next.checked_sub(1))
+    }
+
+    fn check_resumes_after_purge(&self) -> Result<(), LogError> {
+        if let Some(first) = self.index.live.front() {
             let want = self.purged.map_or(0, |p| p.index + 1);
             if first.log_id.index != want {
                 return Err(LogError::Damaged(format!(
@@ -219,16 +309,27 @@ impl RaftLog {
                 )));
             }
         }
-        if at < bytes.len() {
+        Ok(())
+    }
+
+    /// Cuts off what follows the whole appends (a torn last append, zeros), durably.
+    fn cut_at(&mut self, end: u64) -> Result<(), LogError> {
+        let length = self.file().len()?;
+        if end < length {
             tracing::warn!(
-                bytes = bytes.len() - at,
+                bytes = length - end,
+                at = end,
                 "the raft log ends in a torn write (an append that was never acknowledged); cut"
             );
-            self.file().set_len(at as u64)?;
+            self.file().set_len(end)?;
             self.file().sync_data()?;
         }
-        self.end = at as u64;
         Ok(())
+    }
+
+    /// Bytes in the file that are not live records: purged and truncated records, headers.
+    fn dead_bytes(&self) -> u64 {
+        self.end - HEADER_BYTES - self.index.live_bytes
     }
 
     /// The last purged log id.
@@ -238,7 +339,7 @@ impl RaftLog {
 
     /// The last entry's id, or the last purged one when no entry is live.
     pub fn last(&self) -> Option<LogId<NodeId>> {
-        self.live.back().map(|s| s.log_id).or(self.purged)
+        self.index.live.back().map(|s| s.log_id).or(self.purged)
     }
 
     /// The index the next entry must have.
@@ -246,20 +347,49 @@ impl RaftLog {
         self.last().map_or(0, |last| last.index + 1)
     }
 
-    /// Appends `entries` (log id and JSON, in order) with one write and one fdatasync; returns
-    /// only once they are durable. An entry that does not continue the log exactly is refused
-    /// and nothing is written. `switch` records a compaction's new file (see [`Self::compact`]):
-    /// an append that would not follow the file's last record (every entry purged by a
-    /// snapshot) compacts first.
+    /// Appends `entries` (log id and JSON, in order) as one append: one write and one
+    /// fdatasync; returns only once they are durable. An entry that does not continue the log
+    /// exactly is refused and nothing is written. An append that would not follow the file's
+    /// last record (every entry purged by a snapshot) compacts first, recorded by `switch`.
     pub fn append(
         &mut self,
         entries: &[(LogId<NodeId>, Vec<u8>)],
-        switch: &mut dyn FnMut(usize) -> Result<(), LogError>,
+        switch: Switch,
     ) -> Result<(), LogError> {
         let Some((first, _)) = entries.first() else {
             return Ok(());
         };
-        let mut buffer = Vec::new();
+        let (body, slots) = self.frame_entries(entries)?;
+        if self
+            .index
+            .next_in_file
+            .is_some_and(|next| next != first.index)
+        {
+            self.compact(switch)?;
+        }
+        let at = self.end;
+        let mut buffer = appends::frame(at, first.index, slots.len() as u32, &body).to_vec();
+        buffer.extend_from_slice(&body);
+        self.file().write(at, &buffer)?;
+        self.file().sync_data()?;
+        let base = at + appends::HEADER_BYTES as u64;
+        for (i, (log_id, offset, len)) in slots.into_iter().enumerate() {
+            self.index.push_live(Slot {
+                log_id,
+                at: base + offset,
+                len,
+                opens_append: i == 0,
+            });
+            self.index.next_in_file = Some(log_id.index + 1);
+        }
+        self.end = at + buffer.len() as u64;
+        Ok(())
+    }
+
+    /// The records of `entries` back to back, with each one's id, offset and length; refused
+    /// when one does not continue the log exactly.
+    fn frame_entries(&self, entries: &[(LogId<NodeId>, Vec<u8>)]) -> Result<Framed, LogError> {
+        let mut body = Vec::new();
         let mut slots = Vec::with_capacity(entries.len());
         let mut last_term = self.last().map_or(0, |l| l.leader_id.term);
         for (next, (log_id, json)) in (self.next_index()..).zip(entries) {
@@ -281,99 +411,108 @@ impl RaftLog {
             }
             last_term = log_id.leader_id.term;
             let record = records::frame(log_id.index, json);
-            slots.push((*log_id, buffer.len() as u64, record.len() as u64));
-            buffer.extend_from_slice(&record);
+            slots.push((*log_id, body.len() as u64, record.len() as u64));
+            body.extend_from_slice(&record);
         }
-        if self.file_last.is_some_and(|last| last + 1 != first.index) {
-            self.compact(switch)?;
-        }
-        let at = self.end;
-        self.file().write(at, &buffer)?;
-        self.file().sync_data()?;
-        for (log_id, offset, len) in slots {
-            self.live.push_back(Slot {
-                log_id,
-                at: at + offset,
-                len,
-            });
-            self.file_last = Some(log_id.index);
-        }
-        self.end = at + buffer.len() as u64;
-        Ok(())
+        Ok((body, slots))
     }
 
-    /// Removes the entries from `index` on, durably.
+    /// Removes the entries from `index` on, durably: the file is cut where they start when
+    /// their append starts with them, else a truncation (an append with no records) says so.
     pub fn truncate(&mut self, index: u64) -> Result<(), LogError> {
-        let Some(position) = self.live.iter().position(|s| s.log_id.index >= index) else {
+        let Some(position) = self.index.live.iter().position(|s| s.log_id.index >= index) else {
             return Ok(());
         };
-        let at = self.live[position].at;
-        self.file().set_len(at)?;
-        self.file().sync_data()?;
-        let first_removed = self.live[position].log_id.index;
-        self.live.truncate(position);
-        self.end = at;
-        self.file_last = match self.live.back() {
-            Some(last) => Some(last.log_id.index),
-            // What is left before `at` is purged records, if any: the last one is right
-            // before the first removed (the file has no gap).
-            None => (self.dead > 0).then(|| first_removed - 1),
-        };
+        let slot = self.index.live[position];
+        if slot.opens_append {
+            let at = slot.at - appends::HEADER_BYTES as u64;
+            self.file().set_len(at)?;
+            self.file().sync_data()?;
+            self.end = at;
+        } else {
+            let at = self.end;
+            let mark = appends::frame(at, slot.log_id.index, 0, &[]);
+            self.file().write(at, &mark)?;
+            self.file().sync_data()?;
+            self.end = at + mark.len() as u64;
+        }
+        self.index.drop_live_from(slot.log_id.index);
+        // The append that held the first removed entry started at it or before it, right
+        // after the entry before it.
+        self.index.next_in_file = Some(slot.log_id.index);
         Ok(())
     }
 
     /// Forgets the entries up to `purged` (which the caller has recorded durably first) and
     /// compacts when the purged records outweigh the live ones, or nothing is live.
-    pub fn purge(
-        &mut self,
-        purged: LogId<NodeId>,
-        switch: &mut dyn FnMut(usize) -> Result<(), LogError>,
-    ) -> Result<(), LogError> {
+    pub fn purge(&mut self, purged: LogId<NodeId>, switch: Switch) -> Result<(), LogError> {
         while self
+            .index
             .live
             .front()
             .is_some_and(|s| s.log_id.index <= purged.index)
         {
-            let slot = self.live.pop_front().expect("checked");
-            self.dead += slot.len;
+            let slot = self.index.live.pop_front().expect("checked");
+            self.index.live_bytes -= slot.len;
         }
         if self.purged.is_none_or(|p| p.index < purged.index) {
             self.purged = Some(purged);
         }
-        let live_bytes = self.end - HEADER_BYTES - self.dead;
-        if self.dead > 0
-            && (self.live.is_empty() || (self.dead > COMPACT_AT_BYTES && self.dead > live_bytes))
+        let dead = self.dead_bytes();
+        if dead > 0
+            && (self.index.live.is_empty()
+                || (dead > COMPACT_AT_BYTES && dead > self.index.live_bytes))
         {
             self.compact(switch)?;
         }
         Ok(())
     }
 
-    /// Writes the live records into the other file, fsyncs it, lets `switch` record it as the
-    /// file in use (durably: a crash before leaves the old file in use, complete), then uses it
-    /// and empties the old one.
-    pub fn compact(
-        &mut self,
-        switch: &mut dyn FnMut(usize) -> Result<(), LogError>,
-    ) -> Result<(), LogError> {
+    /// Writes the live records into the other file (in appends of about
+    /// [`COMPACT_APPEND_BYTES`], each record checked as it is copied), fsyncs it, lets `switch`
+    /// record it as the file in use (durably: a crash before leaves the old file in use,
+    /// complete), then uses it and empties the old one.
+    pub fn compact(&mut self, switch: Switch) -> Result<(), LogError> {
         let other = 1 - self.active;
-        let start = self.live.front().map_or(self.end, |s| s.at);
-        let mut live = vec![0u8; (self.end - start) as usize];
-        self.file().read(start, &mut live)?;
         let target = self.files[other].as_ref();
         target.set_len(0)?;
         target.write(0, &header())?;
-        target.write(HEADER_BYTES, &live)?;
+        let mut reader = Reader::new(self.files[self.active].as_ref())?;
+        let mut moved = Vec::with_capacity(self.index.live.len());
+        let mut body = Vec::new();
+        let mut at = HEADER_BYTES;
+        let mut pending = 0;
+        for (i, slot) in self.index.live.iter().enumerate() {
+            let record = reader
+                .get(slot.at, slot.len as usize)?
+                .and_then(|bytes| records::record_at(bytes, 0, MAX_ENTRY_BYTES))
+                .filter(|r| r.sequence == slot.log_id.index)
+                .ok_or_else(|| no_longer_checks(slot))?;
+            let offset = (appends::HEADER_BYTES + body.len()) as u64;
+            moved.push(Slot {
+                at: at + offset,
+                opens_append: body.is_empty(),
+                ..*slot
+            });
+            body.extend_from_slice(&records::frame(slot.log_id.index, record.payload));
+            pending += 1;
+            if body.len() >= COMPACT_APPEND_BYTES || i + 1 == self.index.live.len() {
+                let first = slot.log_id.index + 1 - pending;
+                let head = appends::frame(at, first, pending as u32, &body);
+                target.write(at, &head)?;
+                target.write(at + head.len() as u64, &body)?;
+                at += (head.len() + body.len()) as u64;
+                body.clear();
+                pending = 0;
+            }
+        }
         target.sync_data()?;
         switch(other)?;
         let old = self.active;
         self.active = other;
-        for slot in &mut self.live {
-            slot.at = slot.at - start + HEADER_BYTES;
-        }
-        self.end = HEADER_BYTES + live.len() as u64;
-        self.dead = 0;
-        self.file_last = self.live.back().map(|s| s.log_id.index);
+        self.index.live = moved.into();
+        self.end = at;
+        self.index.next_in_file = self.index.live.back().map(|s| s.log_id.index + 1);
         // The old file is no longer read; emptied for its space (a crash may leave it whole).
         self.files[old].set_len(0)?;
         Ok(())
@@ -382,7 +521,7 @@ impl RaftLog {
     /// The JSON of the entries in `range`: a run from the range's start without a gap, or
     /// nothing when its start is not live.
     pub fn read(&self, range: (Bound<u64>, Bound<u64>)) -> Result<Vec<Vec<u8>>, LogError> {
-        let Some(first) = self.live.front() else {
+        let Some(first) = self.index.live.front() else {
             return Ok(Vec::new());
         };
         let base = first.log_id.index;
@@ -395,7 +534,7 @@ impl RaftLog {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
-        for slot in self.live.iter().skip((start - base) as usize) {
+        for slot in self.index.live.iter().skip((start - base) as usize) {
             if !range_contains(&range, slot.log_id.index) {
                 break;
             }
@@ -403,44 +542,122 @@ impl RaftLog {
             self.file().read(slot.at, &mut bytes)?;
             let record = records::record_at(&bytes, 0, MAX_ENTRY_BYTES)
                 .filter(|r| r.sequence == slot.log_id.index)
-                .ok_or_else(|| {
-                    LogError::Damaged(format!(
-                        "entry {} at byte {} no longer checks",
-                        slot.log_id, slot.at
-                    ))
-                })?;
+                .ok_or_else(|| no_longer_checks(slot))?;
             out.push(record.payload.to_vec());
         }
         Ok(out)
     }
 }
 
-/// A record that checks anywhere after `at` and continues past `last` (where, and its index):
-/// only the last append can be torn, so a record after one that does not check means damage.
-/// Every offset is tried, since the damaged record's length cannot be trusted.
-fn later_record(bytes: &[u8], at: usize, last: Option<u64>) -> Option<(usize, u64)> {
-    let end = bytes.len().saturating_sub(records::HEADER_BYTES);
-    (at + 1..=end).find_map(|offset| {
-        records::record_at(bytes, offset, MAX_ENTRY_BYTES)
-            .filter(|r| last.is_none_or(|last| r.sequence > last))
-            .map(|r| (offset, r.sequence))
-    })
+impl Index {
+    /// Takes a whole append read at `at`: a truncation, or records that continue the log.
+    fn take_append(
+        &mut self,
+        purged: Option<LogId<NodeId>>,
+        replay: &mut Replay,
+        at: u64,
+        first: u64,
+        records: Vec<(LogId<NodeId>, u64, u64)>,
+    ) -> Result<(), LogError> {
+        let expected = self.next_in_file;
+        if records.is_empty() {
+            if expected.is_some_and(|next| first > next) {
+                return Err(LogError::Damaged(format!(
+                    "the truncation at byte {at} to entry {first} is past the end of the log \
+                     (entry {} comes next)",
+                    expected.map_or(0, |n| n)
+                )));
+            }
+            self.drop_live_from(first);
+            replay.last_term = match (self.live.back(), replay.last_dead) {
+                (Some(slot), _) => slot.log_id.leader_id.term,
+                (None, Some(dead)) if dead.index + 1 == first => dead.leader_id.term,
+                _ => 0,
+            };
+            self.next_in_file = Some(first);
+            return Ok(());
+        }
+        if expected.is_some_and(|next| next != first) {
+            return Err(LogError::Damaged(format!(
+                "the append at byte {at} holds entries from {first} where entry {} comes next",
+                expected.map_or(0, |n| n)
+            )));
+        }
+        for (i, (log_id, record_at, len)) in records.into_iter().enumerate() {
+            if log_id.leader_id.term < replay.last_term {
+                return Err(LogError::Damaged(format!(
+                    "entry {log_id} at byte {record_at} goes back from term {}",
+                    replay.last_term
+                )));
+            }
+            replay.last_term = log_id.leader_id.term;
+            self.next_in_file = Some(log_id.index + 1);
+            if purged.is_some_and(|p| log_id.index <= p.index) {
+                replay.last_dead = Some(log_id);
+                continue;
+            }
+            self.push_live(Slot {
+                log_id,
+                at: record_at,
+                len,
+                opens_append: i == 0,
+            });
+        }
+        Ok(())
+    }
+
+    fn push_live(&mut self, slot: Slot) {
+        self.live_bytes += slot.len;
+        self.live.push_back(slot);
+    }
+
+    /// Forgets the live entries from `index` on (their records stay in the file, dead).
+    fn drop_live_from(&mut self, index: u64) {
+        while self.live.back().is_some_and(|s| s.log_id.index >= index) {
+            let slot = self.live.pop_back().expect("checked");
+            self.live_bytes -= slot.len;
+        }
+    }
 }
 
-/// The payloads of the records of the log file `bytes` that check, from the first on, read
-/// without writing anything (an offline backup): a torn or damaged tail is left out.
-pub fn payloads(bytes: &[u8]) -> Result<Vec<&[u8]>, LogError> {
-    if bytes.is_empty() {
-        return Ok(Vec::new());
+/// Records of entries framed for one append: the bytes, and each entry's id, offset, length.
+type Framed = (Vec<u8>, Vec<(LogId<NodeId>, u64, u64)>);
+
+fn no_longer_checks(slot: &Slot) -> LogError {
+    LogError::Damaged(format!(
+        "entry {} at byte {} no longer checks",
+        slot.log_id, slot.at
+    ))
+}
+
+/// Calls `visit` with the payload of every record of the log file `file` that is read whole,
+/// from the first on, without writing anything (an offline backup): a torn or damaged tail is
+/// left out. Records a truncation removed are visited too.
+pub fn visit_payloads(file: &dyn LogFile, visit: &mut dyn FnMut(&[u8])) -> Result<(), LogError> {
+    let mut reader = Reader::new(file)?;
+    if reader.len() == 0 {
+        return Ok(());
     }
-    check_header(bytes)?;
-    let mut at = HEADER_BYTES as usize;
-    let mut found = Vec::new();
-    while let Some(record) = records::record_at(bytes, at, MAX_ENTRY_BYTES) {
-        found.push(record.payload);
-        at = record.next;
+    let version = match reader.get(0, HEADER_BYTES as usize)? {
+        Some(head) => check_header(head)?,
+        None => return Err(LogError::Damaged("not a Palisade raft log".into())),
+    };
+    let mut at = HEADER_BYTES;
+    if version == FORMAT_VERSION_RECORDS {
+        while let Some((_, payload, len)) = scan::v1_record(&mut reader, at)? {
+            visit(payload);
+            at += len;
+        }
+        return Ok(());
     }
-    Ok(found)
+    let mut copy = |_, payload: &[u8]| Ok(payload.to_vec());
+    while let Append::Whole { records, next, .. } = scan::read_append(&mut reader, at, &mut copy)? {
+        for (payload, _, _) in records {
+            visit(&payload);
+        }
+        at = next;
+    }
+    Ok(())
 }
 
 fn range_contains(range: &(Bound<u64>, Bound<u64>), index: u64) -> bool {
@@ -458,17 +675,19 @@ fn header() -> [u8; HEADER_BYTES as usize] {
     header
 }
 
-fn check_header(bytes: &[u8]) -> Result<(), LogError> {
+/// The format version of the file whose first bytes are `bytes`.
+fn check_header(bytes: &[u8]) -> Result<u32, LogError> {
     if bytes.len() < HEADER_BYTES as usize || &bytes[..16] != MAGIC {
         return Err(LogError::Damaged("not a Palisade raft log".into()));
     }
     let version = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_RECORDS {
         return Err(LogError::Damaged(format!(
-            "format version {version}; this build reads version {FORMAT_VERSION}"
+            "format version {version}; this build reads versions {FORMAT_VERSION_RECORDS} and \
+             {FORMAT_VERSION}"
         )));
     }
-    Ok(())
+    Ok(version)
 }
 
 /// The log id of the entry whose JSON is `json`.

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use openraft::{Entry, EntryPayload, LogId};
+use openraft::{Entry, EntryPayload, LogId, StorageError};
 use palisade_core::Epoch;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable};
 use tokio::sync::watch;
@@ -15,7 +15,7 @@ use super::{
     StateMachine, LOG, LOG_FILE, RAFT_META, SM_LEASES, SM_META, SNAPSHOT,
 };
 use crate::identity::Identity;
-use crate::raft_log::{Entries, LogFile, RaftLog};
+use crate::raft_log::{Entries, LogError, LogFile, RaftLog};
 use crate::{ClusterError, Command, NodeId, TypeConfig};
 
 /// Opens (or creates) the cluster's store at `path` (redb: the vote, the state machine, the
@@ -174,17 +174,25 @@ fn open_named_log(
              directory; palisade cluster add N HOST:PORT)"
         )));
     }
-    let log = RaftLog::open(files, active, purged).map_err(|e| {
-        ClusterError::Store(format!(
-            "{e} (in cluster.raftlog.{active}, the file in use)"
-        ))
-    })?;
+    let log =
+        RaftLog::open(files, active, purged, &mut |file| name_log_file(db, file)).map_err(|e| {
+            ClusterError::Store(format!(
+                "{e} (in cluster.raftlog.{active}, the file in use)"
+            ))
+        })?;
     if named.is_none() {
-        let txn = meta_write(db, LOG_FILE, &active, Durability::Immediate)
-            .map_err(|e| store_error(&e))?;
-        txn.commit().map_err(|e| store_error(&e))?;
+        name_log_file(db, log.active()).map_err(|e| store_error(&e))?;
     }
     Ok(log)
+}
+
+/// Records `file` as the Raft log file in use, durably (at the first open, or when an open
+/// moved a log of format 1 into the other file).
+fn name_log_file(db: &Database, file: usize) -> std::result::Result<(), LogError> {
+    let to_log_error = |e: StorageError<NodeId>| LogError::Io(std::io::Error::other(e.to_string()));
+    let txn = meta_write(db, LOG_FILE, &file, Durability::Immediate).map_err(to_log_error)?;
+    txn.commit()
+        .map_err(|e| LogError::Io(std::io::Error::other(e.to_string())))
 }
 
 /// A store of an earlier version: its entries go into the file not in use, which then
@@ -201,8 +209,9 @@ fn move_old_log(
     files[target]
         .set_len(0)
         .map_err(|e| ClusterError::Store(format!("raft log: {e}")))?;
-    let mut log = RaftLog::open(files, target, purged).map_err(|e| store_error(&e))?;
     let mut no_switch = |_| Ok(());
+    let mut log =
+        RaftLog::open(files, target, purged, &mut no_switch).map_err(|e| store_error(&e))?;
     log.append(&old, &mut no_switch)
         .map_err(|e| store_error(&e))?;
     let moved = || -> Result<()> {
@@ -259,27 +268,39 @@ pub fn read_counter(path: &Path) -> std::result::Result<Epoch, redb::Error> {
         None => 0,
     };
     let log_path = &log_paths(path)[active.min(1)];
-    let bytes = match std::fs::read(log_path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(redb::Error::Io(e)),
-    };
-    let payloads = crate::raft_log::payloads(&bytes)
-        .map_err(|e| corrupt(&log_path.display().to_string(), &e))?;
-    entries.extend(payloads.into_iter().map(<[u8]>::to_vec));
     let mut counter = header.last_epoch;
+    let mut unparsed = None;
+    let mut count = |json: &[u8]| match entry_epoch(json) {
+        Ok(epoch) => counter = counter.max(epoch),
+        Err(e) => {
+            unparsed.get_or_insert(e);
+        }
+    };
     for json in &entries {
-        let entry: Entry<TypeConfig> = serde_json::from_slice(json)
-            .map_err(|e| corrupt("a raft log entry does not parse", &e))?;
-        if let EntryPayload::Normal(
+        count(json);
+    }
+    match std::fs::File::open(log_path) {
+        Ok(file) => crate::raft_log::visit_payloads(&file, &mut count)
+            .map_err(|e| corrupt(&log_path.display().to_string(), &e))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(redb::Error::Io(e)),
+    }
+    match unparsed {
+        Some(e) => Err(corrupt("a raft log entry does not parse", &e)),
+        None => Ok(counter),
+    }
+}
+
+/// The epoch an entry's JSON carries (0 for an entry that carries none).
+fn entry_epoch(json: &[u8]) -> std::result::Result<Epoch, serde_json::Error> {
+    let entry: Entry<TypeConfig> = serde_json::from_slice(json)?;
+    Ok(match entry.payload {
+        EntryPayload::Normal(
             Command::Apply {
                 last_epoch: epoch, ..
             }
             | Command::LeaderStart { floor: epoch, .. },
-        ) = entry.payload
-        {
-            counter = counter.max(epoch);
-        }
-    }
-    Ok(counter)
+        ) => epoch,
+        _ => Epoch(0),
+    })
 }
