@@ -304,6 +304,11 @@ pub struct SimulateArgs {
     /// --join and `cluster add` (members that talk only to the leader until they vote).
     #[arg(long, requires = "cluster")]
     join: bool,
+    /// With --cluster: whole-volume copies (disk and witness) of running members taken at any
+    /// instant — before a member's first vote, between a --join and its first append, later —
+    /// each put back at a later crash of its member half of the time.
+    #[arg(long, requires = "cluster")]
+    copy_anytime: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -387,6 +392,10 @@ struct SeedOutcome {
     failovers_ms: Vec<u64>,
     /// Members put back to an older copy, and of those refused by their witness.
     copy_backs: (u64, u64),
+    /// `--copy-anytime` copies and put-backs.
+    anytime: palisade_cluster_sim::AnytimeCopies,
+    /// `palisade cluster lost` declarations the fault driver made.
+    lost_declarations: u64,
 }
 
 /// Runs one seed on this thread (the simulation runs its own single-threaded runtime), without
@@ -406,6 +415,8 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
         recovery_ms: report.recovery_ms,
         failovers_ms: report.failovers_ms.clone(),
         copy_backs: (report.faults.copy_backs, report.faults.copy_backs_refused),
+        anytime: report.faults.anytime,
+        lost_declarations: report.faults.lost_declarations,
         trace: report.trace,
     }
 }
@@ -419,6 +430,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         copy_back_on_crash: args.copy_back || args.rollback,
         rollback_volumes: args.rollback,
         join_members: args.join,
+        copy_anytime: args.copy_anytime,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -496,6 +508,7 @@ fn summarize_cluster_seeds(
     let malformed: u64 = outcomes.iter().map(|o| o.malformed_refused).sum();
     let copy_backs: u64 = outcomes.iter().map(|o| o.copy_backs.0).sum();
     let copy_backs_refused: u64 = outcomes.iter().map(|o| o.copy_backs.1).sum();
+    let lost_declarations: u64 = outcomes.iter().map(|o| o.lost_declarations).sum();
     let mut recovery: Vec<u64> = outcomes.iter().filter_map(|o| o.recovery_ms).collect();
     let mut failovers: Vec<u64> = outcomes
         .iter()
@@ -509,6 +522,8 @@ fn summarize_cluster_seeds(
             "join": args.join, "copy_back": args.copy_back, "rollback": args.rollback,
             "copy_backs": copy_backs,
             "copy_backs_refused": copy_backs_refused,
+            "copy_anytime": args.copy_anytime, "anytime_copies": anytime_copies(outcomes),
+            "lost_declarations": lost_declarations,
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
             "malformed_appends_refused": malformed,
@@ -532,6 +547,12 @@ fn summarize_cluster_seeds(
             faults as f64 / args.seeds.max(1) as f64,
             failovers.len()
         );
+        if args.copy_anytime || lost_declarations > 0 {
+            println!(
+                "--copy-anytime: {}; `cluster lost` declared {lost_declarations} times",
+                anytime_copies(outcomes)
+            );
+        }
     }
     if !failed.is_empty() {
         let list: Vec<String> = failed.iter().map(u64::to_string).collect();
@@ -543,6 +564,27 @@ fn summarize_cluster_seeds(
         );
     }
     Ok(())
+}
+
+/// `--copy-anytime`'s copies by kind and put-backs: for each, the total and the seeds that
+/// had at least one.
+fn anytime_copies(outcomes: &[SeedOutcome]) -> serde_json::Value {
+    type Count = fn(&palisade_cluster_sim::AnytimeCopies) -> u64;
+    let kinds: [(&str, Count); 6] = [
+        ("before_first_vote", |a| a.before_first_vote),
+        ("before_first_append", |a| a.before_first_append),
+        ("voted_without_entry", |a| a.voted_without_entry),
+        ("with_log", |a| a.with_log),
+        ("put_back", |a| a.put_back),
+        ("put_back_empty", |a| a.put_back_empty),
+    ];
+    let mut figures = serde_json::Map::new();
+    for (name, count) in kinds {
+        let total: u64 = outcomes.iter().map(|o| count(&o.anytime)).sum();
+        let seeds = outcomes.iter().filter(|o| count(&o.anytime) > 0).count();
+        figures.insert(name.to_owned(), json!({"total": total, "seeds": seeds}));
+    }
+    serde_json::Value::Object(figures)
 }
 
 /// How the members were treated, for the summary line.

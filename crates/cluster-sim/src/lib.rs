@@ -78,6 +78,11 @@ pub struct ClusterSimConfig {
     /// The members' clocks never move from `wall_clock_origin_ms` (the Raft store's
     /// conformance suite, which counts epochs from 0: no clock floor above 0 then).
     pub frozen_clocks: bool,
+    /// Whole-volume copies (disk and witness, as a VM snapshot) of running members taken at
+    /// any instant — right after a founding member starts (before its first vote), between a
+    /// `--join` start and its first append, during the founding elections, and at random
+    /// moments later — each put back at a later crash of its member half of the time.
+    pub copy_anytime: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -95,6 +100,7 @@ impl Default for ClusterSimConfig {
             rollback_volumes: false,
             wall_clock_origin_ms: 1_800_000_000_000,
             frozen_clocks: false,
+            copy_anytime: false,
         }
     }
 }
@@ -132,6 +138,29 @@ pub struct ClusterFaults {
     pub copy_backs: u64,
     /// Of those, starts the member's witness refused (then wiped and re-added).
     pub copy_backs_refused: u64,
+    /// `--copy-anytime` copies, by the instant they were taken, and put-backs.
+    pub anytime: AnytimeCopies,
+    /// `palisade cluster lost` declarations the fault driver made, as an operator would: a
+    /// member's census waited for a member whose store was gone for good (being re-added).
+    pub lost_declarations: u64,
+}
+
+/// The whole-volume copies of `--copy-anytime`, by what the member had done when each was
+/// taken, and the copies put back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AnytimeCopies {
+    /// Taken before the member's first vote (empty log, no vote; not started with `--join`).
+    pub before_first_vote: u64,
+    /// Taken between a `--join` start and the member's first append (empty log, no vote).
+    pub before_first_append: u64,
+    /// Taken after a vote but before any entry.
+    pub voted_without_entry: u64,
+    /// Taken with a log.
+    pub with_log: u64,
+    /// Copies put back at a crash of their member.
+    pub put_back: u64,
+    /// Of those, copies with an empty log (the first three kinds).
+    pub put_back_empty: u64,
 }
 
 impl ClusterFaults {

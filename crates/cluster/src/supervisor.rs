@@ -62,6 +62,9 @@ pub struct Supervisor {
     pub changes: Arc<super::membership::Changes>,
     /// The scheme of the members' client URLs in leader hints (`http` or `https`).
     pub client_scheme: &'static str,
+    /// The `--cluster` list (node id → address): whom the census of a member with no
+    /// membership of its own asks (`identity` rule 4).
+    pub listed: std::collections::BTreeMap<NodeId, String>,
 }
 
 struct Running {
@@ -403,8 +406,8 @@ impl Default for Chores {
 }
 
 impl Chores {
-    /// On probation (restarted with a log, `identity` rule 4): asks the other voters where
-    /// their logs end, every [`CENSUS_RETRY`] until enough have answered.
+    /// On probation (`identity` rule 4): asks the other voters where their logs end, every
+    /// [`CENSUS_RETRY`] until a leader has caught this member up.
     fn census(&mut self, supervisor: &Supervisor) {
         if self.census.as_ref().is_none_or(JoinHandle::is_finished)
             && tokio::time::Instant::now() >= self.census_after
@@ -412,8 +415,9 @@ impl Chores {
         {
             self.census_after = tokio::time::Instant::now() + CENSUS_RETRY;
             let (changes, identity) = (supervisor.changes.clone(), supervisor.identity.clone());
+            let targets = identity.census_targets(&supervisor.listed);
             self.census = Some(tokio::spawn(async move {
-                identity.record_census(&changes.census().await);
+                identity.record_census(&changes.census(targets).await);
             }));
         }
     }

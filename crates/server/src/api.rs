@@ -65,6 +65,8 @@ pub struct ClusterMember {
     pub state: Arc<std::sync::Mutex<palisade_cluster::storage::SmState>>,
     /// Its membership changes.
     pub changes: Arc<palisade_cluster::membership::Changes>,
+    /// Its store's identity and probation (`palisade cluster lost` speaks to it).
+    pub identity: palisade_cluster::identity::Identity,
 }
 
 impl Api {

@@ -485,6 +485,7 @@ async fn start_cluster(
             node_id: cluster.node_id,
             state: member.state,
             changes: member.changes,
+            identity: member.identity.clone(),
         }),
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),
