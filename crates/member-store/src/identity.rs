@@ -52,9 +52,10 @@
 //!    A store with an empty log cannot read its membership: its census counts the voters of
 //!    the latest membership an answer holds that names its store (voter or learner), asking
 //!    the members of its `--cluster` list until one does. A store no membership names is new
-//!    (founding, or started with `--join` and not added yet): nobody counts its vote, and it
-//!    waits for nothing — founding members learn the founder's membership from its answer,
-//!    and a `--join` member follows the leader that adds it.
+//!    (founding, or started with `--join` and not added yet): nobody counts its vote, so its
+//!    probation holds nothing up — founding members learn the founder's membership from its
+//!    answer and vote once they have heard the others, and a `--join` member follows the
+//!    leader that adds it once a census round has returned.
 //!
 //!    A voter counts as **lost** when it answers from another store than the membership names
 //!    (its disk is gone, and every entry only it held with it), or when an operator declared
