@@ -1,5 +1,6 @@
-//! `palisade cluster status|add|remove|retire-key`: a cluster's members, roles and lag;
-//! membership changes and key retirement through the leader.
+//! `palisade cluster status|add|remove|lost|retire-key`: a cluster's members, roles and lag;
+//! membership changes and key retirement through the leader; a lost store declared to every
+//! member.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,6 +34,15 @@ pub enum ClusterCommand {
     /// Remove a member.
     Remove {
         /// The member's id.
+        id: u64,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
+    /// Declare a member's store lost for good (its data directory lost, its disk replaced),
+    /// on every member reachable: a member on probation whose census waits for it stops
+    /// waiting. Only when that store will never come back: entries only it held may be lost.
+    Lost {
+        /// The lost member's id.
         id: u64,
         #[command(flatten)]
         endpoint: EndpointArgs,
@@ -74,6 +84,7 @@ pub async fn run(command: ClusterCommand, json_output: bool) -> anyhow::Result<(
             let reply = change(&endpoint, reqwest::Method::DELETE, &path, None).await?;
             report(&reply, json_output, &format!("node {id} removed"))
         }
+        ClusterCommand::Lost { id, endpoint } => lost(id, &endpoint, json_output).await,
         ClusterCommand::RetireKey { key_id, endpoint } => {
             anyhow::ensure!(
                 key_id.len() == 16 && key_id.bytes().all(|b| b.is_ascii_hexdigit()),
@@ -282,6 +293,65 @@ fn print_status(leader: Option<u64>, term: Option<u64>, members: &[Value]) {
             println!("node {} is not ready: {}", text(&member["id"]), text(why));
         }
     }
+}
+
+/// `palisade cluster lost ID`: tells every member reachable (the endpoints given, and every
+/// member their views name) that member `id`'s store is gone for good; each logs it, and one
+/// on probation stops waiting for it (`identity` rule 4).
+async fn lost(id: u64, endpoint: &EndpointArgs, json_output: bool) -> anyhow::Result<()> {
+    let scheme = scheme(&endpoint.endpoint);
+    let (views, mut errors) = gather_views(endpoint, scheme).await?;
+    let mut bases: std::collections::BTreeSet<String> = endpoint
+        .endpoint
+        .iter()
+        .map(|base| base.trim_end_matches('/').to_owned())
+        .collect();
+    for member in views
+        .values()
+        .flat_map(|view| view["members"].as_array().into_iter().flatten())
+    {
+        if let (Some(addr), false) = (member["addr"].as_str(), member["id"].as_u64() == Some(id)) {
+            bases.insert(format!("{scheme}://{addr}"));
+        }
+    }
+    let client = endpoint.http(STATUS_TIMEOUT)?;
+    let mut told: BTreeMap<u64, Value> = BTreeMap::new();
+    for base in bases {
+        let url = format!("{base}/v1/cluster/members/{id}/lost");
+        match client.post(&url).send().await {
+            Ok(reply) if reply.status().is_success() => {
+                let value: Value = reply.json().await.unwrap_or(Value::Null);
+                if let Some(node) = value["node_id"].as_u64() {
+                    told.insert(node, value);
+                }
+            }
+            Ok(reply) => errors.push(format!("{base}: {}", reply.status())),
+            Err(error) => errors.push(format!("{base}: {error}")),
+        }
+    }
+    if told.is_empty() {
+        return Err(anyhow::Error::new(ClientError::Unavailable(
+            errors.join("; "),
+        )))
+        .context("no member took the declaration");
+    }
+    if json_output {
+        print_json(
+            &json!({"lost": id, "members": told.values().collect::<Vec<_>>(), "errors": errors}),
+        );
+        return Ok(());
+    }
+    for (node, value) in &told {
+        if value["on_probation"] == true {
+            println!("node {node}: on probation; its census no longer waits for node {id}");
+        } else {
+            println!("node {node}: not on probation (nothing waited for node {id})");
+        }
+    }
+    for error in errors {
+        eprintln!("not told: {error}");
+    }
+    Ok(())
 }
 
 /// Sends a membership change to the leader; while there is none (or it changes under the

@@ -8,7 +8,7 @@ use palisade_drill::worker::{PausePoint, WorkerPlan};
 use palisade_drill::{DrillConfig, ResourceSpec, Scenario};
 use palisade_fence::FenceMode;
 use palisade_sim::SimConfig;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::output::print_json;
 use crate::output::print_table;
@@ -310,6 +310,11 @@ pub struct SimulateArgs {
     /// keeps a random subset of that write's 512-byte sectors (seeded).
     #[arg(long, requires = "cluster")]
     torn_sectors: bool,
+    /// With --cluster: whole-volume copies (disk and witness) of running members taken at any
+    /// instant — before a member's first vote, between a --join and its first append, later —
+    /// each put back at a later crash of its member half of the time.
+    #[arg(long, requires = "cluster")]
+    copy_anytime: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -422,27 +427,42 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
     }
 }
 
-/// Each count of `faults` by its field's name: a fault kind added to the simulation is reported
-/// without another line here.
+/// Each count of `faults` by its field's name (a nested group's as `group.field`): a fault
+/// kind added to the simulation is reported without another line here.
 fn faults_by_kind(faults: &palisade_cluster_sim::ClusterFaults) -> BTreeMap<String, u64> {
+    fn flatten(prefix: &str, value: &Value, into: &mut BTreeMap<String, u64>) {
+        match value {
+            Value::Object(fields) => {
+                for (name, field) in fields {
+                    let name = if prefix.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{prefix}.{name}")
+                    };
+                    flatten(&name, field, into);
+                }
+            }
+            other => {
+                if let Some(count) = other.as_u64() {
+                    into.insert(prefix.to_owned(), count);
+                }
+            }
+        }
+    }
+    let mut kinds = BTreeMap::new();
     let value = serde_json::to_value(faults).expect("fault counts serialize");
-    value
-        .as_object()
-        .map(|fields| {
-            fields
-                .iter()
-                .filter_map(|(name, count)| Some((name.clone(), count.as_u64()?)))
-                .collect()
-        })
-        .unwrap_or_default()
+    flatten("", &value, &mut kinds);
+    kinds
 }
 
-/// The fault counts of every seed added up, by kind.
-fn sum_faults_by_kind(outcomes: &[SeedOutcome]) -> BTreeMap<String, u64> {
-    let mut sum = BTreeMap::new();
+/// The fault counts of every seed added up, by kind, with how many seeds injected each.
+fn sum_faults_by_kind(outcomes: &[SeedOutcome]) -> BTreeMap<String, (u64, u64)> {
+    let mut sum: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for outcome in outcomes {
         for (kind, count) in &outcome.faults_by_kind {
-            *sum.entry(kind.clone()).or_insert(0) += count;
+            let (total, seeds) = sum.entry(kind.clone()).or_default();
+            *total += count;
+            *seeds += u64::from(*count > 0);
         }
     }
     sum
@@ -457,12 +477,13 @@ fn longest_stall(outcomes: &[SeedOutcome]) -> (u64, u64) {
         .unwrap_or((0, 0))
 }
 
-/// The line after a cluster simulation's figures: each fault kind injected, and liveness.
-fn print_faults_and_stall(by_kind: &BTreeMap<String, u64>, longest_ms: u64, seed: u64) {
+/// The line after a cluster simulation's figures: each fault kind injected (in how many
+/// seeds), and liveness.
+fn print_faults_and_stall(by_kind: &BTreeMap<String, (u64, u64)>, longest_ms: u64, seed: u64) {
     let kinds: Vec<String> = by_kind
         .iter()
-        .filter(|(_, count)| **count > 0)
-        .map(|(kind, count)| format!("{kind} {count}"))
+        .filter(|(_, (total, _))| *total > 0)
+        .map(|(kind, (total, seeds))| format!("{kind} {total} ({seeds} seeds)"))
         .collect();
     println!(
         "faults by kind: {}; longest time a connected majority granted nothing: {longest_ms} ms \
@@ -482,6 +503,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         rollback_volumes: args.rollback,
         join_members: args.join,
         torn_sectors: args.torn_sectors,
+        copy_anytime: args.copy_anytime,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -576,7 +598,10 @@ fn summarize_cluster_seeds(
             "malformed_appends_refused": malformed,
             "recovery_p50_ms": p50, "recovery_max_ms": max, "leader_crashes": failovers.len(),
             "failover_p50_ms": failover_p50, "failover_max_ms": failover_max, "seconds": seconds,
-            "faults_by_kind": by_kind, "longest_stall_ms": longest_stall,
+            "faults_by_kind": by_kind.iter()
+                .map(|(kind, (total, seeds))| (kind.clone(), json!({"total": total, "seeds": seeds})))
+                .collect::<serde_json::Map<String, Value>>(),
+            "longest_stall_ms": longest_stall,
             "longest_stall_seed": stalled_seed,
             "liveness_bound_ms": palisade_cluster_sim::LIVENESS_BOUND_MS,
         }));

@@ -86,6 +86,11 @@ pub struct ClusterSimConfig {
     /// A crash lands inside the member's next Raft log write (within 500 ms) and the disk
     /// keeps a random subset of that write's 512-byte sectors (`disk.rs`).
     pub torn_sectors: bool,
+    /// Whole-volume copies (disk and witness, as a VM snapshot) of running members taken at
+    /// any instant — right after a founding member starts (before its first vote), between a
+    /// `--join` start and its first append, during the founding elections, and at random
+    /// moments later — each put back at a later crash of its member half of the time.
+    pub copy_anytime: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -104,6 +109,7 @@ impl Default for ClusterSimConfig {
             wall_clock_origin_ms: 1_800_000_000_000,
             frozen_clocks: false,
             torn_sectors: false,
+            copy_anytime: false,
         }
     }
 }
@@ -146,6 +152,29 @@ pub struct ClusterFaults {
     /// Of those, a lost sector before a kept one (a record lost, a later one of the same
     /// append kept).
     pub torn_sectors_out_of_order: u64,
+    /// `--copy-anytime` copies, by the instant they were taken, and put-backs.
+    pub anytime: AnytimeCopies,
+    /// `palisade cluster lost` declarations the fault driver made, as an operator would: a
+    /// member's census waited for a member whose store was gone for good (being re-added).
+    pub lost_declarations: u64,
+}
+
+/// The whole-volume copies of `--copy-anytime`, by what the member had done when each was
+/// taken, and the copies put back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AnytimeCopies {
+    /// Taken before the member's first vote (empty log, no vote; not started with `--join`).
+    pub before_first_vote: u64,
+    /// Taken between a `--join` start and the member's first append (empty log, no vote).
+    pub before_first_append: u64,
+    /// Taken after a vote but before any entry.
+    pub voted_without_entry: u64,
+    /// Taken with a log.
+    pub with_log: u64,
+    /// Copies put back at a crash of their member.
+    pub put_back: u64,
+    /// Of those, copies with an empty log (the first three kinds).
+    pub put_back_empty: u64,
 }
 
 impl ClusterFaults {

@@ -292,6 +292,7 @@ impl palisade_cluster::membership::Introducer for Phantom {
                 holds_log: false,
                 last_log: None,
                 vote: None,
+                membership: None,
             })
         })
     }
@@ -535,11 +536,13 @@ fn p1_a_member_that_missed_a_remove_and_add_admits_the_new_store() {
 #[test]
 fn p1_a_member_whose_history_a_rolled_back_majority_lost_refuses_it_and_never_panics() {
     // Member 2's whole volume (disk and witness) is snapshotted; 3 goes down and 1 + 2
-    // grant; 1 goes down, 2's snapshot is put back, and 2 + 3 — both behind — form a
-    // majority and grant again: above every earlier epoch (the clock floor). Then 1, which
-    // holds the lost history, rejoins: its log conflicts with entries it applied. openraft
-    // 0.9 panicked there (index out of bounds applying an empty range); now its store
-    // refuses the truncation, its Raft stops with that error, and nothing panics.
+    // grant; 1 goes down, 2's snapshot is put back, and 2 + 3 — both behind — wait for 1:
+    // their census needs it, however long it is away. The operator declares 1 lost on both
+    // (`palisade cluster lost 1`); they form a majority and grant again: above every earlier
+    // epoch (the clock floor). Then 1, which holds the lost history, rejoins after all: its
+    // log conflicts with entries it applied. openraft 0.9 panicked there (index out of
+    // bounds applying an empty range); now its store refuses the truncation, its Raft stops
+    // with that error, and nothing panics.
     paused_runtime().block_on(async {
         let mut cluster = world::Cluster::new(43, &ClusterSimConfig::default());
         cluster.form().await.unwrap();
@@ -551,6 +554,9 @@ fn p1_a_member_whose_history_a_rolled_back_majority_lost_refuses_it_and_never_pa
         cluster.put_back_volume(2, snapshot);
         cluster.start(2).await.unwrap();
         cluster.start(3).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+        assert_eq!(cluster.serving_leader(), None, "2 + 3 wait for 1");
+        assert!(cluster.declare_lost(2, 1) && cluster.declare_lost(3, 1));
         let highest = *issued.iter().max().unwrap();
         let next = acquire(&cluster, "rollback/c").await;
         assert!(next > highest, "P1: {next} issued again or below {highest}");
@@ -626,10 +632,9 @@ fn p8_a_member_put_back_to_a_vote_without_entries_does_not_vote_a_lagging_member
         cluster.heal_all();
         cluster.start(3).await.unwrap();
         let mut issued = vec![acquire(&cluster, "voted/a").await];
-        // Restarted with a vote, 3 follows nobody for PROBATION_MAX: it has no membership
-        // to take a census by.
-        let probation = palisade_cluster::identity::PROBATION_MAX;
-        tokio::time::sleep(probation + std::time::Duration::from_secs(1)).await;
+        // Restarted with a vote and no entry, 3 learns the membership that names it from its
+        // census; the leader catches it up.
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
         let leader = cluster.serving_leader().expect("a leader");
         assert_ne!(leader, 3, "3 was on probation: it did not campaign");
         let lagging = 3 - leader;
@@ -654,6 +659,78 @@ fn p8_a_member_put_back_to_a_vote_without_entries_does_not_vote_a_lagging_member
         grants_above_on_one_history(&mut cluster, &issued, "voted/c").await;
     });
     palisade_cluster::runtime::unseed_election_timers();
+}
+
+#[test]
+fn p8_a_member_put_back_to_a_copy_from_before_its_first_vote_does_not_vote_a_lagging_member_in() {
+    // Member 3's whole volume is snapshotted right after its first start, before it voted:
+    // an empty log, no vote. 3 then acknowledges grants with a holder H while the third
+    // member lags (cut off); 3's snapshot is put back and 3 starts while H is cut off and the
+    // lagging member is back. Before, a store with an empty log and no vote was exempt from
+    // probation ("a store that never voted acknowledged nothing"): 3 voted the lagging member
+    // in at once, and it led without the grants H and 3 had committed. Now every store starts
+    // on probation; 3 learns the membership that names it from its census, which needs H:
+    // nobody leads until H is back.
+    paused_runtime().block_on(async {
+        let mut cluster = world::Cluster::new(13, &ClusterSimConfig::default());
+        cluster.start(3).await.unwrap();
+        let snapshot = cluster.snapshot_volume(3);
+        cluster.start(1).await.unwrap();
+        cluster.start(2).await.unwrap();
+        let leader = eventually(5_000, || cluster.serving_leader())
+            .await
+            .expect("a first leader");
+        let mut issued = vec![acquire(&cluster, "fresh/a").await];
+        let lagging = if leader == 1 { 2 } else { 1 };
+        let holder = 3 - lagging;
+        cluster.isolate_member(lagging);
+        for n in 0..5 {
+            issued.push(acquire(&cluster, &format!("fresh/b{n}")).await);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        cluster.crash(3).await;
+        cluster.put_back_volume(3, snapshot);
+        cluster.heal_all();
+        cluster.isolate_member(holder);
+        cluster.start(3).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        assert_eq!(
+            cluster.serving_leader(),
+            None,
+            "the lagging member and 3 formed a majority without the entries {holder} and 3 \
+             committed"
+        );
+        cluster.heal_all();
+        grants_above_on_one_history(&mut cluster, &issued, "fresh/c").await;
+    });
+}
+
+#[test]
+fn p8_a_member_put_back_waits_for_the_holder_however_long_it_is_down() {
+    // A power cycle: member 2's whole volume goes back to a snapshot from before five grants
+    // 1 + 2 committed while 3 was down; 2 and 3 boot at once, 1 — the only other holder of
+    // the five — 30 s later. Before, a census that had not heard enough voters for 5 s
+    // lapsed: 2 voted 3 in and the five grants were lost. No timer lowers the protection
+    // now: nobody leads until 1 is back, and then nothing is lost.
+    paused_runtime().block_on(async {
+        let (mut cluster, _) = three_members(11).await;
+        let (issued, snapshot) = grants_member_2_forgets(&mut cluster, "cycle").await;
+        cluster.crash(1).await;
+        cluster.crash(2).await;
+        cluster.put_back_volume(2, snapshot);
+        cluster.start(2).await.unwrap();
+        cluster.start(3).await.unwrap();
+        for _ in 0..30 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            assert_eq!(
+                cluster.serving_leader(),
+                None,
+                "2 + 3 formed a majority without the entries 1 + 2 committed"
+            );
+        }
+        cluster.start(1).await.unwrap();
+        grants_above_on_one_history(&mut cluster, &issued, "cycle/c").await;
+    });
 }
 
 #[test]

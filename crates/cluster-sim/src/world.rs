@@ -23,6 +23,7 @@ use crate::disk::Volume;
 use crate::network::Router;
 use crate::{ClusterFaults, ClusterSimConfig, Hold};
 
+mod copies;
 mod faults;
 pub(crate) mod liveness;
 
@@ -371,6 +372,10 @@ struct Member {
     /// Its witness beside the data directory: store id and applied index
     /// (`palisade_cluster::witness` keeps it in a file; here in memory).
     witness: Option<palisade_core::witness::WitnessRecord>,
+    /// A `--copy-anytime` copy of its whole volume, to be put back at a later crash.
+    anytime: Option<copies::AnytimeCopy>,
+    /// Its last start was with `--join`.
+    joined: bool,
     /// Its wall clock: the simulation's time from `wall_clock_origin_ms`, off by a skew of
     /// up to [`MAX_CLOCK_SKEW_MS`] drawn from the seed (the members of a real cluster never
     /// agree exactly). It goes on through crashes, like a machine's.
@@ -434,6 +439,7 @@ pub(crate) struct Cluster {
     /// Draws which sectors a torn write keeps (apart from the run's generator, so that its
     /// other draws stay as they were).
     tear_rng: SplitMix64,
+    copy_anytime: bool,
     /// Every member has been started once (the cluster is formed).
     formed: bool,
 }
@@ -478,6 +484,8 @@ impl Cluster {
                 copy: None,
                 copy_witness: None,
                 witness: None,
+                anytime: None,
+                joined: false,
                 // Drawn from a generator of its own, so the run's other draws stay as they were.
                 clock: member_clock(seed, *id, sim),
             })
@@ -501,6 +509,7 @@ impl Cluster {
             plant_no_witness: sim.plant_no_witness,
             torn_sectors: sim.torn_sectors,
             tear_rng: SplitMix64::new(seed ^ TEAR_STREAM),
+            copy_anytime: sim.copy_anytime,
             formed: false,
         }
     }
@@ -525,14 +534,17 @@ impl Cluster {
             self.start(1).await?;
             for id in self.ids().into_iter().filter(|id| *id != 1) {
                 self.start_as(id, true).await?;
+                self.maybe_copy(id);
                 self.add(id).await?;
                 self.shared.trace(&format!("added {id}"));
             }
         } else {
             for id in self.ids() {
                 self.start(id).await?;
+                self.maybe_copy(id);
             }
         }
+        self.copy_during_founding().await;
         self.formed = true;
         Ok(())
     }
@@ -559,6 +571,7 @@ impl Cluster {
         raft_config.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(SIM_SNAPSHOT_EVERY);
         raft_config.max_in_snapshot_log_to_keep = 5;
         let (shutdown, shutdown_signal) = watch::channel(false);
+        self.members[index].joined = join;
         let member = &self.members[index];
         let (store, logs) = member.disk.open();
         let stores = storage::open_backend(store, logs).map_err(|e| e.to_string())?;
@@ -787,6 +800,13 @@ impl Cluster {
         self.members[index].disk = snapshot.0;
         self.members[index].witness = snapshot.1;
         self.shared.trace(&format!("put back the volume of {id}"));
+    }
+
+    /// `palisade cluster lost LOST` on running member `on`: whether it was on probation.
+    #[cfg(test)]
+    pub(crate) fn declare_lost(&self, on: NodeId, lost: NodeId) -> bool {
+        let running = self.members[self.index(on)].running.as_ref();
+        running.is_some_and(|r| r.member.identity.declare_lost(lost))
     }
 
     /// True while `id` runs and its Raft has not stopped (a fatal storage error stops it).

@@ -542,8 +542,8 @@ impl MemberStart<'_> {
         let state = sm.shared();
         let identity = sm.identity();
         let raft = start_raft(config.node_id, self.raft_config, network, log, sm).await?;
-        let (stored, voted) = stored_membership(&raft).await?;
-        identity.attach(raft.metrics(), voted);
+        let stored = stored_membership(&raft).await?;
+        identity.attach(raft.metrics());
         // A member may have voted in the founder's first election without receiving its first
         // entry (openraft calls it initialised): with no membership yet, it waits like a new one.
         if stored.nodes().next().is_some() {
@@ -586,6 +586,7 @@ impl MemberStart<'_> {
             transitions,
             changes: changes.clone(),
             client_scheme: if config.client_tls { "https" } else { "http" },
+            listed: config.members.clone(),
         };
         let supervisor = tokio::spawn(supervisor.run(self.shutdown));
         Ok(Member {
@@ -627,11 +628,10 @@ where
 }
 
 /// The membership Raft's storage holds (from Raft itself: its published metrics may not show
-/// it yet; this waits until they do, so that peers are checked against it), and whether the
-/// storage holds a vote.
+/// it yet; this waits until they do, so that peers are checked against it).
 async fn stored_membership(
     raft: &RaftNode,
-) -> Result<(openraft::Membership<NodeId, MemberNode>, bool), ClusterError> {
+) -> Result<openraft::Membership<NodeId, MemberNode>, ClusterError> {
     let stored = raft
         .with_raft_state(|st| st.membership_state.effective().clone())
         .await
@@ -643,11 +643,7 @@ async fn stored_membership(
         )
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
-    let voted = raft
-        .with_raft_state(|st| *st.vote_ref() != openraft::Vote::default())
-        .await
-        .map_err(|e| ClusterError::Raft(e.to_string()))?;
-    Ok((stored.membership().clone(), voted))
+    Ok(stored.membership().clone())
 }
 
 /// A member with no membership yet: with `--join` it waits to be added; the first member of

@@ -285,20 +285,14 @@ impl Changes {
         &self.introducer
     }
 
-    /// Asks every other voter of this member's membership who it is and where its log ends,
-    /// at once; the answers that came within [`INTRODUCE_TIMEOUT`] (a restarted member's census,
-    /// `identity` rule 4).
-    pub async fn census(&self) -> Vec<Introduction> {
-        let me = self.raft.metrics().borrow().id;
-        let membership = self.membership();
-        let asking = membership
-            .voter_ids()
-            .filter(|id| *id != me)
-            .filter_map(|id| membership.get_node(&id).map(|node| (id, node.addr.clone())))
-            .map(|(id, addr)| async move {
-                let answer = self.introduce(id, &addr).await.ok()?;
-                (answer.node_id == id).then_some(answer)
-            });
+    /// Asks each of `targets` (node, address) who it is, where its log ends and what
+    /// membership it holds, at once; the answers that came within [`INTRODUCE_TIMEOUT`] (a
+    /// census of a member on probation, `identity` rule 4: `Identity::census_targets`).
+    pub async fn census(&self, targets: Vec<(NodeId, String)>) -> Vec<Introduction> {
+        let asking = targets.into_iter().map(|(id, addr)| async move {
+            let answer = self.introduce(id, &addr).await.ok()?;
+            (answer.node_id == id).then_some(answer)
+        });
         futures::future::join_all(asking)
             .await
             .into_iter()

@@ -65,6 +65,9 @@ pub struct Supervisor {
     /// This member's clock against its peers': a leader commits a clock floor only with a
     /// clock a majority agrees with, and a member whose clock they refuse does not lead.
     pub clock_check: Arc<super::clock_check::ClockCheck>,
+    /// The `--cluster` list (node id → address): whom the census of a member with no
+    /// membership of its own asks (`identity` rule 4).
+    pub listed: std::collections::BTreeMap<NodeId, String>,
 }
 
 struct Running {
@@ -471,8 +474,8 @@ impl Default for Chores {
 }
 
 impl Chores {
-    /// On probation (restarted with a log, `identity` rule 4): asks the other voters where
-    /// their logs end, every [`CENSUS_RETRY`] until enough have answered.
+    /// On probation (`identity` rule 4): asks the other voters where their logs end, every
+    /// [`CENSUS_RETRY`] until a leader has caught this member up.
     fn census(&mut self, supervisor: &Supervisor) {
         if self.census.as_ref().is_none_or(JoinHandle::is_finished)
             && tokio::time::Instant::now() >= self.census_after
@@ -480,8 +483,9 @@ impl Chores {
         {
             self.census_after = tokio::time::Instant::now() + CENSUS_RETRY;
             let (changes, identity) = (supervisor.changes.clone(), supervisor.identity.clone());
+            let targets = identity.census_targets(&supervisor.listed);
             self.census = Some(tokio::spawn(async move {
-                identity.record_census(&changes.census().await);
+                identity.record_census(&changes.census(targets).await);
             }));
         }
     }

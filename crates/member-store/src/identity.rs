@@ -20,58 +20,62 @@
 //!    taking that peer's entries. Who may send Raft traffic at all is the transport's
 //!    question (peer authentication).
 //!
-//! 4. **A member that restarts with a log or a vote votes and stands for election only once
-//!    it knows it cannot lose a committed entry** ([`Identity::may_grant`],
-//!    [`Identity::may_campaign`]). Its disk may be an older copy that nothing on it can tell
-//!    from the real one (a whole-volume snapshot put back, witness included): voting from it,
-//!    it could elect a lagging member that lacks entries it had itself acknowledged, and those
-//!    entries would be lost (P8). A vote without a log is such a copy too (taken between the
-//!    member's first vote and its first entry); only a store that never voted (founding, or
-//!    added with `--join`) acknowledged nothing. It is on probation until either
+//! 4. **A store votes and stands for election only once it knows it cannot lose a committed
+//!    entry** ([`Identity::may_grant`], [`Identity::may_campaign`]). Whatever it holds at
+//!    start — a log, a vote, or nothing at all — its disk may be an older copy that nothing on
+//!    it can tell from the real one (a whole-volume snapshot put back, witness included), taken
+//!    at any instant: before the member's first vote, between a `--join` and its first entry,
+//!    or later. Voting from it, it could elect a lagging member that lacks entries it had
+//!    itself acknowledged, and those entries would be lost (P8). So every store starts on
+//!    probation, and leaves it only when
 //!    - an AppendEntries from a leader has left it holding every entry that leader says is
 //!      committed, and at or above the latest census below (its log at the floor, its
 //!      vote at every vote heard: the leader may be a deposed one that has not heard of the
 //!      newer term yet) ([`Identity::heard_leader`]), or
-//!    - a **census** ([`Identity::record_census`]): it has heard the last log id of `n − q + 1`
-//!      other voters (`n` voters, majority `q`: both others of 3, three of the four others of
-//!      5), with the store the membership names for each. Every entry committed with this
-//!      member's acknowledgement is on `q − 1` other voters, so at least one of those it heard
-//!      holds it: the greatest log id heard (the census floor) is at or above every such
-//!      entry. Then it votes only for a candidate whose last log id is at or above the floor,
-//!      only in a term no member heard voted past and, in that term, only for the candidate
-//!      they voted for (its own vote may have gone back with its disk: never twice in a term),
-//!      and stands for election only when its own log is at or above the floor. A later
-//!      round that hears too few keeps the census: the first round that heard enough covers
-//!      every entry committed before the restart for good. But when no round has heard
-//!      enough for [`PROBATION_MAX`], the member holding the floor may be gone for good
-//!      (refused, wiped), and it votes as before (a floor nobody alive can meet stopped every
-//!      election, the removal of that member's included). The votes that bind it are those
-//!      of that first round: a vote cast since it restarted cannot be one it lost, and a
-//!      member campaigning again and again must not keep it from voting in a later term.
-//!      Every round that hears enough is a census on its own, so the floor is the lowest any
-//!      of them gave: the greatest log of one round may be an uncommitted entry of a member
-//!      that is gone by the next.
-//!      A voter that answers with another store than the one the membership names has lost
-//!      its disk, and every entry only it held with it: a round that heard every other voter,
-//!      some of them that way, is a census too (its floor counts the intact ones). Without it
-//!      a member whose floor was set by a since-wiped leader refused every candidate, and the
-//!      removal of that leader, which needs a leader, never came.
+//!    - it is the only voter of its membership.
+//!
+//!    Meanwhile it takes a **census** ([`Identity::record_census`]): it asks the other voters
+//!    for their last log id, their vote and their membership, and once it has heard `n − q + 1`
+//!    of them (`n` voters, majority `q`: both others of 3, three of the four others of 5), each
+//!    from the store the membership names, it votes — only for a candidate whose last log id is
+//!    at or above the greatest it heard (the census floor), only in a term no member heard
+//!    voted past and, in that term, only for the candidate they voted for (its own vote may
+//!    have gone back with its disk: never twice in a term) — and stands for election only
+//!    when its own log is at or above the floor. Every entry committed with this member's
+//!    acknowledgement is on `q − 1` other voters, so one of those it heard holds it. The votes
+//!    that bind it are those of the first census (a vote cast since it restarted cannot be one
+//!    it lost); each later round that hears enough is a census on its own, and the floor is the
+//!    lowest any gave (the greatest log of one round may be an uncommitted entry of a member
+//!    gone by the next). A round that hears too few changes nothing: the first census covers
+//!    every entry committed before the restart for good.
+//!
+//!    A store with an empty log cannot read its membership: its census counts the voters of
+//!    the latest membership an answer holds that names its store (voter or learner), asking
+//!    the members of its `--cluster` list until one does. A store no membership names is new
+//!    (founding, or started with `--join` and not added yet): nobody counts its vote, so its
+//!    probation holds nothing up — founding members learn the founder's membership from its
+//!    answer and vote once they have heard the others, and a `--join` member follows the
+//!    leader that adds it once a census round has returned.
+//!
+//!    A voter counts as **lost** when it answers from another store than the membership names
+//!    (its disk is gone, and every entry only it held with it), or when an operator declared
+//!    it lost on this member ([`Identity::declare_lost`], `palisade cluster lost ID`) and it
+//!    does not answer: a round that heard every other voter, some of them lost, is a census
+//!    too, its floor from the intact ones. No timer ends a probation or lowers a floor: a
+//!    member whose census waits for a voter that is down waits for it, however long it is
+//!    away. What can stop an election for good is a voter gone for good (its store destroyed
+//!    while down, never started again): the operator's word is the one way past it, and it is
+//!    the assumption this rule rests on — a store declared lost that comes back may hold
+//!    entries this member acknowledged, which may then be lost. The documented way back for a
+//!    wiped member needs no such word: started again, empty, it answers from its new store.
 //!
 //!    Until then its vote requests are refused before Raft sees them and its elections are
 //!    off, and it takes entries only from a leader at or above every established leadership
-//!    the latest census round heard ([`Identity::may_follow`]): with its vote gone back, it
-//!    would otherwise acknowledge a deposed leader, which could commit with it entries under
-//!    log ids the newer term committed otherwise. A candidate it refuses gets Raft's answer
-//!    to a candidate whose log is behind ([`Identity::refusal`]: its vote, the greatest log
-//!    it knows of), not silence. A member with no membership yet (a vote, no entry) cannot
-//!    tell whom a census counts, learns nothing from one, and waits out the bound below.
-//!    After [`PROBATION_MAX`] with neither, or when it is the only voter, it votes as
-//!    before: that keeps a cluster available when the only way to a majority is this member
-//!    (one of three down for good, or wiped and being re-added). So a put-back member *and* a
-//!    second fault at once (the only other holder of an entry down for longer than
-//!    [`PROBATION_MAX`]) can still lose that entry: two faults in three members, beyond what a
-//!    majority protocol survives. Without the timeout the simulation's wiped-member seeds
-//!    deadlocked (7 of 600: the member being re-added is the one the census needs).
+//!    any census round heard ([`Identity::may_follow`]): with its vote gone back, it would
+//!    otherwise acknowledge a deposed leader, which could commit with it entries under log
+//!    ids the newer term committed otherwise. A candidate it refuses gets Raft's answer to a
+//!    candidate whose log is behind ([`Identity::refusal`]: its vote, the greatest log it
+//!    knows of), not silence.
 //!
 //! 5. **A restarted member never resumes leading a term** (`storage.rs`'s `read_vote`,
 //!    `network.rs`'s `not_own_lost_vote`). openraft restores a member whose committed vote
@@ -98,11 +102,11 @@
 //! against the replicated membership, and a member that applies "remove 3" and "add 3" in one
 //! batch simply has 3's new store id.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
-use openraft::{LogId, Membership, RaftMetrics};
+use openraft::{LogId, Membership, RaftMetrics, StoredMembership};
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -153,12 +157,13 @@ pub enum Refused {
     /// This member's Raft has not started yet.
     #[error("this member is starting")]
     Starting,
-    /// This member restarted with a log and has not caught up with a leader yet.
+    /// This member is on probation (rule 4): it has neither caught up with a leader nor heard
+    /// enough other voters yet.
     #[error(
-        "this member restarted with a log and has neither caught up with a leader nor heard \
-         the logs of enough other members: it votes once it has (its disk may be an older \
-         copy; voting from it could lose entries it acknowledged), or after {}s",
-        PROBATION_MAX.as_secs()
+        "this member's store may be an older copy (restarted, or put back) and has neither \
+         caught up with a leader nor heard the logs of enough other voters: it votes once it \
+         has (voting from an older copy could lose entries it acknowledged). If a member it \
+         waits for lost its data for good: `palisade cluster lost ID` on this member"
     )]
     Probation,
     /// The candidate's log ends below an entry another member holds (the census floor).
@@ -177,22 +182,25 @@ pub enum Refused {
 /// The greatest last log id a census heard (`None` inside: every member heard was empty).
 type Floor = Option<LogId<NodeId>>;
 
-/// How long a member that restarted with a log waits to catch up with a leader, or to hear
-/// enough members, before it votes and stands for election anyway (rule 4 above).
-pub const PROBATION_MAX: Duration = Duration::from_secs(5);
-
-/// A restarted member's wait before it votes (rule 4).
-#[derive(Debug)]
+/// A store's probation (rule 4): from its start until it has caught up with a leader, or
+/// for good after an operator's `palisade cluster lost` left nothing to wait for.
+#[derive(Debug, Default)]
 struct Probation {
-    since: tokio::time::Instant,
     caught_up: AtomicBool,
-    /// Set by a census that heard enough voters.
+    /// Set by the first census that heard enough voters; lowered by later ones.
     floor: Mutex<Option<Census>>,
-    /// When a census round last heard enough voters (`None` before the first).
-    heard_enough: Mutex<Option<tokio::time::Instant>>,
-    /// The greatest term of a committed vote the latest census round heard, however few
-    /// answered (`None` before the first round returns).
+    /// The greatest term of a committed vote any census round heard, however few answered
+    /// (`None` before the first round returns).
     leader_term: Mutex<Option<u64>>,
+    /// For a store that holds no membership of its own (an empty log): the latest membership
+    /// a census answer held that names this store. Its census counts that membership's voters.
+    learned: Mutex<Option<StoredMembership<NodeId, MemberNode>>>,
+    /// Voters an operator declared lost for good (`palisade cluster lost`): a round that
+    /// does not hear them counts them as it counts a voter answering from another store.
+    declared_lost: Mutex<BTreeSet<NodeId>>,
+    /// The voters the latest round that heard too few was waiting for (for the log, the
+    /// operator and the simulation's driver).
+    waiting_for: Mutex<Vec<NodeId>>,
 }
 
 /// What a census that heard enough voters learned.
@@ -310,13 +318,7 @@ impl Identity {
         Ok(Self {
             store,
             metrics: Arc::new(OnceLock::new()),
-            probation: Arc::new(Probation {
-                since: tokio::time::Instant::now(),
-                caught_up: AtomicBool::new(false),
-                floor: Mutex::new(None),
-                heard_enough: Mutex::new(None),
-                leader_term: Mutex::new(None),
-            }),
+            probation: Arc::default(),
             last_log: Arc::default(),
         })
     }
@@ -326,15 +328,10 @@ impl Identity {
         &self.store
     }
 
-    /// Checks peers against the membership of this Raft member from now on. `voted`: its store
-    /// holds a vote. A member whose Raft starts with an empty log and no vote has never taken
-    /// part in an election, so it never acknowledged an entry it could have lost: it is not on
-    /// probation. One with an empty log but a vote may be a volume put back to a copy taken
-    /// before its first entry, whose member acknowledged entries since: it is (rule 4).
-    pub fn attach(&self, metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>, voted: bool) {
-        if metrics.borrow().last_log_index.is_none() && !voted {
-            self.probation.caught_up.store(true, Ordering::Relaxed);
-        }
+    /// Checks peers against the membership of this Raft member from now on. Every store
+    /// starts on probation (rule 4), whatever it holds: an empty log and no vote is also what
+    /// a copy taken before the member's first vote or first entry holds.
+    pub fn attach(&self, metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>) {
         let _ = self.metrics.set(metrics);
     }
 
@@ -394,8 +391,9 @@ impl Identity {
     }
 
     /// The census floor while on probation: `Ok(None)` when off probation (caught up with a
-    /// leader, started empty, or the only voter), `Ok(Some(floor))` on probation after a
-    /// census, `Err` on probation before one.
+    /// leader, or the only voter), `Ok(Some(floor))` on probation after a census, `Err` on
+    /// probation before one. No timer ends it: a floor stays until a leader catches this
+    /// member up to it, however long the member holding it is away.
     fn floor(&self) -> Result<Option<Census>, Refused> {
         if self.probation.caught_up.load(Ordering::Relaxed) {
             return Ok(None);
@@ -403,32 +401,7 @@ impl Identity {
         if self.alone().ok_or(Refused::Starting)? {
             return Ok(None);
         }
-        let heard_lately = self
-            .probation
-            .heard_enough
-            .lock()
-            .expect("not poisoned")
-            .is_some_and(|at| at.elapsed() < PROBATION_MAX);
-        let census = self.probation.floor.lock().expect("not poisoned").clone();
-        if heard_lately && census.is_some() {
-            // A census round heard enough members lately: one of them, alive, holds the
-            // greatest log, so the floor can be met.
-            return Ok(census);
-        }
-        if !heard_lately && self.probation.since.elapsed() >= PROBATION_MAX {
-            // No round heard enough members for `PROBATION_MAX`: the member holding the
-            // floor may be gone for good (refused, wiped), and a floor nobody alive can meet
-            // would stop every election, the removal of that member's included.
-            if !self.probation.caught_up.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "neither caught up by a leader nor heard by enough members for {}s: this \
-                     member votes again",
-                    PROBATION_MAX.as_secs()
-                );
-            }
-            return Ok(None);
-        }
-        match census {
+        match self.probation.floor.lock().expect("not poisoned").clone() {
             Some(census) => Ok(Some(census)),
             None => Err(Refused::Probation),
         }
@@ -491,7 +464,7 @@ impl Identity {
         if self.probation.caught_up.load(Ordering::Relaxed) {
             return Ok(());
         }
-        // Past the probation's bound, it follows anyone, as it votes for anyone.
+        // The only voter follows anyone, as it votes for anyone.
         if self.floor().is_ok_and(|census| census.is_none()) {
             return Ok(());
         }
@@ -512,53 +485,53 @@ impl Identity {
     }
 
     /// Records a census: the last log ids `answers` gave (node, store it presented, last log
-    /// id). Answers from this member, from non-voters, or from a store the membership does not
-    /// name are not counted; with `n − q + 1` other voters counted, the greatest of their log
-    /// ids becomes the floor (rule 4). With fewer, the census held so far stays: every entry
-    /// committed with this member's forgotten acknowledgement was committed before it
-    /// restarted, so the first census that heard enough covers it for good. If the member
-    /// holding the floor is gone, elections this member takes part in wait for it (the entries
-    /// only it may hold must not be lost). Every round, however few answer, raises the term
-    /// below which a leader is deposed ([`Identity::may_follow`]).
+    /// id). The voters counted are those of this member's membership, or, when its log is
+    /// empty, of the latest membership an answer holds that names this store (it cannot read
+    /// its own). Answers from this member, from non-voters, or from a store the membership
+    /// does not name are not counted; with `n − q + 1` other voters counted, the greatest of
+    /// their log ids becomes the floor (rule 4). With fewer, the census held so far stays:
+    /// every entry committed with this member's forgotten acknowledgement was committed
+    /// before it restarted, so the first census that heard enough covers it for good, and
+    /// elections this member takes part in wait for the member holding the floor (the
+    /// entries only it may hold must not be lost) until an operator declares it lost
+    /// ([`Identity::declare_lost`]). Every round, however few answer, raises the term below
+    /// which a leader is deposed ([`Identity::may_follow`]).
     pub fn record_census(&self, answers: &[Introduction]) {
         let Some(metrics) = self.metrics.get() else {
             return;
         };
-        let (me, membership) = {
+        let (me, own) = {
             let metrics = metrics.borrow();
             (metrics.id, metrics.membership_config.membership().clone())
         };
-        let voters: Vec<NodeId> = membership.voter_ids().collect();
-        if voters.is_empty() {
-            // No membership yet (a member that voted but holds no entry): it cannot tell whom
-            // to count, so it learns nothing and its probation runs to its bound.
+        self.raise_leader_term(me, answers);
+        let Some(membership) = self.census_membership(me, own, answers) else {
+            // No membership names this store: nobody counts its vote, and it learns whom to
+            // count once one does.
             return;
-        }
+        };
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
         let n = voters.len();
         let needed = n - n / 2;
-        let Tally {
-            heard,
-            lost,
-            floor,
-            votes,
-        } = Tally::of(me, &membership, &voters, answers);
-        let leader_term = votes
-            .iter()
-            .filter(|vote| vote.committed)
-            .map(|vote| vote.leader_id.term)
-            .max()
-            .unwrap_or(0);
-        // A leadership, once established, deposes every older term for good.
-        let mut known_term = self.probation.leader_term.lock().expect("not poisoned");
-        *known_term = Some(known_term.unwrap_or(0).max(leader_term));
-        drop(known_term);
-        let others = voters.iter().filter(|&&voter| voter != me).count();
-        let everyone = heard.len() + lost.difference(&heard).count() == others;
-        if heard.len() < needed && !everyone {
+        let declared = self
+            .probation
+            .declared_lost
+            .lock()
+            .expect("not poisoned")
+            .clone();
+        let tally = Tally::of(me, &membership, &voters, answers, &declared);
+        let others: Vec<NodeId> = voters.iter().copied().filter(|&v| v != me).collect();
+        let everyone =
+            tally.heard.len() + tally.lost.difference(&tally.heard).count() == others.len();
+        if tally.heard.len() < needed && !everyone {
+            self.note_waiting(&others, &tally);
             return;
         }
-        *self.probation.heard_enough.lock().expect("not poisoned") =
-            Some(tokio::time::Instant::now());
+        self.probation
+            .waiting_for
+            .lock()
+            .expect("not poisoned")
+            .clear();
         let mut known = self.probation.floor.lock().expect("not poisoned");
         match known.as_mut() {
             // The votes stay those of the first census: a vote cast since this member
@@ -567,20 +540,161 @@ impl Identity {
             // Each census alone covers every entry committed before the restart: the lowest
             // floor any of them gave does.
             Some(census) => {
-                if at_or_above(census.floor.as_ref(), floor.as_ref()) {
-                    census.floor = floor;
+                if at_or_above(census.floor.as_ref(), tally.floor.as_ref()) {
+                    census.floor = tally.floor;
                 }
             }
             None => {
                 tracing::info!(
-                    heard = heard.len(),
-                    ?floor,
+                    heard = tally.heard.len(),
+                    lost = ?tally.lost,
+                    floor = ?tally.floor,
                     "heard the logs of enough members: this member votes for candidates at or \
                      above the greatest of them"
                 );
-                *known = Some(Census { floor, votes });
+                *known = Some(Census {
+                    floor: tally.floor,
+                    votes: tally.votes,
+                });
             }
         }
+    }
+
+    /// A leadership, once established, deposes every older term for good: the greatest term
+    /// of a committed vote any member other than this one answers with (what a member holds
+    /// is what it follows, whichever store it answers from).
+    fn raise_leader_term(&self, me: NodeId, answers: &[Introduction]) {
+        let heard = answers
+            .iter()
+            .filter(|answer| answer.node_id != me)
+            .filter_map(|answer| answer.vote)
+            .filter(|vote| vote.committed)
+            .map(|vote| vote.leader_id.term)
+            .max()
+            .unwrap_or(0);
+        let mut known = self.probation.leader_term.lock().expect("not poisoned");
+        *known = Some(known.unwrap_or(0).max(heard));
+    }
+
+    /// The membership whose voters a census counts: this member's own, or, with none (an
+    /// empty log: a new store, or a copy taken before its first entry), the latest one an
+    /// answer holds that names this store as a voter or a learner, kept from round to round.
+    fn census_membership(
+        &self,
+        me: NodeId,
+        own: Membership<NodeId, MemberNode>,
+        answers: &[Introduction],
+    ) -> Option<Membership<NodeId, MemberNode>> {
+        if own.nodes().next().is_some() {
+            return Some(own);
+        }
+        let mut learned = self.probation.learned.lock().expect("not poisoned");
+        let naming = answers
+            .iter()
+            .filter_map(|answer| answer.membership.as_ref())
+            .filter(|held| {
+                held.membership()
+                    .get_node(&me)
+                    .is_some_and(|node| node.store == self.store)
+            });
+        for held in naming {
+            if learned
+                .as_ref()
+                .is_none_or(|known| held.log_id() > known.log_id())
+            {
+                *learned = Some(held.clone());
+            }
+        }
+        learned.as_ref().map(|known| known.membership().clone())
+    }
+
+    /// Logs the voters a round that heard too few waits for, when they change.
+    fn note_waiting(&self, others: &[NodeId], tally: &Tally) {
+        let waiting: Vec<NodeId> = others
+            .iter()
+            .copied()
+            .filter(|voter| !tally.heard.contains(voter) && !tally.lost.contains(voter))
+            .collect();
+        let mut known = self.probation.waiting_for.lock().expect("not poisoned");
+        if *known != waiting {
+            tracing::warn!(
+                ?waiting,
+                "on probation: waiting to hear from these voters (their logs may hold entries \
+                 this member acknowledged before its disk went back). If one of them lost its \
+                 data for good: `palisade cluster lost ID` on this member"
+            );
+            known.clone_from(&waiting);
+        }
+    }
+
+    /// The voters this member's census waits for, while on probation without enough heard
+    /// (empty: it waits for nobody, or is off probation).
+    pub fn waiting_for(&self) -> Vec<NodeId> {
+        if self.probation.caught_up.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        self.probation
+            .waiting_for
+            .lock()
+            .expect("not poisoned")
+            .clone()
+    }
+
+    /// An operator's word (`palisade cluster lost ID`) that member `node`'s store is gone for
+    /// good — its data directory lost, its disk replaced — and every entry only it held with
+    /// it: from the next round on, a census that does not hear it counts it as it counts a
+    /// voter answering from another store, so a round that hears every other voter completes
+    /// (its floor from those heard). The operator vouches for it: if the store comes back,
+    /// entries only it held and this member acknowledged may be lost (P8). Returns whether
+    /// this member is on probation (when it is not, the word changes nothing).
+    pub fn declare_lost(&self, node: NodeId) -> bool {
+        let on_probation = !self.probation.caught_up.load(Ordering::Relaxed);
+        tracing::warn!(
+            node,
+            on_probation,
+            "an operator declared node {node}'s store lost for good (`palisade cluster lost`): \
+             this member's census counts it as lost from now on"
+        );
+        self.probation
+            .declared_lost
+            .lock()
+            .expect("not poisoned")
+            .insert(node);
+        on_probation
+    }
+
+    /// Whom a census asks, with their addresses: the other voters of this member's membership
+    /// (see [`Identity::record_census`] for a member with an empty log), and, with no
+    /// membership of its own, the members of its `--cluster` list (`listed`) too: one of them
+    /// may hold a membership that names this store.
+    pub fn census_targets(
+        &self,
+        listed: &std::collections::BTreeMap<NodeId, String>,
+    ) -> Vec<(NodeId, String)> {
+        let Some(metrics) = self.metrics.get() else {
+            return Vec::new();
+        };
+        let (me, own) = {
+            let metrics = metrics.borrow();
+            (metrics.id, metrics.membership_config.membership().clone())
+        };
+        let mut targets = std::collections::BTreeMap::new();
+        let membership = if own.nodes().next().is_some() {
+            Some(own)
+        } else {
+            targets.extend(listed.iter().map(|(id, addr)| (*id, addr.clone())));
+            let learned = self.probation.learned.lock().expect("not poisoned");
+            learned.as_ref().map(|known| known.membership().clone())
+        };
+        for membership in membership.iter() {
+            for voter in membership.voter_ids() {
+                if let Some(node) = membership.get_node(&voter) {
+                    targets.insert(voter, node.addr.clone());
+                }
+            }
+        }
+        targets.remove(&me);
+        targets.into_iter().collect()
     }
 
     /// Admits an answer by `peer` presenting `store`: the membership this member holds (its
@@ -624,9 +738,10 @@ fn new_store_id() -> Result<String, ClusterError> {
 /// What one census round heard from the other voters.
 struct Tally {
     /// Voters that answered from the store the membership names.
-    heard: std::collections::BTreeSet<NodeId>,
-    /// Voters that answered from another store: they lost their disk.
-    lost: std::collections::BTreeSet<NodeId>,
+    heard: BTreeSet<NodeId>,
+    /// Voters that answered from another store (they lost their disk), or that an operator
+    /// declared lost and that did not answer.
+    lost: BTreeSet<NodeId>,
     /// The greatest log end `heard` reported.
     floor: Floor,
     /// Their votes.
@@ -634,16 +749,18 @@ struct Tally {
 }
 
 impl Tally {
-    /// Counts `answers` of the `voters` of `membership` other than `me`, each once.
+    /// Counts `answers` of the `voters` of `membership` other than `me`, each once; a voter
+    /// in `declared_lost` that is not heard counts as lost.
     fn of(
         me: NodeId,
         membership: &Membership<NodeId, MemberNode>,
         voters: &[NodeId],
         answers: &[Introduction],
+        declared_lost: &BTreeSet<NodeId>,
     ) -> Self {
         let mut tally = Tally {
-            heard: std::collections::BTreeSet::new(),
-            lost: std::collections::BTreeSet::new(),
+            heard: BTreeSet::new(),
+            lost: BTreeSet::new(),
             floor: None,
             votes: Vec::new(),
         };
@@ -665,6 +782,11 @@ impl Tally {
             }
             tally.votes.extend(answer.vote);
         }
+        for voter in voters.iter().filter(|voter| declared_lost.contains(voter)) {
+            if *voter != me && !tally.heard.contains(voter) {
+                tally.lost.insert(*voter);
+            }
+        }
         tally
     }
 }
@@ -684,6 +806,10 @@ pub struct Introduction {
     /// Its vote (term and candidate), for the same census.
     #[serde(default)]
     pub vote: Option<openraft::Vote<NodeId>>,
+    /// The membership it holds (`None`: none yet), for the census of a member with an empty
+    /// log, which cannot read its own: does it name that member's store?
+    #[serde(default)]
+    pub membership: Option<StoredMembership<NodeId, MemberNode>>,
 }
 
 impl Introduction {
@@ -702,6 +828,8 @@ impl Introduction {
             holds_log: metrics.last_log_index.is_some(),
             last_log: holds_up_to(identity.last_log(), metrics.last_applied),
             vote: Some(metrics.vote),
+            membership: (metrics.membership_config.nodes().next().is_some())
+                .then(|| metrics.membership_config.as_ref().clone()),
         }
     }
 }

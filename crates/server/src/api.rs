@@ -71,6 +71,8 @@ pub struct ClusterMember {
     pub health: palisade_cluster::health::Health,
     /// Its clock against its peers' (shown by `cluster status`).
     pub clock_check: Arc<palisade_cluster::clock_check::ClockCheck>,
+    /// Its store's identity and probation (`palisade cluster lost` speaks to it).
+    pub identity: palisade_cluster::identity::Identity,
 }
 
 impl Api {

@@ -47,6 +47,7 @@ pub fn router(api: Api) -> Router {
             "/v1/cluster/members/{id}",
             axum::routing::delete(remove_member),
         )
+        .route("/v1/cluster/members/{id}/lost", post(declare_lost))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -533,4 +534,31 @@ async fn remove_member(
     require_leader(&api)?;
     let voters = member.changes.remove(id).await.map_err(membership_error)?;
     Ok(Json(json!({"removed": id, "voters": voters})))
+}
+
+/// `POST /v1/cluster/members/{id}/lost` (`admin`, cluster mode): the operator's word, to this
+/// member, that member `id`'s store is gone for good (its data directory lost, its disk
+/// replaced): this member's census (`identity` rule 4) stops waiting for it. Answered on
+/// every member, leader or not: a member on probation is the one that needs it.
+async fn declare_lost(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    caller.require(Right::Admin, None)?;
+    let member = cluster_member(&api)?;
+    let id: u64 = id
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("node id {id:?} is not a number")))?;
+    if id == member.node_id {
+        return Err(ApiError::bad_request(
+            "a member cannot declare its own store lost",
+        ));
+    }
+    let on_probation = member.identity.declare_lost(id);
+    Ok(Json(json!({
+        "node_id": member.node_id,
+        "lost": id,
+        "on_probation": on_probation,
+    })))
 }

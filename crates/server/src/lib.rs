@@ -565,6 +565,7 @@ async fn start_cluster(
             changes: member.changes,
             health: health.clone(),
             clock_check: member.clock_check,
+            identity: member.identity.clone(),
         }),
         auth: Arc::new(auth::Auth::open()),
         policy: Arc::new(policy::PolicyState::none()),

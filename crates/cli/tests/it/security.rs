@@ -191,6 +191,7 @@ fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
         ("GET", "/v1/locks/orders%2F1"),
         ("GET", "/v1/cluster"),
         ("POST", "/v1/cluster/members"),
+        ("POST", "/v1/cluster/members/2/lost"),
         ("GET", "/v1/backup"),
         ("POST", "/v1/keys/0123456789abcdef/retire"),
     ] {
@@ -242,6 +243,15 @@ fn p2_p8_requests_without_credentials_or_rights_are_refused_with_401_and_403() {
     let (status, backup) = s.http(Some("ops"), "GET", "/v1/backup", "");
     assert_eq!(status, 200, "{backup}");
     let (status, body) = s.http(Some("ops"), "POST", "/v1/cluster/members", member);
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("not_a_cluster")),
+        "{body}"
+    );
+    // Declaring a member's store lost weakens a member's probation (P8): an admin's too.
+    let lost = "/v1/cluster/members/2/lost";
+    assert_eq!(s.http(Some("mallory"), "POST", lost, "").0, 403);
+    let (status, body) = s.http(Some("ops"), "POST", lost, "");
     assert_eq!(
         (status, body["error"].as_str()),
         (409, Some("not_a_cluster")),

@@ -11,6 +11,10 @@ use palisade_cluster::{MembershipError, NodeId};
 use super::{Cluster, RECOVERY_MS};
 use crate::disk::Volume;
 
+/// How long the driver, as an operator, lets a removal of a member whose store is gone for
+/// good look for a leader before it checks whether a member's census waits for that member.
+const LOST_AFTER_MS: u64 = 3_000;
+
 impl Cluster {
     /// Injects faults until `until_ms`, each healed before the next.
     pub(crate) async fn drive_faults(&mut self, until_ms: u64) -> Result<(), String> {
@@ -29,6 +33,7 @@ impl Cluster {
             if self.shared.now_ms() + lasts >= until_ms {
                 break;
             }
+            self.maybe_copy_anyone();
             // Every other fault is a crash, so every member crashes in a run of a few seconds.
             let kind = if fault % 2 == 0 {
                 0
@@ -66,6 +71,9 @@ impl Cluster {
         }
         let left = (crashed + lasts).saturating_sub(self.shared.now_ms());
         tokio::time::sleep(Duration::from_millis(left)).await;
+        if self.put_back_anytime(victim).await? {
+            return Ok(());
+        }
         if self.copy_back_on_crash {
             self.copy_or_put_back(victim).await?;
         } else if self.wipe_on_crash && self.shared.chance(50) {
@@ -74,6 +82,7 @@ impl Cluster {
             // adds it back with --join.
             let index = self.index(victim);
             self.members[index].disk = Volume::default();
+            self.forget_copy(victim);
             self.faults.wipes += 1;
             self.shared.trace(&format!("wipe {victim}"));
             self.start(victim).await?;
@@ -143,29 +152,61 @@ impl Cluster {
     /// The documented way back for a member that lost its data: `palisade cluster remove`,
     /// restart it with `--join` and an empty data directory, `palisade cluster add`.
     pub(super) async fn readd(&mut self, id: NodeId) -> Result<(), String> {
-        if !self.founded() {
-            // Lost before the cluster was founded: the founder introduces it anew (it has
-            // restarted already); there is nothing to remove.
+        if !self.founded_without(id) {
+            // Lost before the cluster was founded — or before the founding reached any other
+            // member (a founder that founded again after its wipe holds the only membership):
+            // the founder introduces it anew (it has restarted already); there is nothing to
+            // remove.
             self.shared.trace(&format!(
                 "{id} lost its data before the cluster was founded"
             ));
             return Ok(());
         }
         self.stop(id).await;
-        self.through_leader(&format!("remove {id}"), |changes| async move {
+        self.remove_lost(id).await?;
+        let index = self.index(id);
+        self.members[index].disk = Volume::default();
+        self.forget_copy(id);
+        self.start_as(id, true).await?;
+        self.maybe_copy(id);
+        self.add(id).await?;
+        self.shared.trace(&format!("re-added {id}"));
+        Ok(())
+    }
+
+    /// `palisade cluster remove ID` of `id`, whose store is gone for good (it is being
+    /// re-added). A member on probation whose census waits for `id` may keep every election,
+    /// the removal's included, from completing: when no leader took the removal within
+    /// [`LOST_AFTER_MS`], the driver does what the operator is told to (`palisade cluster
+    /// lost ID`, on each member that logs it waits for `id`), counts it, and tries again.
+    async fn remove_lost(&mut self, id: NodeId) -> Result<(), String> {
+        let what = format!("remove {id}");
+        let remove = |changes: Arc<Changes>| async move {
             match changes.remove(id).await {
                 // A retry after a timeout whose change did complete.
                 Err(MembershipError::Unknown(_)) => Ok(()),
                 other => other.map(|_| ()),
             }
-        })
-        .await?;
-        let index = self.index(id);
-        self.members[index].disk = Volume::default();
-        self.start_as(id, true).await?;
-        self.add(id).await?;
-        self.shared.trace(&format!("re-added {id}"));
-        Ok(())
+        };
+        if self
+            .through_leader_for(&what, LOST_AFTER_MS, remove)
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        for member in &self.members {
+            let Some(running) = member.running.as_ref() else {
+                continue;
+            };
+            if running.member.identity.waiting_for().contains(&id) {
+                running.member.identity.declare_lost(id);
+                self.faults.lost_declarations += 1;
+                self.shared
+                    .trace(&format!("{} told: node {id} is lost", member.id));
+            }
+        }
+        self.through_leader(&what, remove).await
     }
 
     /// After `id` crashed: copy its disk (no copy yet), or put the older copy back (half of
@@ -205,10 +246,12 @@ impl Cluster {
         self.start(id).await
     }
 
-    /// True once a running member holds a membership (the founder wrote the first entry).
-    fn founded(&self) -> bool {
+    /// True once a running member other than `id` holds a membership (the founder wrote the
+    /// first entry, and it reached another member).
+    fn founded_without(&self, id: NodeId) -> bool {
         self.members
             .iter()
+            .filter(|m| m.id != id)
             .filter_map(|m| m.running.as_ref())
             .any(|r| {
                 r.member
@@ -238,9 +281,23 @@ impl Cluster {
         F: Fn(Arc<Changes>) -> Fut,
         Fut: std::future::Future<Output = Result<(), MembershipError>>,
     {
+        self.through_leader_for(what, RECOVERY_MS, change).await
+    }
+
+    /// As [`Self::through_leader`], retrying for `budget_ms`.
+    async fn through_leader_for<F, Fut>(
+        &self,
+        what: &str,
+        budget_ms: u64,
+        change: F,
+    ) -> Result<(), String>
+    where
+        F: Fn(Arc<Changes>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), MembershipError>>,
+    {
         let since = self.shared.now_ms();
         let mut last_error = String::from("no leader");
-        while self.shared.now_ms() < since + RECOVERY_MS {
+        while self.shared.now_ms() < since + budget_ms {
             if let Some(leader) = self.serving_leader() {
                 let changes = self.members[self.index(leader)]
                     .running
@@ -257,7 +314,7 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(format!(
-            "membership change `{what}` failed for 10 s: {last_error}"
+            "membership change `{what}` failed for {budget_ms} ms: {last_error}"
         ))
     }
 }

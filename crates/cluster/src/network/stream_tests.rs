@@ -163,7 +163,7 @@ async fn setup(behaves: Peer, store: &'static str) -> Setup {
         Membership::new(vec![BTreeSet::from([1, 2])], nodes.clone()),
     ));
     let (sender, receiver) = watch::channel(metrics);
-    identity.attach(receiver, false);
+    identity.attach(receiver);
     let mut network = Network::new(1, identity, None);
     let client = network.new_client(2, &nodes[&2]).await;
     Setup {
