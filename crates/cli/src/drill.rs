@@ -508,7 +508,6 @@ fn summarize_cluster_seeds(
     let malformed: u64 = outcomes.iter().map(|o| o.malformed_refused).sum();
     let copy_backs: u64 = outcomes.iter().map(|o| o.copy_backs.0).sum();
     let copy_backs_refused: u64 = outcomes.iter().map(|o| o.copy_backs.1).sum();
-    let lost_declarations: u64 = outcomes.iter().map(|o| o.lost_declarations).sum();
     let mut recovery: Vec<u64> = outcomes.iter().filter_map(|o| o.recovery_ms).collect();
     let mut failovers: Vec<u64> = outcomes
         .iter()
@@ -523,7 +522,7 @@ fn summarize_cluster_seeds(
             "copy_backs": copy_backs,
             "copy_backs_refused": copy_backs_refused,
             "copy_anytime": args.copy_anytime, "anytime_copies": anytime_copies(outcomes),
-            "lost_declarations": lost_declarations,
+            "lost_declarations": lost_declarations(outcomes),
             "passed": failed.is_empty(), "failed_seeds": failed,
             "faults": faults, "grants": grants, "leader_terms": leaders,
             "malformed_appends_refused": malformed,
@@ -547,12 +546,7 @@ fn summarize_cluster_seeds(
             faults as f64 / args.seeds.max(1) as f64,
             failovers.len()
         );
-        if args.copy_anytime || lost_declarations > 0 {
-            println!(
-                "--copy-anytime: {}; `cluster lost` declared {lost_declarations} times",
-                anytime_copies(outcomes)
-            );
-        }
+        print_anytime(args, outcomes);
     }
     if !failed.is_empty() {
         let list: Vec<String> = failed.iter().map(u64::to_string).collect();
@@ -564,6 +558,22 @@ fn summarize_cluster_seeds(
         );
     }
     Ok(())
+}
+
+/// `palisade cluster lost` declarations the fault driver made, over every seed.
+fn lost_declarations(outcomes: &[SeedOutcome]) -> u64 {
+    outcomes.iter().map(|o| o.lost_declarations).sum()
+}
+
+/// The summary's line on `--copy-anytime` and the driver's `cluster lost` declarations.
+fn print_anytime(args: &SimulateArgs, outcomes: &[SeedOutcome]) {
+    let lost = lost_declarations(outcomes);
+    if args.copy_anytime || lost > 0 {
+        println!(
+            "--copy-anytime: {}; `cluster lost` declared {lost} times",
+            anytime_copies(outcomes)
+        );
+    }
 }
 
 /// `--copy-anytime`'s copies by kind and put-backs: for each, the total and the seeds that
