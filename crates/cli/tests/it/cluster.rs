@@ -834,8 +834,10 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     );
     issued.push(next);
 
-    // Member 3 lags (down) while 1 and 2 grant; then 1 goes down, 2 is put back to its
-    // snapshot (witness included), and 2 + 3 form a majority without 1's history.
+    // Member 3 lags (down) while 1 and 2 grant; then 1 goes down for good, 2 is put back to
+    // its snapshot (witness included), and 2 + 3 wait for 1 (their census needs it) until the
+    // operator declares it lost (`palisade cluster lost 1`): then they form a majority
+    // without 1's history, and epochs still only rise (the clock floor).
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(nodes[2].terminate().success());
     let two = format!("{},{}", layout.endpoint(1), layout.endpoint(2));
@@ -851,6 +853,13 @@ fn p1_p6_members_whole_volumes_put_back_never_issue_an_epoch_twice() {
     let _two = start(2, cluster, &data(2));
     let _three = start(3, cluster, &data(3));
     let others = format!("{},{}", layout.endpoint(2), layout.endpoint(3));
+    answers(&layout.endpoint(2));
+    answers(&layout.endpoint(3));
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let status = json(&cli(&["cluster", "status", "--json"], &others));
+    assert!(status["leader"].is_null(), "2 + 3 wait for 1: {status}");
+    let told = json(&cli(&["cluster", "lost", "1", "--json"], &others));
+    assert_eq!(told["members"].as_array().map(Vec::len), Some(2), "{told}");
     leader(&others);
     let highest = *issued.iter().max().unwrap();
     let next = acquired_epoch("volumes/e", &others);

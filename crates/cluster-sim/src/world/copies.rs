@@ -24,9 +24,11 @@ pub(super) struct AnytimeCopy {
 /// fault of the driver comes with a copy of a random running member.
 const COPY_AT_START_PERCENT: u64 = 50;
 const COPY_PER_FAULT_PERCENT: u64 = 35;
-/// The founding elections take a few hundred ms: a copy within them may hold a vote and
-/// no entry.
-const FOUNDING_WINDOW_MS: u64 = 600;
+/// The founding elections take a few hundred ms (a census round each member first): a copy
+/// within them may hold a vote and no entry. Members are looked at every 1 to
+/// `FOUNDING_LOOK_EVERY_MS` ms for that instant.
+const FOUNDING_WINDOW_MS: u64 = 1_500;
+const FOUNDING_LOOK_EVERY_MS: u64 = 20;
 /// How often a crash of a member that has a copy puts it back, in percent.
 const PUT_BACK_PERCENT: u64 = 50;
 
@@ -38,14 +40,28 @@ impl Cluster {
         }
     }
 
-    /// With `--copy-anytime`: copies a random member at a random instant of the founding
-    /// elections.
+    /// With `--copy-anytime`: during the founding elections, copies the first member seen
+    /// holding a vote and no entry (the instant between its vote and the leader's first
+    /// append lasts a few ms), or else a random member at the end of the window.
     pub(super) async fn copy_during_founding(&mut self) {
         if !self.copy_anytime {
             return;
         }
-        let wait = self.shared.range(0, FOUNDING_WINDOW_MS);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let until = self.shared.now_ms() + FOUNDING_WINDOW_MS;
+        while self.shared.now_ms() < until {
+            let wait = self.shared.range(1, FOUNDING_LOOK_EVERY_MS);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let voted_without_entry = self.members.iter().find(|m| {
+                m.running.as_ref().is_some_and(|r| {
+                    let metrics = r.member.raft.metrics().borrow().clone();
+                    metrics.last_log_index.is_none() && metrics.vote != openraft::Vote::default()
+                })
+            });
+            if let Some(id) = voted_without_entry.map(|m| m.id) {
+                self.copy_volume(id);
+                return;
+            }
+        }
         let id = self.shared.random_node();
         self.copy_volume(id);
     }
