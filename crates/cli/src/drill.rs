@@ -304,6 +304,11 @@ pub struct SimulateArgs {
     /// --join and `cluster add` (members that talk only to the leader until they vote).
     #[arg(long, requires = "cluster")]
     join: bool,
+    /// With --cluster: half the network faults are clock faults instead — members' clocks
+    /// jump ahead and back, within and beyond the maximum offset, drift, or a majority's jump
+    /// ahead together — and P1 must hold, the cluster keep granting.
+    #[arg(long, requires = "cluster")]
+    clock_faults: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -387,6 +392,8 @@ struct SeedOutcome {
     failovers_ms: Vec<u64>,
     /// Members put back to an older copy, and of those refused by their witness.
     copy_backs: (u64, u64),
+    /// Clock faults, by kind (`--clock-faults`).
+    clock: palisade_cluster_sim::ClockFaults,
 }
 
 /// Runs one seed on this thread (the simulation runs its own single-threaded runtime), without
@@ -406,6 +413,7 @@ fn cluster_seed(seed: u64, config: palisade_cluster_sim::ClusterSimConfig) -> Se
         recovery_ms: report.recovery_ms,
         failovers_ms: report.failovers_ms.clone(),
         copy_backs: (report.faults.copy_backs, report.faults.copy_backs_refused),
+        clock: report.faults.clock,
         trace: report.trace,
     }
 }
@@ -419,6 +427,7 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         copy_back_on_crash: args.copy_back || args.rollback,
         rollback_volumes: args.rollback,
         join_members: args.join,
+        clock_faults: args.clock_faults,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -426,6 +435,11 @@ fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyh
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .clamp(1, 64);
     let (outcomes, seconds) = run_cluster_seeds(args, config, threads, json);
+    if args.clock_faults {
+        let mut clock = palisade_cluster_sim::ClockFaults::default();
+        outcomes.iter().for_each(|o| clock.add(&o.clock));
+        eprintln!("clock faults injected (counted in the faults): {clock:?}");
+    }
     summarize_cluster_seeds(args, members, threads, &outcomes, seconds, json)
 }
 

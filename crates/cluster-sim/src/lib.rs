@@ -41,6 +41,7 @@ use serde::Serialize;
 
 pub use disk::{Disk, DiskHandle, Volume};
 pub use network::{Endpoint, Introductions, NetStats, Router};
+pub use world::ClockFaults;
 
 /// What a run simulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +79,10 @@ pub struct ClusterSimConfig {
     /// The members' clocks never move from `wall_clock_origin_ms` (the Raft store's
     /// conformance suite, which counts epochs from 0: no clock floor above 0 then).
     pub frozen_clocks: bool,
+    /// Half the network faults are clock faults instead: members' clocks jump ahead and back,
+    /// within and beyond the maximum offset, drift, or a majority's jump ahead together
+    /// (`world::ClockFaults`).
+    pub clock_faults: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -95,6 +100,7 @@ impl Default for ClusterSimConfig {
             rollback_volumes: false,
             wall_clock_origin_ms: 1_800_000_000_000,
             frozen_clocks: false,
+            clock_faults: false,
         }
     }
 }
@@ -132,6 +138,8 @@ pub struct ClusterFaults {
     pub copy_backs: u64,
     /// Of those, starts the member's witness refused (then wiped and re-added).
     pub copy_backs_refused: u64,
+    /// Clock faults, by kind (`--clock-faults`).
+    pub clock: ClockFaults,
 }
 
 impl ClusterFaults {
@@ -142,6 +150,7 @@ impl ClusterFaults {
             + self.minority_partitions
             + self.one_way_cuts
             + self.majority_losses
+            + self.clock.total()
     }
 }
 

@@ -23,7 +23,10 @@ use crate::disk::Volume;
 use crate::network::Router;
 use crate::{ClusterFaults, ClusterSimConfig, Hold};
 
+mod clock_faults;
 mod faults;
+
+pub use clock_faults::ClockFaults;
 
 /// Lease TTL of the simulated clients, ms.
 const TTL_MS: u64 = 400;
@@ -417,6 +420,8 @@ pub(crate) struct Cluster {
     copy_back_on_crash: bool,
     rollback_volumes: bool,
     plant_no_witness: bool,
+    /// Some of the network faults are clock faults instead (`--clock-faults`).
+    clock_faults: bool,
     /// Every member has been started once (the cluster is formed).
     formed: bool,
 }
@@ -481,6 +486,7 @@ impl Cluster {
             copy_back_on_crash: sim.copy_back_on_crash,
             rollback_volumes: sim.rollback_volumes,
             plant_no_witness: sim.plant_no_witness,
+            clock_faults: sim.clock_faults,
             formed: false,
         }
     }
