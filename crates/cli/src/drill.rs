@@ -315,6 +315,16 @@ pub struct SimulateArgs {
     /// each put back at a later crash of its member half of the time.
     #[arg(long, requires = "cluster")]
     copy_anytime: bool,
+    /// With --cluster: half the network faults are clock faults instead — members' clocks
+    /// jump ahead and back, within and beyond the maximum offset, drift, or a majority's jump
+    /// ahead together — and P1 must hold, the cluster keep granting.
+    #[arg(long, requires = "cluster")]
+    clock_faults: bool,
+    /// With --cluster: every fault mode at once — whole volumes put back (--rollback, whose
+    /// refused put-backs are wiped and re-added), --copy-anytime, --torn-sectors and
+    /// --clock-faults — besides the crashes, partitions and cuts of every run.
+    #[arg(long, requires = "cluster", conflicts_with_all = ["copy_back", "wipe"])]
+    all_faults: bool,
     /// With --cluster: threads running seeds side by side (default: one per core). Every seed
     /// runs on one thread under its own simulated clock, so the results do not depend on it.
     #[arg(long, requires = "cluster")]
@@ -497,13 +507,15 @@ fn print_faults_and_stall(by_kind: &BTreeMap<String, (u64, u64)>, longest_ms: u6
 /// seed with what it violated, and fails if any did.
 fn run_cluster_simulate(args: &SimulateArgs, members: usize, json: bool) -> anyhow::Result<()> {
     use palisade_cluster_sim::ClusterSimConfig;
+    let all = args.all_faults;
     let config = ClusterSimConfig {
-        wipe_on_crash: args.wipe,
-        copy_back_on_crash: args.copy_back || args.rollback,
-        rollback_volumes: args.rollback,
+        wipe_on_crash: args.wipe || all,
+        copy_back_on_crash: args.copy_back || args.rollback || all,
+        rollback_volumes: args.rollback || all,
         join_members: args.join,
-        torn_sectors: args.torn_sectors,
-        copy_anytime: args.copy_anytime,
+        torn_sectors: args.torn_sectors || all,
+        copy_anytime: args.copy_anytime || all,
+        clock_faults: args.clock_faults || all,
         ..ClusterSimConfig::for_members(members)
     };
     let threads = args
@@ -642,6 +654,13 @@ fn fail_on(failed: &[u64], seeds: usize) -> anyhow::Result<()> {
 
 /// How the members were treated, for the summary line.
 fn mode_label(args: &SimulateArgs) -> &'static str {
+    if args.all_faults {
+        return if args.join {
+            " with --join members and every fault mode"
+        } else {
+            " with every fault mode"
+        };
+    }
     match (args.wipe, args.join) {
         (true, true) => " with --join members and lost data directories",
         (true, false) => " with lost data directories",

@@ -46,6 +46,7 @@ pub use disk::{Disk, DiskHandle, Volume};
 pub use network::{Endpoint, Introductions, NetStats, Router};
 use world::liveness::Stalls;
 pub use world::liveness::LIVENESS_BOUND_MS;
+pub use world::ClockFaults;
 
 /// What a run simulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +92,10 @@ pub struct ClusterSimConfig {
     /// `--join` start and its first append, during the founding elections, and at random
     /// moments later — each put back at a later crash of its member half of the time.
     pub copy_anytime: bool,
+    /// Half the network faults are clock faults instead: members' clocks jump ahead and back,
+    /// within and beyond the maximum offset, drift, or a majority's jump ahead together
+    /// (`world::ClockFaults`).
+    pub clock_faults: bool,
 }
 
 impl Default for ClusterSimConfig {
@@ -110,6 +115,7 @@ impl Default for ClusterSimConfig {
             frozen_clocks: false,
             torn_sectors: false,
             copy_anytime: false,
+            clock_faults: false,
         }
     }
 }
@@ -157,6 +163,8 @@ pub struct ClusterFaults {
     /// `palisade cluster lost` declarations the fault driver made, as an operator would: a
     /// member's census waited for a member whose store was gone for good (being re-added).
     pub lost_declarations: u64,
+    /// Clock faults, by kind (`--clock-faults`).
+    pub clock: ClockFaults,
 }
 
 /// The whole-volume copies of `--copy-anytime`, by what the member had done when each was
@@ -185,6 +193,7 @@ impl ClusterFaults {
             + self.minority_partitions
             + self.one_way_cuts
             + self.majority_losses
+            + self.clock.total()
     }
 }
 

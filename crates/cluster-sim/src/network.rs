@@ -193,6 +193,14 @@ impl Router {
         links.up.get(&to).cloned()
     }
 
+    /// One clock reading's message `from → to`: delivered at once if the link is up, with no
+    /// draw and no timer, so that the members' clock reads (every second,
+    /// `palisade_cluster::clock_check`) leave the seed's draws and timers — every other
+    /// delay, drop and fault — as they were.
+    fn carry_clock_read(&self, from: NodeId, to: NodeId) -> Option<()> {
+        self.route(from, to).map(|_| ())
+    }
+
     /// One message `from → to`: a delay, then delivery if the link is still up and the
     /// message not dropped.
     async fn carry(&self, from: NodeId, to: NodeId) -> Option<(RaftNode, Identity)> {
@@ -411,16 +419,14 @@ impl Introducer for Introductions {
         let (from, router) = (self.from, self.router.clone());
         Box::pin(async move {
             router
-                .carry(from, node)
-                .await
+                .carry_clock_read(from, node)
                 .ok_or_else(|| format!("no route {from} -> {node}"))?;
             let clock = router.links().clocks.get(&node).cloned();
             let wall_ms = clock
                 .ok_or_else(|| format!("node {node} has no clock"))?
                 .now_ms();
             router
-                .carry(node, from)
-                .await
+                .carry_clock_read(node, from)
                 .ok_or_else(|| format!("no route {node} -> {from}"))?;
             Ok(wall_ms)
         })

@@ -23,9 +23,12 @@ use crate::disk::Volume;
 use crate::network::Router;
 use crate::{ClusterFaults, ClusterSimConfig, Hold};
 
+mod clock_faults;
 mod copies;
 mod faults;
 pub(crate) mod liveness;
+
+pub use clock_faults::ClockFaults;
 
 /// Lease TTL of the simulated clients, ms.
 const TTL_MS: u64 = 400;
@@ -440,6 +443,8 @@ pub(crate) struct Cluster {
     /// other draws stay as they were).
     tear_rng: SplitMix64,
     copy_anytime: bool,
+    /// Some of the network faults are clock faults instead (`--clock-faults`).
+    clock_faults: bool,
     /// Every member has been started once (the cluster is formed).
     formed: bool,
 }
@@ -510,6 +515,7 @@ impl Cluster {
             torn_sectors: sim.torn_sectors,
             tear_rng: SplitMix64::new(seed ^ TEAR_STREAM),
             copy_anytime: sim.copy_anytime,
+            clock_faults: sim.clock_faults,
             formed: false,
         }
     }

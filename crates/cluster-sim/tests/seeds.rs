@@ -274,3 +274,35 @@ fn p1_p8_hold_when_members_whole_volumes_are_put_back() {
     // and `storage`'s unit tests that name the seeds.
     run_all_seeds(&[7_007_748, 7_009_589, 8_003_243], config);
 }
+
+#[test]
+fn p1_holds_and_grants_go_on_when_members_clocks_jump_and_drift() {
+    // Half the network faults are clock faults: one member's clock jumps ahead or back, within
+    // or beyond the maximum offset (up to a day), or drifts; or a majority's jump ahead
+    // together (their floor is committed, and the counter stays ahead once the clocks are
+    // corrected). No epoch is granted twice or below an earlier one, no acknowledged grant is
+    // lost, and the cluster grants again after every fault: a member whose clock a majority
+    // refuses does not lead, and a counter ahead of the clocks stops nobody.
+    let config = ClusterSimConfig {
+        clock_faults: true,
+        ..ClusterSimConfig::default()
+    };
+    let seeds: Vec<u64> = (0..12).collect();
+    let reports = run_all_seeds(&seeds, config);
+    let mut clock = palisade_cluster_sim::ClockFaults::default();
+    reports.iter().for_each(|r| clock.add(&r.faults.clock));
+    for (kind, count) in [
+        ("ahead within", clock.ahead_within),
+        ("ahead beyond", clock.ahead_beyond),
+        ("back within", clock.back_within),
+        ("back beyond", clock.back_beyond),
+        ("drifts", clock.drifts),
+        ("majority ahead", clock.majority_ahead),
+    ] {
+        assert!(
+            count > 0,
+            "no seed injected a clock fault {kind}: {clock:?}"
+        );
+    }
+    assert!(reports.iter().all(|r| r.grants() > 0));
+}

@@ -40,7 +40,9 @@ impl Cluster {
             } else {
                 self.shared.range(30, 100)
             };
-            if kind < 30 {
+            if kind >= 30 && self.clock_faults && self.shared.chance(50) {
+                self.clock_fault(lasts).await;
+            } else if kind < 30 {
                 let victim = crash_order[next_victim % crash_order.len()];
                 next_victim += 1;
                 self.faults.members_crashed = (next_victim as u64).min(ids.len() as u64);
