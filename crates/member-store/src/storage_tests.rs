@@ -259,7 +259,11 @@ async fn p8_a_store_from_before_the_log_file_has_its_entries_moved_into_it() {
             indexes(&log.try_get_log_entries(3..).await.unwrap()),
             [3, 4, 5, 6]
         );
-        assert_eq!(log.log().unwrap().active(), 1, "moved into the file not in use");
+        assert_eq!(
+            log.log().unwrap().active(),
+            1,
+            "moved into the file not in use"
+        );
         drop(log);
     }
     let db = Database::open(&path).unwrap();
