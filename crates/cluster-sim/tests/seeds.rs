@@ -306,3 +306,26 @@ fn p1_holds_and_grants_go_on_when_members_clocks_jump_and_drift() {
     }
     assert!(reports.iter().all(|r| r.grants() > 0));
 }
+
+/// P8 through power cuts that land inside a Raft log write and keep any subset of its
+/// 512-byte sectors (`--torn-sectors`): every member starts again, cut back to its last whole
+/// append. Before appends were framed, 8 of 100 seeds from 11,000,000 failed (a member refused
+/// its own log as damaged), 11,000,000 and 11,000,008 among them.
+#[test]
+fn p8_holds_when_power_cuts_keep_any_subset_of_a_raft_log_writes_sectors() {
+    let config = ClusterSimConfig {
+        torn_sectors: true,
+        ..ClusterSimConfig::for_members(3)
+    };
+    let reports = run_all(11_000_000..11_000_030, config);
+    let torn: u64 = reports.iter().map(|r| r.faults.torn_sector_crashes).sum();
+    let out_of_order: u64 = reports
+        .iter()
+        .map(|r| r.faults.torn_sectors_out_of_order)
+        .sum();
+    eprintln!("30 seeds: {torn} crashes in a raft log write, {out_of_order} out of order");
+    assert!(
+        torn >= 60 && out_of_order > 0,
+        "{torn} torn writes, {out_of_order} with a sector lost before a kept one"
+    );
+}

@@ -199,8 +199,16 @@ impl LogStore {
         commit_durably(txn, &self.applied.borrow(), &self.durable)
     }
 
-    fn log(&self) -> std::sync::MutexGuard<'_, RaftLog> {
-        self.log.lock().expect("not poisoned")
+    /// The log, locked. A panic of an earlier call while it held the lock may have left the
+    /// index half-changed: every later call fails with that cause (the member's Raft stops,
+    /// and its supervisor exits with it) instead of panicking in turn.
+    fn log(&self) -> Result<std::sync::MutexGuard<'_, RaftLog>> {
+        self.log.lock().map_err(|_| {
+            write_err(LogInvariant(
+                "a panic in an earlier call left the raft log's index in an unknown state;                  restart the member (its log is read again from the file)"
+                    .into(),
+            ))
+        })
     }
 
     /// Records `file` as the Raft log file in use (a compaction's switch), durably.
@@ -220,7 +228,7 @@ impl LogStore {
             .map(|entry| (entry.log_id, to_json(&entry)))
             .collect();
         let last = entries.last().map(|(id, _)| *id);
-        let mut log = self.log();
+        let mut log = self.log()?;
         log.append(&entries, &mut |file| self.switch_to(file))
             .map_err(log_err)?;
         Ok(last)
@@ -279,7 +287,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         // Nothing is safe (openraft sends a heartbeat and looks again).
         let bounds = (range.start_bound().cloned(), range.end_bound().cloned());
         let raw = self
-            .log()
+            .log()?
             .read(bounds)
             .map_err(|e| read_err(LogInvariant(e.to_string())))?;
         raw.iter().map(|json| from_json(json)).collect()
@@ -291,7 +299,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>> {
         let (last_purged, last) = {
-            let log = self.log();
+            let log = self.log()?;
             (log.purged(), log.last())
         };
         self.identity.set_last_log(last);
@@ -388,7 +396,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             )));
         }
         let last = {
-            let mut log = self.log();
+            let mut log = self.log()?;
             log.truncate(log_id.index).map_err(log_err)?;
             log.last()
         };
@@ -430,7 +438,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // a crash after it leaves records at or below it in the file, which are skipped.
         self.put_meta("last_purged", &log_id)?;
         let last = {
-            let mut log = self.log();
+            let mut log = self.log()?;
             log.purge(log_id, &mut |file| self.switch_to(file))
                 .map_err(log_err)?;
             log.last()

@@ -56,6 +56,7 @@ async fn p1_p8_a_log_read_never_returns_entries_without_the_ranges_start() {
     log.write_entries(blanks(0..10)).unwrap();
     let store = log.clone();
     log.log()
+        .unwrap()
         .purge(log_id(1, 1, 4), &mut |file| store.switch_to(file))
         .unwrap();
     assert_eq!(
@@ -119,6 +120,7 @@ fn p1_p8_append_refuses_a_gap_or_an_overwrite_and_writes_nothing() {
     // After a purge of everything the log continues after the purged entry.
     let store = log.clone();
     log.log()
+        .unwrap()
         .purge(log_id(1, 1, 4), &mut |file| store.switch_to(file))
         .unwrap();
     assert!(log.write_entries(blanks(6..7)).is_err());
@@ -257,7 +259,11 @@ async fn p8_a_store_from_before_the_log_file_has_its_entries_moved_into_it() {
             indexes(&log.try_get_log_entries(3..).await.unwrap()),
             [3, 4, 5, 6]
         );
-        assert_eq!(log.log().active(), 1, "moved into the file not in use");
+        assert_eq!(
+            log.log().unwrap().active(),
+            1,
+            "moved into the file not in use"
+        );
         drop(log);
     }
     let db = Database::open(&path).unwrap();
@@ -344,4 +350,24 @@ fn p8_a_store_whose_log_file_was_lost_refuses_to_open() {
         std::fs::write(&first, &kept).unwrap();
         assert!(open(&path).is_ok(), "the whole directory put back opens");
     }
+}
+
+#[tokio::test]
+async fn p8_a_panic_holding_the_raft_log_fails_later_calls_with_their_cause() {
+    let (_dir, mut log, _sm) = open_temp();
+    log.write_entries(blanks(0..3)).unwrap();
+    // A panic while the lock is held (a bug in a storage call) poisons it.
+    let shared = log.log.clone();
+    let _ = std::thread::spawn(move || {
+        let _held = shared.lock().unwrap();
+        panic!("a bug in a storage call");
+    })
+    .join();
+    // Every later call fails with the cause, as openraft's storage error (the member's Raft
+    // stops and its supervisor exits with it); none panics in turn.
+    let error = log.get_log_state().await.unwrap_err().to_string();
+    assert!(error.contains("a panic in an earlier call"), "{error}");
+    assert!(log.try_get_log_entries(0..3).await.is_err());
+    assert!(log.write_entries(blanks(3..4)).is_err());
+    assert!(log.truncate(log_id(1, 1, 1)).await.is_err());
 }
