@@ -39,7 +39,7 @@ async fn keepalive_survives_a_leader_change() {
     let urls: Vec<String> = servers.keys().cloned().collect();
     let client = Client::connect(&urls).await.unwrap();
     let mut options = AcquireOptions::new("keepalive/failover");
-    options.ttl = Duration::from_millis(1_500);
+    options.ttl = Duration::from_millis(3_000);
     let mut lease = client.acquire(options).await.unwrap();
     let epoch = lease.epoch();
 
@@ -55,7 +55,7 @@ async fn keepalive_survives_a_leader_change() {
     // Several TTLs later the lease is still held: the keepalive found the new leader.
     tokio::select! {
         reason = lease.lost() => panic!("lease lost across the leader change: {reason}"),
-        () = tokio::time::sleep(Duration::from_millis(4_500)) => {}
+        () = tokio::time::sleep(Duration::from_millis(9_000)) => {}
     }
     assert!(lease.is_valid());
     let info = client.describe("keepalive/failover").await.unwrap();
