@@ -187,7 +187,11 @@ impl ClockCheck {
 
     /// Keeps `verdict`, shows it in the metrics and logs a change of mind.
     fn record(&self, verdict: Verdict) {
-        self.metrics.clock_offset_ms.set(verdict.offset_ms);
+        // An offset is measured against peers that answered; with none, there is no
+        // measurement, and the metric keeps the last one instead of claiming zero.
+        if !verdict.peers.is_empty() {
+            self.metrics.clock_offset_ms.set(verdict.offset_ms);
+        }
         let mut latest = self
             .latest
             .lock()
