@@ -197,7 +197,7 @@ impl RaftLeaseStore {
 
 impl LeaseStore for RaftLeaseStore {
     fn load(&self) -> Result<DurableState, StoreError> {
-        let state = self.state.lock().expect("not poisoned");
+        let state = storage::lock_state(&self.state);
         Ok(DurableState {
             last_epoch: state.header.last_epoch,
             leases: state.leases.values().cloned().collect(),
@@ -241,7 +241,7 @@ impl RaftLeaseStore {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
         // Refused here, before it is proposed: the state machine would refuse it too, but by
         // stopping the member (an applied entry cannot be taken back).
-        let applied = self.state.lock().expect("not poisoned").header.last_epoch;
+        let applied = storage::lock_state(&self.state).header.last_epoch;
         let lower = (changes.last_epoch < applied).then(|| {
             StoreError::Corrupt(format!(
                 "epoch counter would go back from {applied} to {}",

@@ -44,13 +44,15 @@
 use std::collections::VecDeque;
 use std::io;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use openraft::LogId;
-use palisade_durable::{appends, records};
+use palisade_durable::records;
 
 use super::NodeId;
 
 mod scan;
+pub mod staged;
 
 use scan::{Append, Reader};
 
@@ -82,6 +84,12 @@ pub trait LogFile: Send + Sync + std::fmt::Debug {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// fdatasync: what it holds now survives a power cut.
     fn sync_data(&self) -> io::Result<()>;
+    /// Whether its calls may block a thread (a real disk: the store runs them on tokio's
+    /// blocking pool). A simulated disk answers at once and says no: its calls run inline,
+    /// in the order a seed gives them.
+    fn blocks(&self) -> bool {
+        true
+    }
 }
 
 impl LogFile for std::fs::File {
@@ -139,13 +147,15 @@ struct Slot {
 /// The log: the file in use and an index of its live records.
 #[derive(Debug)]
 pub struct RaftLog {
-    files: [Box<dyn LogFile>; 2],
+    files: [Arc<dyn LogFile>; 2],
     active: usize,
     /// Where the live entries are.
     index: Index,
     /// Where the next append goes.
     end: u64,
     purged: Option<LogId<NodeId>>,
+    /// Why an earlier staged write failed (see [`staged`]).
+    failed: Option<String>,
 }
 
 /// Where the live entries' records are in the file in use.
@@ -179,12 +189,14 @@ impl RaftLog {
         purged: Option<LogId<NodeId>>,
         switch: Switch,
     ) -> Result<Self, LogError> {
+        let [first, second] = files;
         let mut log = RaftLog {
-            files,
+            files: [Arc::from(first), Arc::from(second)],
             active: active.min(1),
             index: Index::default(),
             end: HEADER_BYTES,
             purged,
+            failed: None,
         };
         if log.file().len()? == 0 {
             log.file().write(0, &header())?;
@@ -351,38 +363,21 @@ impl RaftLog {
     /// fdatasync; returns only once they are durable. An entry that does not continue the log
     /// exactly is refused and nothing is written. An append that would not follow the file's
     /// last record (every entry purged by a snapshot) compacts first, recorded by `switch`.
+    /// (The stages of [`staged`], run in one go.)
     pub fn append(
         &mut self,
         entries: &[(LogId<NodeId>, Vec<u8>)],
         switch: Switch,
     ) -> Result<(), LogError> {
-        let Some((first, _)) = entries.first() else {
+        let Some(mut append) = self.plan_append(entries)? else {
             return Ok(());
         };
-        let (body, slots) = self.frame_entries(entries)?;
-        if self
-            .index
-            .next_in_file
-            .is_some_and(|next| next != first.index)
-        {
+        if self.append_compacts_first(entries[0].0.index) {
             self.compact(switch)?;
+            append = self.plan_append(entries)?.expect("the same entries");
         }
-        let at = self.end;
-        let mut buffer = appends::frame(at, first.index, slots.len() as u32, &body).to_vec();
-        buffer.extend_from_slice(&body);
-        self.file().write(at, &buffer)?;
-        self.file().sync_data()?;
-        let base = at + appends::HEADER_BYTES as u64;
-        for (i, (log_id, offset, len)) in slots.into_iter().enumerate() {
-            self.index.push_live(Slot {
-                log_id,
-                at: base + offset,
-                len,
-                opens_append: i == 0,
-            });
-            self.index.next_in_file = Some(log_id.index + 1);
-        }
-        self.end = at + buffer.len() as u64;
+        append.write()?;
+        self.publish_append(append);
         Ok(())
     }
 
@@ -420,49 +415,16 @@ impl RaftLog {
     /// Removes the entries from `index` on, durably: the file is cut where they start when
     /// their append starts with them, else a truncation (an append with no records) says so.
     pub fn truncate(&mut self, index: u64) -> Result<(), LogError> {
-        let Some(position) = self.index.live.iter().position(|s| s.log_id.index >= index) else {
-            return Ok(());
-        };
-        let slot = self.index.live[position];
-        if slot.opens_append {
-            let at = slot.at - appends::HEADER_BYTES as u64;
-            self.file().set_len(at)?;
-            self.file().sync_data()?;
-            self.end = at;
-        } else {
-            let at = self.end;
-            let mark = appends::frame(at, slot.log_id.index, 0, &[]);
-            self.file().write(at, &mark)?;
-            self.file().sync_data()?;
-            self.end = at + mark.len() as u64;
+        match self.plan_truncate(index) {
+            Some(cut) => cut.write(),
+            None => Ok(()),
         }
-        self.index.drop_live_from(slot.log_id.index);
-        // The append that held the first removed entry started at it or before it, right
-        // after the entry before it.
-        self.index.next_in_file = Some(slot.log_id.index);
-        Ok(())
     }
 
     /// Forgets the entries up to `purged` (which the caller has recorded durably first) and
     /// compacts when the purged records outweigh the live ones, or nothing is live.
     pub fn purge(&mut self, purged: LogId<NodeId>, switch: Switch) -> Result<(), LogError> {
-        while self
-            .index
-            .live
-            .front()
-            .is_some_and(|s| s.log_id.index <= purged.index)
-        {
-            let slot = self.index.live.pop_front().expect("checked");
-            self.index.live_bytes -= slot.len;
-        }
-        if self.purged.is_none_or(|p| p.index < purged.index) {
-            self.purged = Some(purged);
-        }
-        let dead = self.dead_bytes();
-        if dead > 0
-            && (self.index.live.is_empty()
-                || (dead > COMPACT_AT_BYTES && dead > self.index.live_bytes))
-        {
+        if self.forget_purged(purged) {
             self.compact(switch)?;
         }
         Ok(())
@@ -473,48 +435,10 @@ impl RaftLog {
     /// record it as the file in use (durably: a crash before leaves the old file in use,
     /// complete), then uses it and empties the old one.
     pub fn compact(&mut self, switch: Switch) -> Result<(), LogError> {
-        let other = 1 - self.active;
-        let target = self.files[other].as_ref();
-        target.set_len(0)?;
-        target.write(0, &header())?;
-        let mut reader = Reader::new(self.files[self.active].as_ref())?;
-        let mut moved = Vec::with_capacity(self.index.live.len());
-        let mut body = Vec::new();
-        let mut at = HEADER_BYTES;
-        let mut pending = 0;
-        for (i, slot) in self.index.live.iter().enumerate() {
-            let record = reader
-                .get(slot.at, slot.len as usize)?
-                .and_then(|bytes| records::record_at(bytes, 0, MAX_ENTRY_BYTES))
-                .filter(|r| r.sequence == slot.log_id.index)
-                .ok_or_else(|| no_longer_checks(slot))?;
-            let offset = (appends::HEADER_BYTES + body.len()) as u64;
-            moved.push(Slot {
-                at: at + offset,
-                opens_append: body.is_empty(),
-                ..*slot
-            });
-            body.extend_from_slice(&records::frame(slot.log_id.index, record.payload));
-            pending += 1;
-            if body.len() >= COMPACT_APPEND_BYTES || i + 1 == self.index.live.len() {
-                let first = slot.log_id.index + 1 - pending;
-                let head = appends::frame(at, first, pending as u32, &body);
-                target.write(at, &head)?;
-                target.write(at + head.len() as u64, &body)?;
-                at += (head.len() + body.len()) as u64;
-                body.clear();
-                pending = 0;
-            }
-        }
-        target.sync_data()?;
-        switch(other)?;
-        let old = self.active;
-        self.active = other;
-        self.index.live = moved.into();
-        self.end = at;
-        self.index.next_in_file = self.index.live.back().map(|s| s.log_id.index + 1);
+        let compacted = self.plan_compaction().copy()?;
+        switch(compacted.file())?;
         // The old file is no longer read; emptied for its space (a crash may leave it whole).
-        self.files[old].set_len(0)?;
+        self.publish_compaction(compacted).set_len(0)?;
         Ok(())
     }
 

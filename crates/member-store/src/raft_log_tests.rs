@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use openraft::testing::log_id;
 
 use super::*;
+use palisade_durable::appends;
 
 #[derive(Debug, Default)]
 struct Bytes {

@@ -171,12 +171,29 @@ fn load_state(db: &Database) -> Result<SmState> {
     Ok(SmState { header, leases })
 }
 
+/// The applied state, locked. Every change of it replaces whole values built beforehand (an
+/// apply builds the next state on a copy; an install assigns what it read), so a panic while
+/// the lock was held cannot have left it half-changed: a poisoned lock is taken as it is,
+/// instead of making every later reader (the leader engine, `/v1/keys`, the status) panic.
+pub fn lock_state(state: &Mutex<SmState>) -> std::sync::MutexGuard<'_, SmState> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The log side of the store (also its reader).
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
-    /// The entries (an append-only file of their own).
+    /// The entries (an append-only file of their own), locked only to read or change the
+    /// index: their writes and fsyncs run without the lock ([`crate::raft_log::staged`]).
     log: Arc<Mutex<RaftLog>>,
+    /// Held by a change of the log (append, truncate, purge) from its plan to its publication:
+    /// one at a time, whoever calls.
+    writer: Arc<tokio::sync::Mutex<()>>,
+    /// A real disk is behind the log: its I/O runs on tokio's blocking pool (see
+    /// [`LogStore::io`]).
+    blocks: bool,
     /// The state machine's `last_applied` (a purge waits for it; the purge's own immediate
     /// commit makes it durable).
     applied: watch::Receiver<Option<LogId<NodeId>>>,
@@ -199,27 +216,70 @@ impl LogStore {
         commit_durably(txn, &self.applied.borrow(), &self.durable)
     }
 
-    /// The log, locked. A panic of an earlier call while it held the lock may have left the
-    /// index half-changed: every later call fails with that cause (the member's Raft stops,
-    /// and its supervisor exits with it) instead of panicking in turn.
+    /// The log, locked to read or change its index. A panic of an earlier call while it
+    /// held the lock may have left the index half-changed, and a failed staged write may have
+    /// left it ahead of the file: every later call fails with that cause (the member's Raft
+    /// stops, and its supervisor exits with it) instead of panicking in turn.
     fn log(&self) -> Result<std::sync::MutexGuard<'_, RaftLog>> {
-        self.log.lock().map_err(|_| {
+        let log = self.log.lock().map_err(|_| {
             write_err(LogInvariant(
-                "a panic in an earlier call left the raft log's index in an unknown state;                  restart the member (its log is read again from the file)"
+                "a panic in an earlier call left the raft log's index in an unknown state; \
+                 restart the member (its log is read again from the file)"
                     .into(),
             ))
+        })?;
+        if let Some(cause) = log.failed() {
+            return Err(write_err(LogInvariant(format!(
+                "an earlier write of the raft log failed ({cause}); restart the member (its \
+                 log is read again from the file)"
+            ))));
+        }
+        Ok(log)
+    }
+
+    /// Runs `io` (a write, an fsync, a compaction's copy) without the log's lock and off the
+    /// async runtime's threads: on tokio's blocking pool for a real disk, inline for a
+    /// simulated one (whose calls return at once, in the order a seed gives them). Nothing
+    /// runs once the log failed, and a failure fails it (see [`Self::log`]).
+    async fn io<T: Send + 'static>(
+        &self,
+        io: impl FnOnce() -> std::result::Result<T, LogError> + Send + 'static,
+    ) -> Result<T> {
+        drop(self.log()?);
+        let result = if self.blocks {
+            tokio::task::spawn_blocking(io)
+                .await
+                .unwrap_or_else(|join| {
+                    Err(LogError::Io(std::io::Error::other(format!(
+                        "the raft log's I/O task failed: {join}"
+                    ))))
+                })
+        } else {
+            io()
+        };
+        result.map_err(|error| {
+            if let Ok(mut log) = self.log.lock() {
+                log.fail(&error.to_string());
+            }
+            log_err(error)
         })
+    }
+
+    /// [`Self::put_meta`] as the log's I/O reports it.
+    fn put_meta_io<T: Serialize>(&self, key: &str, value: &T) -> std::result::Result<(), LogError> {
+        self.put_meta(key, value)
+            .map_err(|e| LogError::Io(std::io::Error::other(e.to_string())))
     }
 
     /// Records `file` as the Raft log file in use (a compaction's switch), durably.
     fn switch_to(&self, file: usize) -> std::result::Result<(), LogError> {
-        self.put_meta(LOG_FILE, &file)
-            .map_err(|e| LogError::Io(std::io::Error::other(e.to_string())))
+        self.put_meta_io(LOG_FILE, &file)
     }
 
-    /// Appends `entries` durably (one write, one fdatasync), refusing any that would not
-    /// continue the log exactly; returns the last one's id (`None`: there were none).
-    fn write_entries(
+    /// Appends `entries` durably (one write, one fdatasync, without the log's lock), refusing
+    /// any that would not continue the log exactly; returns the last one's id (`None`: there
+    /// were none).
+    async fn write_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
     ) -> Result<Option<LogId<NodeId>>> {
@@ -227,11 +287,40 @@ impl LogStore {
             .into_iter()
             .map(|entry| (entry.log_id, to_json(&entry)))
             .collect();
-        let last = entries.last().map(|(id, _)| *id);
-        let mut log = self.log()?;
-        log.append(&entries, &mut |file| self.switch_to(file))
-            .map_err(log_err)?;
-        Ok(last)
+        let Some((first, last)) = entries.first().zip(entries.last()) else {
+            return Ok(None);
+        };
+        let (first, last) = (first.0.index, last.0);
+        let _writer = self.writer.lock().await;
+        let mut append = self.log()?.plan_append(&entries).map_err(log_err)?;
+        if self.log()?.append_compacts_first(first) {
+            self.compact().await?;
+            append = self.log()?.plan_append(&entries).map_err(log_err)?;
+        }
+        let Some(append) = append else {
+            return Ok(None);
+        };
+        let append = self.io(move || append.write().map(|()| append)).await?;
+        self.log()?.publish_append(append);
+        Ok(Some(last))
+    }
+
+    /// Copies the live entries into the other log file and switches to it (the caller holds
+    /// the writer): the copy, the switch's commit and emptying the old file run without the
+    /// log's lock, readers reading the file in use meanwhile.
+    async fn compact(&self) -> Result<()> {
+        let plan = self.log()?.plan_compaction();
+        let store = self.clone();
+        let compacted = self
+            .io(move || {
+                let compacted = plan.copy()?;
+                store.switch_to(compacted.file())?;
+                Ok(compacted)
+            })
+            .await?;
+        let old = self.log()?.publish_compaction(compacted);
+        self.io(move || old.set_len(0).map_err(LogError::from))
+            .await
     }
 }
 
@@ -314,7 +403,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<()> {
-        self.put_meta("vote", vote)
+        // An immediate commit (an fsync): off the runtime's threads as the log's writes.
+        let (store, vote) = (self.clone(), *vote);
+        self.io(move || store.put_meta_io("vote", &vote)).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>> {
@@ -347,7 +438,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let result = self.write_entries(entries).map(|last| {
+        let result = self.write_entries(entries).await.map(|last| {
             if last.is_some() {
                 self.identity.set_last_log(last);
             }
@@ -395,11 +486,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                  --cluster), or compare before deciding"
             )));
         }
-        let last = {
+        let _writer = self.writer.lock().await;
+        let (cut, last) = {
             let mut log = self.log()?;
-            log.truncate(log_id.index).map_err(log_err)?;
-            log.last()
+            (log.plan_truncate(log_id.index), log.last())
         };
+        if let Some(cut) = cut {
+            self.io(move || cut.write()).await?;
+        }
         self.identity.set_last_log(last);
         Ok(())
     }
@@ -434,15 +528,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 )))
             }
         }
+        let _writer = self.writer.lock().await;
         // The purged id first, durably (this commit also makes every apply so far durable):
         // a crash after it leaves records at or below it in the file, which are skipped.
-        self.put_meta("last_purged", &log_id)?;
-        let last = {
+        let store = self.clone();
+        self.io(move || store.put_meta_io("last_purged", &log_id))
+            .await?;
+        let (compact, last) = {
             let mut log = self.log()?;
-            log.purge(log_id, &mut |file| self.switch_to(file))
-                .map_err(log_err)?;
-            log.last()
+            (log.forget_purged(log_id), log.last())
         };
+        if compact {
+            self.compact().await?;
+        }
         // A purge past the last entry (a snapshot installed over a shorter log) moves where
         // the log ends: a census must hear it (`identity` rule 4).
         self.identity.set_last_log(last);
@@ -499,7 +597,7 @@ impl StateMachine {
     }
 
     fn snapshot_now(&mut self) -> Result<Snapshot<TypeConfig>> {
-        let state = self.state.lock().expect("not poisoned").clone();
+        let state = lock_state(&self.state).clone();
         self.snapshot_seq += 1;
         let data = to_json(&SnapshotData {
             header: state.header.clone(),
@@ -659,7 +757,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = StateMachine;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId<NodeId>>, Membership)> {
-        let state = self.state.lock().expect("not poisoned");
+        let state = lock_state(&self.state);
         Ok((state.header.last_applied, state.header.membership.clone()))
     }
 
@@ -668,7 +766,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let mut next = self.state.lock().expect("not poisoned").clone();
+        let mut next = lock_state(&self.state).clone();
         let mut changed = Vec::new();
         let mut replies = Vec::new();
         for entry in entries {
@@ -714,7 +812,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         txn.commit().map_err(write_err)?;
         let applied = next.header.last_applied;
-        *self.state.lock().expect("not poisoned") = next;
+        *lock_state(&self.state) = next;
         self.applied.send_replace(applied);
         Ok(replies)
     }
@@ -776,7 +874,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         txn.commit().map_err(write_err)?;
         let applied = data.header.last_applied;
         {
-            let mut state = self.state.lock().expect("not poisoned");
+            let mut state = lock_state(&self.state);
             state.header = data.header;
             state.leases = data
                 .leases

@@ -53,7 +53,7 @@ async fn p1_p8_a_log_read_never_returns_entries_without_the_ranges_start() {
     // [25, 29) after its log was purged to 25 and got [26, 27, 28]; sent after
     // prev_log_id 24, the follower wrote a log with a hole and its Raft stopped.
     let (_dir, mut log, _sm) = open_temp();
-    log.write_entries(blanks(0..10)).unwrap();
+    log.write_entries(blanks(0..10)).await.unwrap();
     let store = log.clone();
     log.log()
         .unwrap()
@@ -100,31 +100,34 @@ fn p4_p6_a_retired_key_stays_retired_and_a_restored_floor_raises_the_counter() {
     assert_eq!(state.header.last_epoch, Epoch(1 << 40));
 }
 
-#[test]
-fn p1_p8_append_refuses_a_gap_or_an_overwrite_and_writes_nothing() {
+#[tokio::test]
+async fn p1_p8_append_refuses_a_gap_or_an_overwrite_and_writes_nothing() {
     let (_dir, log, _sm) = open_temp();
     assert!(
-        log.write_entries(blanks(1..3)).is_err(),
+        log.write_entries(blanks(1..3)).await.is_err(),
         "a new log starts at 0"
     );
-    log.write_entries(blanks(0..3)).unwrap();
-    let gap = log.write_entries(blanks(4..6)).unwrap_err();
+    log.write_entries(blanks(0..3)).await.unwrap();
+    let gap = log.write_entries(blanks(4..6)).await.unwrap_err();
     assert!(gap.to_string().contains("gap"), "{gap}");
-    assert!(log.write_entries(blanks(2..4)).is_err(), "an overwrite");
+    assert!(
+        log.write_entries(blanks(2..4)).await.is_err(),
+        "an overwrite"
+    );
     let with_hole = vec![blank_ent::<TypeConfig>(1, 1, 3), blank_ent(1, 1, 5)];
     assert!(
-        log.write_entries(with_hole).is_err(),
+        log.write_entries(with_hole).await.is_err(),
         "a hole inside the batch"
     );
-    log.write_entries(blanks(3..5)).unwrap();
+    log.write_entries(blanks(3..5)).await.unwrap();
     // After a purge of everything the log continues after the purged entry.
     let store = log.clone();
     log.log()
         .unwrap()
         .purge(log_id(1, 1, 4), &mut |file| store.switch_to(file))
         .unwrap();
-    assert!(log.write_entries(blanks(6..7)).is_err());
-    log.write_entries(blanks(5..7)).unwrap();
+    assert!(log.write_entries(blanks(6..7)).await.is_err());
+    log.write_entries(blanks(5..7)).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -133,7 +136,7 @@ async fn p8_a_purge_waits_until_the_state_machine_has_applied_what_it_purges() {
     // while its state machine still installs it; a crash in between left the log purged
     // past last_applied. The purge must wait for the install.
     let (_dir, mut log, mut sm) = open_temp();
-    log.write_entries(blanks(0..6)).unwrap();
+    log.write_entries(blanks(0..6)).await.unwrap();
     sm.apply(blanks(0..3)).await.unwrap();
     let mut purging = log.clone();
     let purge = tokio::spawn(async move { purging.purge(log_id(1, 1, 5)).await });
@@ -159,7 +162,7 @@ async fn p8_a_purge_past_the_logs_end_moves_where_a_census_hears_it_ends() {
     // A follower installs a snapshot that reaches past its log, then purges the log to the
     // snapshot's last entry: its log now ends there (seed 7009589, `identity` rule 4).
     let (_dir, mut log, mut sm) = open_temp();
-    log.write_entries(blanks(0..3)).unwrap();
+    log.write_entries(blanks(0..3)).await.unwrap();
     sm.apply(blanks(0..9)).await.unwrap();
     log.get_log_state().await.unwrap();
     assert_eq!(sm.identity().last_log(), Some(log_id(1, 1, 2)));
@@ -170,7 +173,7 @@ async fn p8_a_purge_past_the_logs_end_moves_where_a_census_hears_it_ends() {
 #[tokio::test(start_paused = true)]
 async fn p8_a_purge_past_anything_applied_fails_instead_of_purging() {
     let (_dir, mut log, mut sm) = open_temp();
-    log.write_entries(blanks(0..4)).unwrap();
+    log.write_entries(blanks(0..4)).await.unwrap();
     sm.apply(blanks(0..1)).await.unwrap();
     let error = log.purge(log_id(1, 1, 3)).await.unwrap_err();
     assert!(error.to_string().contains("refused to purge"), "{error}");
@@ -209,11 +212,11 @@ async fn p8_the_log_and_the_state_machine_reopen_after_a_purge_and_a_compaction(
     let path = dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE);
     {
         let (mut log, mut sm) = open(&path).unwrap();
-        log.write_entries(blanks(0..8)).unwrap();
+        log.write_entries(blanks(0..8)).await.unwrap();
         sm.apply(blanks(0..8)).await.unwrap();
         // Everything purged: compacted into the other file, recorded in the store.
         log.purge(log_id(1, 1, 7)).await.unwrap();
-        log.write_entries(blanks(8..10)).unwrap();
+        log.write_entries(blanks(8..10)).await.unwrap();
     }
     let (mut log, _sm) = open(&path).unwrap();
     let state = log.get_log_state().await.unwrap();
@@ -278,7 +281,7 @@ async fn p8_a_store_from_before_the_log_file_has_its_entries_moved_into_it() {
 async fn p6_an_apply_is_durable_only_once_synced_and_the_durable_mark_follows() {
     // The witness follows the durable mark: it must never be ahead of the disk.
     let (_dir, log, mut sm) = open_temp();
-    log.write_entries(blanks(0..3)).unwrap();
+    log.write_entries(blanks(0..3)).await.unwrap();
     sm.apply(blanks(0..3)).await.unwrap();
     let durable = sm.durable_applied_watch();
     assert_eq!(
@@ -302,11 +305,15 @@ async fn p6_an_offline_backup_counts_the_grants_in_the_log_the_state_machine_has
     let path = dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE);
     {
         let (log, mut sm) = open(&path).unwrap();
-        log.write_entries(vec![apply_entry(0, 5, Some(5))]).unwrap();
+        log.write_entries(vec![apply_entry(0, 5, Some(5))])
+            .await
+            .unwrap();
         sm.apply(vec![apply_entry(0, 5, Some(5))]).await.unwrap();
         sm.syncer().sync().unwrap();
         // Appended (durable in the log), applied but not synced, or not applied at all.
-        log.write_entries(vec![apply_entry(1, 9, Some(9))]).unwrap();
+        log.write_entries(vec![apply_entry(1, 9, Some(9))])
+            .await
+            .unwrap();
     }
     assert_eq!(read_counter(&path).unwrap(), Epoch(9));
     // A torn tail is left out, and nothing is written.
@@ -322,15 +329,15 @@ async fn p6_an_offline_backup_counts_the_grants_in_the_log_the_state_machine_has
     );
 }
 
-#[test]
-fn p8_a_store_whose_log_file_was_lost_refuses_to_open() {
+#[tokio::test]
+async fn p8_a_store_whose_log_file_was_lost_refuses_to_open() {
     // cluster.redb copied (or restored) without its log files: the member would start with
     // its vote and state but none of the entries it acknowledged.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(palisade_coordinator::CLUSTER_STORE_FILE);
     {
         let (log, _sm) = open(&path).unwrap();
-        log.write_entries(blanks(0..3)).unwrap();
+        log.write_entries(blanks(0..3)).await.unwrap();
     }
     let [first, _] = log_paths(&path);
     let kept = std::fs::read(&first).unwrap();
@@ -355,7 +362,7 @@ fn p8_a_store_whose_log_file_was_lost_refuses_to_open() {
 #[tokio::test]
 async fn p8_a_panic_holding_the_raft_log_fails_later_calls_with_their_cause() {
     let (_dir, mut log, _sm) = open_temp();
-    log.write_entries(blanks(0..3)).unwrap();
+    log.write_entries(blanks(0..3)).await.unwrap();
     // A panic while the lock is held (a bug in a storage call) poisons it.
     let shared = log.log.clone();
     let _ = std::thread::spawn(move || {
@@ -368,6 +375,185 @@ async fn p8_a_panic_holding_the_raft_log_fails_later_calls_with_their_cause() {
     let error = log.get_log_state().await.unwrap_err().to_string();
     assert!(error.contains("a panic in an earlier call"), "{error}");
     assert!(log.try_get_log_entries(0..3).await.is_err());
-    assert!(log.write_entries(blanks(3..4)).is_err());
+    assert!(log.write_entries(blanks(3..4)).await.is_err());
     assert!(log.truncate(log_id(1, 1, 1)).await.is_err());
+}
+
+/// A log file on a real file whose fsyncs wait while the test holds them, and whose writes
+/// fail while it says so: a disk that stalls, a disk that fails.
+#[derive(Debug)]
+struct GatedFile {
+    file: std::fs::File,
+    gate: Arc<Gate>,
+}
+
+#[derive(Debug, Default)]
+struct Gate {
+    /// (fsyncs held, an fsync is waiting)
+    held: Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+    fail_writes: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    fn hold(&self, hold: bool) {
+        self.held.lock().unwrap().0 = hold;
+        self.changed.notify_all();
+    }
+
+    /// Waits (at most 10 s) until an fsync waits at the gate.
+    fn until_waiting(&self) {
+        let (held, timeout) = self
+            .changed
+            .wait_timeout_while(
+                self.held.lock().unwrap(),
+                std::time::Duration::from_secs(10),
+                |(_, waiting)| !*waiting,
+            )
+            .unwrap();
+        assert!(!timeout.timed_out() && held.1, "no fsync reached the gate");
+    }
+}
+
+impl raft_log::LogFile for GatedFile {
+    fn len(&self) -> std::io::Result<u64> {
+        raft_log::LogFile::len(&self.file)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        raft_log::LogFile::read(&self.file, offset, out)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if self
+            .gate
+            .fail_writes
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(std::io::Error::other("EIO from the test's disk"));
+        }
+        raft_log::LogFile::write(&self.file, offset, data)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        raft_log::LogFile::set_len(&self.file, len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        let mut held = self.gate.held.lock().unwrap();
+        held.1 = true;
+        self.gate.changed.notify_all();
+        while held.0 {
+            held = self.gate.changed.wait(held).unwrap();
+        }
+        held.1 = false;
+        drop(held);
+        self.file.sync_data()
+    }
+}
+
+/// A store on an in-memory redb and two gated log files in a temporary directory.
+fn open_gated() -> (tempfile::TempDir, Arc<Gate>, LogStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let file = |n: usize| -> Box<dyn raft_log::LogFile> {
+        Box::new(GatedFile {
+            file: std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(dir.path().join(format!("log.{n}")))
+                .unwrap(),
+            gate: gate.clone(),
+        })
+    };
+    let files = [file(0), file(1)];
+    let (log, _sm) = open_backend(redb::backends::InMemoryBackend::new(), files).unwrap();
+    (dir, gate, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_read_is_answered_while_an_appends_fsync_hangs() {
+    let (_dir, gate, log) = open_gated();
+    log.write_entries(blanks(0..3)).await.unwrap();
+    gate.hold(true);
+    let appending = tokio::spawn({
+        let log = log.clone();
+        async move { log.write_entries(blanks(3..5)).await }
+    });
+    gate.until_waiting();
+    // Read on a thread of its own: a read that waited for the fsync would block it, and the
+    // test would say so after 10 s instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut reader = log.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _ = tx.send(runtime.block_on(reader.try_get_log_entries(0..10)));
+    });
+    let read = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("a read waited for an append's fsync")
+        .unwrap();
+    assert_eq!(
+        indexes(&read),
+        vec![0, 1, 2],
+        "only what is durable is read"
+    );
+    gate.hold(false);
+    appending.await.unwrap().unwrap();
+    let mut reader = log.clone();
+    assert_eq!(
+        indexes(&reader.try_get_log_entries(0..10).await.unwrap()),
+        vec![0, 1, 2, 3, 4]
+    );
+}
+
+#[tokio::test]
+async fn p8_a_failed_log_write_stops_the_store_with_its_cause_and_nothing_panics() {
+    let (_dir, gate, mut log) = open_gated();
+    log.write_entries(blanks(0..3)).await.unwrap();
+    gate.fail_writes
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let error = log.write_entries(blanks(3..4)).await.unwrap_err();
+    assert!(
+        error.to_string().contains("EIO from the test's disk"),
+        "{error}"
+    );
+    // The disk answers again, but the index may be ahead of the file: every later call fails
+    // with the first cause (the member's Raft stops), and none is answered from the index.
+    gate.fail_writes
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    for error in [
+        log.write_entries(blanks(3..4)).await.unwrap_err(),
+        log.try_get_log_entries(0..3).await.unwrap_err(),
+        log.get_log_state().await.unwrap_err(),
+        log.save_vote(&Vote::new(2, 1)).await.unwrap_err(),
+    ] {
+        let error = error.to_string();
+        assert!(
+            error.contains("an earlier write of the raft log failed"),
+            "{error}"
+        );
+        assert!(error.contains("EIO from the test's disk"), "{error}");
+    }
+}
+
+#[test]
+fn a_panic_holding_the_applied_state_leaves_it_readable() {
+    let state = Arc::new(Mutex::new(SmState {
+        header: SmHeader::default(),
+        leases: BTreeMap::new(),
+    }));
+    let shared = state.clone();
+    let _ = std::thread::spawn(move || {
+        let _held = shared.lock().unwrap();
+        panic!("a bug while the applied state is locked");
+    })
+    .join();
+    assert!(state.is_poisoned());
+    // Every change replaces whole values: the state is as the last change left it.
+    assert_eq!(lock_state(&state).header.last_applied, None);
 }

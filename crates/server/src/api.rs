@@ -154,7 +154,7 @@ impl Api {
         if let Some(cluster) = &self.cluster {
             // Every member that has led registered its key in the replicated state; a retired
             // key is published by nobody, its owner included.
-            let state = cluster.state.lock().expect("not poisoned");
+            let state = palisade_cluster::storage::lock_state(&cluster.state);
             if state.header.retired_keys.contains(&own) {
                 keys.clear();
             }

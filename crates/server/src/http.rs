@@ -473,7 +473,7 @@ async fn retire_key(
         ));
     }
     let owner = {
-        let state = member.state.lock().expect("not poisoned");
+        let state = palisade_cluster::storage::lock_state(&member.state);
         if state.header.retired_keys.contains(&key_id) {
             return Ok(Json(json!({"retired": key_id, "already": true})));
         }

@@ -90,7 +90,9 @@ fn open_database(
     Ok((
         LogStore {
             db: db.clone(),
+            blocks: log.blocks(),
             log: Arc::new(Mutex::new(log)),
+            writer: Arc::new(tokio::sync::Mutex::new(())),
             applied,
             durable: durable.clone(),
             identity: identity.clone(),
