@@ -118,7 +118,7 @@ pub fn expected_body(function: &str) -> Option<String> {
     body
 }
 
-fn problem(severity: Severity, code: &str, message: String, proof: &str) -> Problem {
+pub(crate) fn problem(severity: Severity, code: &str, message: String, proof: &str) -> Problem {
     Problem {
         severity,
         code: code.to_owned(),
@@ -128,7 +128,7 @@ fn problem(severity: Severity, code: &str, message: String, proof: &str) -> Prob
 }
 
 /// Postgres's error as text.
-fn pg(error: tokio_postgres::Error) -> String {
+pub(crate) fn pg(error: tokio_postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => error.to_string(),
@@ -145,6 +145,8 @@ pub async fn check(
     let mut problems = Vec::new();
     check_triggers(client, table, binding, &mut problems).await?;
     check_functions(client, binding, &mut problems).await?;
+    crate::search_path::check_function_settings(client, binding.schema, &mut problems).await?;
+    crate::search_path::check_role_search_paths(client, &mut problems).await?;
     check_rewrites(client, table, &mut problems).await?;
     check_writers(client, table, binding, writers, &mut problems).await?;
     check_durability(client, &mut problems).await?;
@@ -289,8 +291,7 @@ fn trigger_differences(row: &tokio_postgres::Row, want: &Expected) -> Vec<String
     differs
 }
 
-const FUNCTION: &str =
-    "SELECT p.prosrc, p.prosecdef, coalesce(array_to_string(p.proconfig, ','), '') \
+const FUNCTION: &str = "SELECT p.prosrc, p.prosecdef \
     FROM pg_proc p WHERE p.proname = $1 AND p.pronamespace = $2::oid AND p.pronargs = $3";
 
 /// Each guard function's body is the one Palisade's migrations define (a body re-created with
@@ -310,6 +311,8 @@ async fn check_functions(
         // A restored database must not keep the floors of its past (migration 8).
         ("palisade_guard_lock_floor", false, 0),
         ("palisade_check_lock_floor", true, 2),
+        ("palisade_learn_floor", true, 2),
+        ("palisade_known_floor", true, 1),
         ("palisade_incarnation", false, 0),
     ];
     if binding.guard_rows {
@@ -334,7 +337,8 @@ async fn check_functions(
             ));
             continue;
         };
-        let (body, secdef, config): (String, bool, String) = (row.get(0), row.get(1), row.get(2));
+        // Its search_path and owner: `search_path::check_function_settings`.
+        let (body, secdef): (String, bool) = (row.get(0), row.get(1));
         let expected = expected_body(function);
         let mut differs = Vec::new();
         if expected.as_deref() != Some(body.replace("\r\n", "\n").as_str()) {
@@ -342,9 +346,6 @@ async fn check_functions(
         }
         if definer && !secdef {
             differs.push("it no longer runs as its owner (SECURITY DEFINER)");
-        }
-        if definer && !config.starts_with("search_path=pg_catalog") {
-            differs.push("its search_path is not pinned");
         }
         if !differs.is_empty() {
             problems.push(problem(

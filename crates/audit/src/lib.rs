@@ -18,6 +18,7 @@ pub mod assess;
 pub mod guard;
 pub mod observe;
 pub mod policy;
+pub mod search_path;
 
 use std::collections::BTreeMap;
 

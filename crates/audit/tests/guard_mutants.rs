@@ -322,8 +322,12 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     let found = table_mutants_found(&setup).await;
     guard_functions_altered_are_found(&setup).await;
     restore_checks_disabled_are_found(&setup).await;
+    search_path_changes_are_found(&setup).await;
     durability_off_is_reported(&setup).await;
-    println!("audit mutants: {found} planted in tables, 4 in functions, all found as critical");
+    println!(
+        "audit mutants: {found} planted in tables, 4 in function bodies, 3 in search_paths and \
+         owners, all found as critical"
+    );
     setup.drop().await;
 }
 
@@ -398,6 +402,12 @@ async fn guard_functions_altered_are_found(setup: &Setup) {
         report.problems
     );
     setup.db.batch_execute(&recreate(&original)).await.unwrap();
+    // CREATE OR REPLACE dropped its pinned search_path with the rest (migration 9).
+    setup
+        .db
+        .batch_execute("ALTER FUNCTION palisade_guard_fence() SET search_path = pg_catalog, public")
+        .await
+        .unwrap();
     // The tombstone function no longer running as its owner.
     setup
         .db
@@ -454,15 +464,117 @@ async fn restore_checks_disabled_are_found(setup: &Setup) {
         );
         let original = palisade_audit::guard::expected_body(function).unwrap();
         setup.db.batch_execute(&create(&original)).await.unwrap();
-        if returns.contains("SECURITY DEFINER") {
-            // CREATE OR REPLACE dropped the pinned search_path with the rest.
-            let pin = format!(
-                "ALTER FUNCTION {function}(text, bigint) SET search_path = pg_catalog, public"
-            );
-            setup.db.batch_execute(&pin).await.unwrap();
-        }
+        // CREATE OR REPLACE dropped the pinned search_path with the rest (migration 9).
+        let arguments = if signature == "()" {
+            "()"
+        } else {
+            "(text, bigint)"
+        };
+        let pin =
+            format!("ALTER FUNCTION {function}{arguments} SET search_path = pg_catalog, public");
+        setup.db.batch_execute(&pin).await.unwrap();
     }
     assert!(critical(&setup.audit("clean").await).is_empty());
+}
+
+/// A DBA's plain SQL around Palisade's functions (P5, migration 9): a fence role whose
+/// search_path puts shadow `<` and `<=` on bigint ahead of pg_catalog; the guard function
+/// unpinned (the shadow then turns its check around: a stale write is accepted — what the pin
+/// prevents); a shadow schema in a function's own setting; a function handed to another role.
+/// Each is a critical finding; each is undone and the audit is clean again.
+async fn search_path_changes_are_found(setup: &Setup) {
+    let (db, fence) = (&setup.db, &setup.writer);
+    setup.table("sp").await;
+    db.batch_execute(&format!(
+        "CREATE SCHEMA shadowops;
+         CREATE FUNCTION shadowops.ne(bigint, bigint) RETURNS boolean LANGUAGE sql IMMUTABLE
+             AS 'SELECT $1 <> $2';
+         CREATE FUNCTION shadowops.never(bigint, bigint) RETURNS boolean LANGUAGE sql IMMUTABLE
+             AS 'SELECT false';
+         CREATE OPERATOR shadowops.< (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = shadowops.ne);
+         CREATE OPERATOR shadowops.<= (LEFTARG = bigint, RIGHTARG = bigint,
+                                       FUNCTION = shadowops.never);
+         GRANT USAGE ON SCHEMA shadowops TO PUBLIC;
+         ALTER ROLE {fence} IN DATABASE {name} SET search_path = shadowops, pg_catalog, public;
+         SELECT palisade_learn_floor('report/sp', 1);",
+        name = setup.name
+    ))
+    .await
+    .unwrap();
+    let found = |report: &BoundaryReport, code: &str, about: &str| {
+        critical(report)
+            .iter()
+            .any(|(c, m)| *c == code && m.contains(about))
+    };
+    let report = setup.audit("sp").await;
+    assert!(found(&report, "shadowed_name", "operator <"), "{report:#?}");
+    // The README's statement with a stale epoch, as the fence role: its shadow `<` lets the
+    // row through to the trigger, and the pinned guard refuses it.
+    let as_fence = setup
+        .url
+        .replacen("://postgres@", &format!("://{fence}@"), 1);
+    let stale =
+        "UPDATE sp SET payload = 'stale', last_fence = 5 WHERE id = 1 AND last_fence < 5::bigint";
+    let writer = connect(&as_fence).await;
+    let path: String = writer
+        .query_one("SHOW search_path", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(path.starts_with("shadowops"), "{path}");
+    let refused = writer.execute(stale, &[]).await.unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("P5001"),
+        "{refused:?}"
+    );
+    // Unpinned, the guard compares with the shadow `<=`: the same statement is accepted.
+    db.batch_execute("ALTER FUNCTION palisade_guard_fence() RESET search_path")
+        .await
+        .unwrap();
+    let writer = connect(&as_fence).await;
+    assert_eq!(
+        writer.execute(stale, &[]).await.unwrap(),
+        1,
+        "the mutant is real"
+    );
+    let report = setup.audit("sp").await;
+    assert!(
+        found(&report, "function_search_path", "palisade_guard_fence"),
+        "{report:#?}"
+    );
+    // A shadow schema in a function's own setting; a function handed to the application role.
+    db.batch_execute(&format!(
+        "CREATE SCHEMA shadowfloor;
+         ALTER FUNCTION palisade_check_lock_floor(text, bigint)
+             SET search_path = pg_catalog, shadowfloor, public;
+         ALTER FUNCTION palisade_learn_floor(text, bigint) OWNER TO {app};",
+        app = setup.app
+    ))
+    .await
+    .unwrap();
+    let report = setup.audit("sp").await;
+    assert!(
+        found(&report, "function_search_path", "palisade_check_lock_floor"),
+        "{report:#?}"
+    );
+    assert!(
+        found(&report, "function_owner", "palisade_learn_floor"),
+        "{report:#?}"
+    );
+    db.batch_execute(&format!(
+        "ALTER FUNCTION palisade_learn_floor(text, bigint) OWNER TO CURRENT_USER;
+         ALTER FUNCTION palisade_check_lock_floor(text, bigint)
+             SET search_path = pg_catalog, public;
+         ALTER FUNCTION palisade_guard_fence() SET search_path = pg_catalog, public;
+         ALTER ROLE {fence} IN DATABASE {name} RESET search_path;
+         DROP SCHEMA shadowops CASCADE; DROP SCHEMA shadowfloor CASCADE;",
+        name = setup.name
+    ))
+    .await
+    .unwrap();
+    let report = setup.audit("sp").await;
+    assert!(critical(&report).is_empty(), "{report:#?}");
 }
 
 /// Durability: synchronous_commit off for the fence role is reported (a warning: the adapter

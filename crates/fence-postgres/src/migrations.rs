@@ -36,6 +36,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../sql/007_restore_floor.sql"),
     ),
     (8, "lock floors", include_str!("../sql/008_lock_floors.sql")),
+    (
+        9,
+        "search_path immunity",
+        include_str!("../sql/009_search_path_immunity.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).
