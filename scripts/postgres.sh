@@ -32,6 +32,8 @@ palisade_start_postgres() {
     -o "-c listen_addresses=127.0.0.1 -p $PALISADE_PG_PORT -k $PALISADE_PG_DIR -c max_connections=300 -c fsync=on" \
     start >/dev/null
   PALISADE_PG_STOP=("${run[@]}" "$bin/pg_ctl" -D "$PALISADE_PG_DIR/data" -m fast -w stop)
+  # For the tests of writes across a database restart (the server's options are kept).
+  export PALISADE_TEST_POSTGRES_RESTART="${run[*]} $bin/pg_ctl -D $PALISADE_PG_DIR/data -l $PALISADE_PG_DIR/log -m fast -w restart"
   export PALISADE_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$PALISADE_PG_PORT/postgres"
   echo "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$PALISADE_PG_PORT"
 }

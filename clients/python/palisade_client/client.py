@@ -177,7 +177,15 @@ class Client:
         token: Optional[str] = None,
         ca: Optional[str] = None,
         timeout: float = 10.0,
+        trusted_keys: Optional[list] = None,
     ):
+        """``trusted_keys``: the coordinator's public keys (base64url, as ``GET /v1/keys``
+        serves them) that floor statements must be signed with; without them the keys are
+        fetched from the coordinator over the same channel as the floors."""
+        from palisade_client import floors
+
+        self._trusted_keys = floors.parse_keys(trusted_keys) if trusted_keys else None
+        self._fetched_keys: Optional[dict] = None
         self._timeout = timeout
         self._token = token.strip() if token else None
         self._ca = ca
@@ -266,25 +274,68 @@ class Client:
         finally:
             lease.release()
 
+    def floor_statement(self, name: str) -> tuple:
+        """The lock's floor and the coordinator's signed statement of it, verified: every owner
+        below the floor is superseded or its lease has ended (``GET /v1/locks/NAME/floor`` on
+        the coordinator's port; a follower's answer naming the leader is followed once). What a
+        database that was restarted or restored asks before it trusts its fences again
+        (``palisade_client.postgres``). The statement's Ed25519 signature is checked against
+        ``trusted_keys`` when the client was given them, else against the coordinator's
+        ``GET /v1/keys`` (fetched over the same channel, again when a statement names a key not
+        seen yet): a floor that does not verify raises ``Unavailable`` and is never returned."""
+        from palisade_client import floors
+
+        path = f"/v1/locks/{urllib.parse.quote(name, safe='')}/floor"
+        answer, base = self._get_json(path)
+        statement = answer.get("statement")
+        if not isinstance(statement, str):
+            raise Unavailable(f"GET {path}: no floor statement (an older coordinator?)")
+        try:
+            if floors.statement_key_id(statement) not in self._floor_keys(base, refresh=False):
+                self._floor_keys(base, refresh=True)
+            claims = floors.verify(statement, name, self._floor_keys(base, refresh=False))
+        except floors.FloorError as why:
+            raise Unavailable(f"the floor statement from {base}{path} does not verify: {why}") from None
+        if str(answer.get("floor")) != str(claims.floor):
+            raise Unavailable(
+                f"GET {path}: the answer says floor {answer.get('floor')}, its signed statement"
+                f" {claims.floor}"
+            )
+        return claims.floor, statement
+
     def floor(self, name: str) -> int:
-        """The lock's floor: every owner below it is superseded or its lease has ended
-        (``GET /v1/locks/NAME/floor`` on the coordinator's port; a follower's answer naming the
-        leader is followed once). What a database that was restarted or restored asks before
-        it trusts its fences again (``palisade_client.postgres``). The statement's signature is
-        not checked here: the channel is trusted as the gRPC one is (TLS with ``ca``, or
-        loopback)."""
-        target, tls = _target(self._endpoint)
-        base = f"{'https' if tls else 'http'}://{target}"
+        """The lock's verified floor (see ``floor_statement``)."""
+        return self.floor_statement(name)[0]
+
+    def _floor_keys(self, base: str, refresh: bool) -> dict:
+        """The keys floor statements are checked with: the pinned ones, or the coordinator's."""
+        from palisade_client import floors
+
+        if self._trusted_keys is not None:
+            return self._trusted_keys
+        if refresh or self._fetched_keys is None:
+            answer, _ = self._get_json("/v1/keys", base)
+            try:
+                self._fetched_keys = floors.parse_keys(answer)
+            except (floors.FloorError, KeyError, TypeError) as why:
+                raise Unavailable(f"GET {base}/v1/keys: {why}") from None
+        return self._fetched_keys
+
+    def _get_json(self, path: str, base: Optional[str] = None) -> tuple:
+        """``GET path`` on the coordinator's port (following a follower's leader once): the JSON
+        and the base URL that answered."""
+        if base is None:
+            target, tls = _target(self._endpoint)
+            base = f"{'https' if tls else 'http'}://{target}"
         context = None
-        if tls:
+        if base.startswith("https://"):
             import ssl
 
             context = ssl.create_default_context(cafile=self._ca)
-        path = f"/v1/locks/{urllib.parse.quote(name, safe='')}/floor"
         for _ in range(2):
             try:
                 with urllib.request.urlopen(base + path, timeout=self._timeout, context=context) as answer:
-                    return int(json.load(answer)["floor"])
+                    return json.load(answer), base
             except urllib.error.HTTPError as error:
                 body = json.loads(error.read() or b"{}")
                 if body.get("error") == "not_leader" and body.get("leader"):

@@ -37,15 +37,35 @@ class Superseded(PalisadeError):
 
 
 def learn_floor(db: Any, client: Client, lock: str) -> int:
-    """Asks the coordinator for ``lock``'s floor and records it in ``db`` (it never goes down);
-    the floor now in force."""
-    floor = client.floor(lock)
-    return int(db.execute("SELECT palisade_learn_floor(%s, %s)", (lock, floor)).fetchone()[0])
+    """Asks the coordinator for ``lock``'s floor, verifies its signed statement
+    (``Client.floor_statement``: a floor that does not verify raises ``Unavailable`` and nothing
+    is recorded) and records both in ``db`` (a floor never goes down; the audit verifies the
+    statement again); the floor now in force. Committed before it returns on a connection with
+    no transaction open (autocommit or not); inside the caller's transaction, a savepoint of
+    it."""
+    import psycopg
+
+    floor, statement = client.floor_statement(lock)
+    # psycopg's default connection opens a transaction at its first statement and commits
+    # nothing by itself: a bare SELECT here would leave one open, every later write of this
+    # connection inside it, acknowledged and lost. `transaction()` commits it (or is a
+    # savepoint of the caller's).
+    with db.transaction():
+        try:
+            with db.transaction():
+                row = db.execute("SELECT palisade_learn_floor(%s, %s, %s)",
+                                 (lock, floor, statement)).fetchone()
+        except psycopg.errors.UndefinedFunction:
+            # A database before migration 10: the floor without its statement.
+            row = db.execute("SELECT palisade_learn_floor(%s, %s)", (lock, floor)).fetchone()
+    return int(row[0])
 
 
 def execute(db: Any, client: Client, lock: str, query: str, params: Sequence[Any] = ()) -> Any:
-    """Runs ``query`` on the psycopg connection ``db`` (in a savepoint when a transaction is
-    open), learning ``lock``'s floor first when the database asks for it; the cursor."""
+    """Runs ``query`` on the psycopg connection ``db``, learning ``lock``'s floor first when
+    the database asks for it; the cursor. With no transaction open (autocommit or psycopg's
+    default), the write is committed when this returns; inside the caller's transaction it is
+    a savepoint, committed with the caller's, and the transaction is left as it was."""
     import psycopg
 
     for attempt in range(2):

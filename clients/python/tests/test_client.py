@@ -149,39 +149,6 @@ def test_the_committed_stubs_match_the_proto(tmp_path):
         assert fresh == committed, f"{name} is stale: regenerate it (clients/python/README.md)"
 
 
-@pytest.fixture
-def database():
-    url = os.environ.get("PALISADE_TEST_POSTGRES_URL")
-    if not url:
-        pytest.fail("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test")
-    import psycopg
-
-    table = "report_result"
-    # The README's SQL block, run as written: the table the example writes to.
-    readme = (HERE / "README.md").read_text()
-    setup = readme.split("```sql\n", 1)[1].split("```", 1)[0]
-    # Before the first guard the database has no Palisade functions: drop only what is there.
-    unguard = (
-        f"DO $$ BEGIN IF to_regclass('{table}') IS NOT NULL"
-        " AND to_regproc('palisade_drop_guard') IS NOT NULL THEN"
-        f" EXECUTE 'SELECT palisade_drop_guard(''{table}'')'; END IF; END $$"
-    )
-    with psycopg.connect(url, autocommit=True) as db:
-        db.execute(unguard)
-        db.execute(f"DROP TABLE IF EXISTS {table}")
-        for statement in filter(str.strip, setup.split(";")):
-            db.execute(statement)
-    # The README's guard, installed with the command it names.
-    guard = [os.environ["PALISADE_BIN"], "resource", "guard", "--postgres", url,
-             "--table", table, "--lock-column", "lock"]
-    installed = subprocess.run(guard, capture_output=True, text=True)
-    assert installed.returncode == 0, installed.stderr
-    yield url
-    with psycopg.connect(url, autocommit=True) as db:
-        db.execute(unguard)
-        db.execute(f"DROP TABLE {table}")
-
-
 def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
     """P1: the 20-line example writes under its lease; an owner that paused past its lease and
     writes after a newer owner is refused by the same statement."""
@@ -308,3 +275,46 @@ def test_p6_a_database_that_went_back_learns_the_floor_and_refuses_the_supersede
     # The current owner writes on.
     again = subprocess.run(example + ["again"], env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
+
+
+def test_p8_writes_acknowledged_on_a_default_connection_survive_a_database_restart(
+    coordinator, database
+):
+    """P8: on psycopg's default connection (not autocommit), after a database restart (every
+    lock's floor unknown again: P5008), every write ``execute`` acknowledged is committed — seen
+    from another session — and the connection is left with no transaction open. (``execute``
+    once learned the floor with a bare SELECT, which opened a transaction nothing committed:
+    every later write sat in it, acknowledged, and was lost with the session.)"""
+    import psycopg
+
+    from palisade_client.postgres import execute
+
+    restart = os.environ.get("PALISADE_TEST_POSTGRES_RESTART")
+    if not restart:
+        pytest.fail("PALISADE_TEST_POSTGRES_RESTART is not set: run ./scripts/test")
+    rows = [20, 21, 22]
+    with psycopg.connect(database, autocommit=True) as db:
+        for row in rows:
+            db.execute("INSERT INTO report_result (id, lock, payload) VALUES (%s, %s, 'empty')",
+                       (row, f"report/{row}"))
+    client = Client(coordinator.address)
+    leases = {row: client.acquire(f"report/{row}", ttl=60) for row in rows}
+    subprocess.run(restart, shell=True, check=True, capture_output=True, timeout=60)
+
+    update = ("UPDATE report_result SET payload = %s, last_fence = %s"
+              " WHERE id = %s AND last_fence < %s RETURNING id")
+    with psycopg.connect(database) as db:
+        for row, lease in leases.items():
+            written = execute(db, client, lease.lock, update,
+                              (f"after restart {row}", lease.epoch, row, lease.epoch))
+            assert written.fetchone() == (row,)
+            assert db.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # Another session sees every acknowledged write while this one is still open.
+        with psycopg.connect(database, autocommit=True) as other:
+            seen = other.execute(
+                "SELECT id, payload, last_fence FROM report_result WHERE id = ANY(%s) ORDER BY id",
+                (rows,),
+            ).fetchall()
+    assert seen == [(row, f"after restart {row}", leases[row].epoch) for row in rows]
+    for lease in leases.values():
+        lease.release()

@@ -103,15 +103,28 @@ fn expected_triggers(binding: &Binding) -> Vec<Expected> {
 /// The body Palisade's migrations give `function` (its last definition), as PostgreSQL
 /// stores it in `pg_proc.prosrc`: the text between the `$$` quotes.
 pub fn expected_body(function: &str) -> Option<String> {
+    expected_body_of(function, None)
+}
+
+/// [`expected_body`] of the form of `function` that takes `arguments` arguments (`None`: any).
+pub fn expected_body_of(function: &str, arguments: Option<usize>) -> Option<String> {
     let header = format!("CREATE OR REPLACE FUNCTION {function}(");
     let mut body = None;
     for (_, _, sql) in MIGRATIONS {
         let mut rest = *sql;
         while let Some(at) = rest.find(&header) {
             rest = &rest[at + header.len()..];
+            let signature = &rest[..rest.find(')')?];
+            let count = if signature.trim().is_empty() {
+                0
+            } else {
+                signature.split(',').count()
+            };
             let start = rest.find("$$")? + 2;
             let end = start + rest[start..].find("$$")?;
-            body = Some(rest[start..end].replace("\r\n", "\n"));
+            if arguments.is_none_or(|wanted| wanted == count) {
+                body = Some(rest[start..end].replace("\r\n", "\n"));
+            }
             rest = &rest[end + 2..];
         }
     }
@@ -312,6 +325,7 @@ async fn check_functions(
         ("palisade_guard_lock_floor", false, 0),
         ("palisade_check_lock_floor", true, 2),
         ("palisade_learn_floor", true, 2),
+        ("palisade_learn_floor", true, 3),
         ("palisade_known_floor", true, 1),
         ("palisade_incarnation", false, 0),
     ];
@@ -339,7 +353,7 @@ async fn check_functions(
         };
         // Its search_path and owner: `search_path::check_function_settings`.
         let (body, secdef): (String, bool) = (row.get(0), row.get(1));
-        let expected = expected_body(function);
+        let expected = expected_body_of(function, Some(usize::from(arguments.unsigned_abs())));
         let mut differs = Vec::new();
         if expected.as_deref() != Some(body.replace("\r\n", "\n").as_str()) {
             differs.push("its body differs from Palisade's");

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod assess;
+pub mod floors;
 pub mod guard;
 pub mod observe;
 pub mod policy;
@@ -132,6 +133,11 @@ pub struct BoundaryReport {
     /// What the boundary's own state shows is wrong with it (see [`guard`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<Problem>,
+    /// Postgres: the lock floors the database enforces (at most
+    /// [`floors::MAX_FLOORS_READ`], the highest first), judged by the coordinator
+    /// ([`floors::judge`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub floors: Vec<floors::StoredFloor>,
     /// Effects: operations by state.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub operations: BTreeMap<String, u64>,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::Value;
 
+use crate::floors::{StoredFloor, MAX_FLOORS_READ};
 use crate::guard::{self, Binding};
 use crate::policy::Boundary;
 use crate::{BoundaryReport, Probe};
@@ -257,6 +258,7 @@ async fn observe_postgres(
     };
     report.guard_installed = Some(true);
     report.problems = guard::check(&client, table, &binding, writers).await?;
+    report.floors = stored_floors(&client).await?;
     let t = quote(table)?;
     for lock in locks {
         // A deleted row's fence stays in palisade_row_fences (its tombstone).
@@ -292,6 +294,43 @@ async fn observe_postgres(
         }
     }
     Ok(())
+}
+
+/// The floors the database enforces, the highest first (with their statements since
+/// migration 10).
+async fn stored_floors(client: &tokio_postgres::Client) -> Result<Vec<StoredFloor>, String> {
+    let with_statements: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+             WHERE attrelid = to_regclass('palisade_lock_floors') AND attname = 'statement')",
+            &[],
+        )
+        .await
+        .map_err(|e| pg_text(&e))?
+        .get(0);
+    let statement = if with_statements {
+        "statement"
+    } else {
+        "NULL::text"
+    };
+    let rows = client
+        .query(
+            &format!(
+                "SELECT lock, floor, {statement} FROM palisade_lock_floors \
+                 ORDER BY floor DESC, lock LIMIT $1"
+            ),
+            &[&MAX_FLOORS_READ],
+        )
+        .await
+        .map_err(|e| pg_text(&e))?;
+    Ok(rows
+        .iter()
+        .map(|row| StoredFloor {
+            lock: row.get(0),
+            floor: row.get::<_, i64>(1).max(0) as u64,
+            statement: row.get(2),
+        })
+        .collect())
 }
 
 /// Proves a guarded table refuses a write that does not raise the fence: in a transaction
@@ -397,7 +436,10 @@ async fn learn_probe_floor(
     quoted: &str,
 ) -> Result<Option<String>, String> {
     let has_floors: bool = transaction
-        .query_one("SELECT to_regproc('palisade_learn_floor') IS NOT NULL", &[])
+        .query_one(
+            "SELECT to_regprocedure('palisade_learn_floor(text, bigint)') IS NOT NULL",
+            &[],
+        )
         .await
         .map_err(|e| pg_text(&e))?
         .get(0);

@@ -58,6 +58,18 @@ pub enum ResourceCommand {
     /// TRUNCATE fails, and with --guard-rows so do INSERT and DELETE outside the fence (P5).
     /// Run it as the table's owner; running it again changes nothing.
     Guard(GuardArgs),
+    /// Forget a PostgreSQL database's floor for a lock: the repair of a floor `palisade audit`
+    /// reports as poisoned (forged, or above the coordinator's). The row goes, and the lock's
+    /// next fenced write learns its floor again from the coordinator, verified. Run it as the
+    /// owner of Palisade's tables.
+    ForgetFloor {
+        /// The database (`postgres://USER@HOST/DB`).
+        #[arg(long)]
+        postgres: String,
+        /// The lock whose floor goes.
+        #[arg(long)]
+        lock: String,
+    },
     /// Activate a lock's new epoch (activated mode), before the new owner works.
     Activate {
         /// The lock.
@@ -232,6 +244,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
         ResourceCommand::Serve(args) => serve(args).await,
         ResourceCommand::Restore(args) => restore(args, json).await,
         ResourceCommand::Guard(args) => guard(args).await,
+        ResourceCommand::ForgetFloor { postgres, lock } => forget_floor(&postgres, &lock).await,
         ResourceCommand::Put {
             lock,
             key,
@@ -588,5 +601,36 @@ async fn guard(args: GuardArgs) -> anyhow::Result<()> {
             ""
         }
     );
+    Ok(())
+}
+
+/// `resource forget-floor`: deletes the lock's row of `palisade_lock_floors`.
+async fn forget_floor(postgres: &str, lock: &str) -> anyhow::Result<()> {
+    use palisade_fence_postgres::PostgresFence;
+    let lock = palisade_core::LockName::new(lock)?;
+    let verifier = std::sync::Arc::new(palisade_fence::Verifier::default());
+    let fence = PostgresFence::connect(postgres, 1, FenceMode::Strict, verifier)
+        .await
+        .context("connecting to the database")?;
+    let client = fence
+        .pool()
+        .get()
+        .await
+        .context("connecting to the database")?;
+    let forgotten = client
+        .query_opt(
+            "DELETE FROM palisade_lock_floors WHERE lock = $1 RETURNING floor",
+            &[&lock.as_str()],
+        )
+        .await
+        .context("deleting the floor (run it as the owner of Palisade's tables)")?;
+    match forgotten {
+        Some(row) => println!(
+            "forgot floor {} of lock {lock}: its next fenced write learns the floor again from \
+             the coordinator",
+            row.get::<_, i64>(0)
+        ),
+        None => println!("no floor recorded for lock {lock}: nothing to forget"),
+    }
     Ok(())
 }

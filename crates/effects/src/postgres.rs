@@ -103,7 +103,7 @@ impl PostgresStore {
         let Some(floors) = &self.floors else {
             return Ok(());
         };
-        let floor = floors.floor(lock).await.map_err(|why| {
+        let (floor, statement) = floors.floor_statement(lock).await.map_err(|why| {
             LedgerError::Storage(format!(
                 "cannot learn the floor of lock {lock}: {why}; nothing was recorded"
             ))
@@ -111,13 +111,26 @@ impl PostgresStore {
         let floor = i64::try_from(floor.0)
             .map_err(|_| LedgerError::Integrity(format!("floor {floor} out of range")))?;
         let client = self.pool.get().await.map_err(storage)?;
-        client
-            .execute(
-                "SELECT palisade_learn_floor($1, $2)",
-                &[&lock.as_str(), &floor],
-            )
-            .await
-            .map_err(db)?;
+        // With the coordinator's statement when the source gave one (migration 10).
+        let learned = match &statement {
+            Some(statement) => {
+                client
+                    .execute(
+                        "SELECT palisade_learn_floor($1, $2, $3)",
+                        &[&lock.as_str(), &floor, statement],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .execute(
+                        "SELECT palisade_learn_floor($1, $2)",
+                        &[&lock.as_str(), &floor],
+                    )
+                    .await
+            }
+        };
+        learned.map_err(db)?;
         Ok(())
     }
 }

@@ -222,7 +222,7 @@ impl PostgresFence {
             return first;
         };
         let unknown = LockName::new(unknown.lock.clone()).unwrap_or_else(|_| lock.clone());
-        let floor = floors.floor(&unknown).await.map_err(|why| {
+        let floor = floors.floor_statement(&unknown).await.map_err(|why| {
             FenceError::Storage(
                 format!("cannot learn the floor of lock {unknown}: {why}; nothing was written")
                     .into(),
@@ -232,20 +232,36 @@ impl PostgresFence {
         attempt().await
     }
 
-    /// Records `floor` as `lock`'s in the database's current incarnation (it never goes down).
-    async fn learn_floor(&self, lock: &LockName, floor: Epoch) -> Result<(), FenceError> {
+    /// Records `floor` as `lock`'s in the database's current incarnation (it never goes down),
+    /// with the coordinator's statement of it when the source gave one (migration 10).
+    async fn learn_floor(
+        &self,
+        lock: &LockName,
+        (floor, statement): (Epoch, Option<String>),
+    ) -> Result<(), FenceError> {
         let floor_sql = i64::try_from(floor.0).map_err(|_| {
             FenceError::Integrity(format!("floor {floor} is above PostgreSQL bigint"))
         })?;
         let client = self.client().await?;
-        let now: i64 = client
-            .query_one(
-                "SELECT palisade_learn_floor($1, $2)",
-                &[&lock.as_str(), &floor_sql],
-            )
-            .await
-            .map_err(storage)?
-            .get(0);
+        let row = match &statement {
+            Some(statement) => {
+                client
+                    .query_one(
+                        "SELECT palisade_learn_floor($1, $2, $3)",
+                        &[&lock.as_str(), &floor_sql, statement],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .query_one(
+                        "SELECT palisade_learn_floor($1, $2)",
+                        &[&lock.as_str(), &floor_sql],
+                    )
+                    .await
+            }
+        };
+        let now: i64 = row.map_err(storage)?.get(0);
         tracing::info!(%lock, floor = now, "learned the lock's floor in this database incarnation");
         Ok(())
     }

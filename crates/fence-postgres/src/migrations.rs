@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "search_path immunity",
         include_str!("../sql/009_search_path_immunity.sql"),
     ),
+    (
+        10,
+        "floor statements",
+        include_str!("../sql/010_floor_statements.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

@@ -21,6 +21,16 @@ pub trait FloorSource: Send + Sync {
         &'a self,
         lock: &'a LockName,
     ) -> Pin<Box<dyn Future<Output = Result<Epoch, String>> + Send + 'a>>;
+
+    /// The lock's floor, verified, with the coordinator's signed statement of it when the
+    /// source has one (a database records it beside the floor, for the audit to verify again:
+    /// migration 10). By default [`Self::floor`] with no statement.
+    fn floor_statement<'a>(
+        &'a self,
+        lock: &'a LockName,
+    ) -> Pin<Box<dyn Future<Output = Result<(Epoch, Option<String>), String>> + Send + 'a>> {
+        Box::pin(async move { self.floor(lock).await.map(|floor| (floor, None)) })
+    }
 }
 
 /// Floors set by hand (0 for a lock never set): for a resource whose tokens come from a signer

@@ -65,7 +65,7 @@ impl Floors {
             Some(floor) => floor,
             None => match self.keys.lock_floor(lock).await {
                 None => return FloorCheck::Admitted,
-                Some(Ok(floor)) => self.learn(lock, floor),
+                Some(Ok((floor, _statement))) => self.learn(lock, floor),
                 Some(Err(why)) => {
                     tracing::warn!(%lock, %why, "cannot learn the lock's floor");
                     return FloorCheck::Unavailable(format!(

@@ -229,7 +229,7 @@ impl KeyRing {
     pub async fn lock_floor(
         &self,
         lock: &palisade_core::LockName,
-    ) -> Option<Result<palisade_core::Epoch, String>> {
+    ) -> Option<Result<(palisade_core::Epoch, String), String>> {
         let KeySource::Coordinator(url) = &self.source else {
             return None;
         };
@@ -284,7 +284,7 @@ impl KeyRing {
         url: &str,
         body: &serde_json::Value,
         lock: &palisade_core::LockName,
-    ) -> Result<palisade_core::Epoch, String> {
+    ) -> Result<(palisade_core::Epoch, String), String> {
         let statement = body["statement"]
             .as_str()
             .ok_or_else(|| format!("GET {url}: no floor statement (an older coordinator?)"))?;
@@ -293,7 +293,7 @@ impl KeyRing {
         }
         self.verifier
             .verify_floor(statement, lock)
-            .map(|claims| claims.floor)
+            .map(|claims| (claims.floor, statement.to_owned()))
             .map_err(|e| format!("the floor statement from {url} does not verify: {e}"))
     }
 
@@ -342,10 +342,26 @@ impl palisade_fence::FloorSource for KeyRing {
     ) -> std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<palisade_core::Epoch, String>> + Send + 'a>,
     > {
+        Box::pin(async move { self.floor_statement(lock).await.map(|(floor, _)| floor) })
+    }
+
+    fn floor_statement<'a>(
+        &'a self,
+        lock: &'a palisade_core::LockName,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<(palisade_core::Epoch, Option<String>), String>>
+                + Send
+                + 'a,
+        >,
+    > {
         Box::pin(async move {
-            self.lock_floor(lock).await.unwrap_or_else(|| {
-                Err("the keys come from a file: there is no coordinator to ask for floors".into())
-            })
+            match self.lock_floor(lock).await {
+                Some(answer) => answer.map(|(floor, statement)| (floor, Some(statement))),
+                None => Err(
+                    "the keys come from a file: there is no coordinator to ask for floors".into(),
+                ),
+            }
         })
     }
 }

@@ -146,6 +146,7 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
         let (http, policy) = (&http, &policy);
         async move {
             let mut report = observe::observe(http, boundary, patterns.clone(), &asked).await;
+            judge_floors(api, &mut report).await;
             if probe {
                 report.probe = Some(probe_boundary(api, http, policy, boundary, patterns).await);
             }
@@ -161,6 +162,31 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
         observed,
         now_ms(),
     ))
+}
+
+/// The floors a PostgreSQL boundary enforces, against this coordinator's floor for each lock
+/// and its keys ([`palisade_audit::floors::judge`]): a forged or excessive one is poisoned.
+async fn judge_floors(api: &Api, report: &mut palisade_audit::BoundaryReport) {
+    if report.floors.is_empty() {
+        return;
+    }
+    let mut coordinator = std::collections::BTreeMap::new();
+    for stored in &report.floors {
+        let Ok(lock) = LockName::new(stored.lock.clone()) else {
+            continue;
+        };
+        if let Ok(floor) = api.coordinator.floor(lock).await {
+            coordinator.insert(stored.lock.clone(), floor.0);
+        }
+    }
+    let keys = api
+        .public_keys()
+        .iter()
+        .filter_map(|key| palisade_core::token::decode_public_key(&key.public_key).ok())
+        .collect::<Vec<_>>();
+    let verifier = palisade_core::TokenVerifier::new(keys);
+    let problems = palisade_audit::floors::judge(&report.floors, &coordinator, &verifier);
+    report.problems.extend(problems);
 }
 
 /// The held locks, less the audit's own probe locks.

@@ -442,6 +442,11 @@ class RaftStub:
                 request_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
                 response_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
                 _registered_method=True)
+        self.Clock = channel.unary_unary(
+                '/palisade.v1.Raft/Clock',
+                request_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
+                response_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
+                _registered_method=True)
 
 
 class RaftServicer:
@@ -483,6 +488,14 @@ class RaftServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Clock(self, request, context):
+        """What this node's wall clock reads: JSON `{"wall_ms"}` (ms since 1970), so that a leader
+        checks its clock against a majority before it commits a clock floor.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -508,6 +521,11 @@ def add_RaftServicer_to_server(servicer, server):
             ),
             'Identify': grpc.unary_unary_rpc_method_handler(
                     servicer.Identify,
+                    request_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
+                    response_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
+            ),
+            'Clock': grpc.unary_unary_rpc_method_handler(
+                    servicer.Clock,
                     request_deserializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
                     response_serializer=palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
             ),
@@ -647,6 +665,33 @@ class Raft:
             request,
             target,
             '/palisade.v1.Raft/Identify',
+            palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
+            palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Clock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/palisade.v1.Raft/Clock',
             palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.SerializeToString,
             palisade__client_dot_v1_dot_palisade__pb2.RaftPayload.FromString,
             options,
