@@ -181,7 +181,7 @@ class Client:
     ):
         """``trusted_keys``: the coordinator's public keys (base64url, as ``GET /v1/keys``
         serves them) that floor statements must be signed with; without them the keys are
-        fetched from the coordinator over the same channel as the floors."""
+        asked of the coordinator over the gRPC channel."""
         from palisade_client import floors
 
         self._trusted_keys = floors.parse_keys(trusted_keys) if trusted_keys else None
@@ -280,8 +280,8 @@ class Client:
         the coordinator's port; a follower's answer naming the leader is followed once). What a
         database that was restarted or restored asks before it trusts its fences again
         (``palisade_client.postgres``). The statement's Ed25519 signature is checked against
-        ``trusted_keys`` when the client was given them, else against the coordinator's
-        ``GET /v1/keys`` (fetched over the same channel, again when a statement names a key not
+        ``trusted_keys`` when the client was given them, else against the coordinator's keys
+        (its ``Keys`` call, over the gRPC channel; asked again when a statement names a key not
         seen yet): a floor that does not verify raises ``Unavailable`` and is never returned."""
         from palisade_client import floors
 
@@ -291,9 +291,9 @@ class Client:
         if not isinstance(statement, str):
             raise Unavailable(f"GET {path}: no floor statement (an older coordinator?)")
         try:
-            if floors.statement_key_id(statement) not in self._floor_keys(base, refresh=False):
-                self._floor_keys(base, refresh=True)
-            claims = floors.verify(statement, name, self._floor_keys(base, refresh=False))
+            if floors.statement_key_id(statement) not in self._floor_keys(refresh=False):
+                self._floor_keys(refresh=True)
+            claims = floors.verify(statement, name, self._floor_keys(refresh=False))
         except floors.FloorError as why:
             raise Unavailable(f"the floor statement from {base}{path} does not verify: {why}") from None
         if str(answer.get("floor")) != str(claims.floor):
@@ -307,18 +307,20 @@ class Client:
         """The lock's verified floor (see ``floor_statement``)."""
         return self.floor_statement(name)[0]
 
-    def _floor_keys(self, base: str, refresh: bool) -> dict:
+    def _floor_keys(self, refresh: bool) -> dict:
         """The keys floor statements are checked with: the pinned ones, or the coordinator's."""
         from palisade_client import floors
 
         if self._trusted_keys is not None:
             return self._trusted_keys
         if refresh or self._fetched_keys is None:
-            answer, _ = self._get_json("/v1/keys", base)
+            # Over the gRPC channel the tokens come from (TLS with ``ca``, or loopback): a
+            # man in the middle of the floor's HTTP request cannot answer this too.
+            reply = self._call("Keys", pb.KeysRequest())
             try:
-                self._fetched_keys = floors.parse_keys(answer)
-            except (floors.FloorError, KeyError, TypeError) as why:
-                raise Unavailable(f"GET {base}/v1/keys: {why}") from None
+                self._fetched_keys = floors.parse_keys([key.public_key for key in reply.keys])
+            except floors.FloorError as why:
+                raise Unavailable(f"the coordinator's keys: {why}") from None
         return self._fetched_keys
 
     def _get_json(self, path: str, base: Optional[str] = None) -> tuple:

@@ -93,9 +93,12 @@ def test_p4_p6_a_forged_floor_is_never_returned_nor_recorded(coordinator, databa
         return {**real, "statement": replayed}
 
     mitm = MitM(coordinator.address, answer)
+    # The coordinator's keys, pinned (the man in the middle answers the HTTP port only).
+    keys = json.load(urllib.request.urlopen(f"http://{coordinator.address}/v1/keys"))["keys"]
+    fooled = Client(mitm.address, trusted_keys=[k["public_key"] for k in keys])
     try:
         with pytest.raises(Unavailable, match="verify|signed statement"):
-            Client(mitm.address).floor_statement("report/7")
+            fooled.floor_statement("report/7")
         # Through the database: its floors forgotten (P5008), the write asks the man in the
         # middle, nothing is recorded and nothing written.
         lease = client.acquire("report/7", ttl=10)
@@ -104,7 +107,7 @@ def test_p4_p6_a_forged_floor_is_never_returned_nor_recorded(coordinator, databa
             update = ("UPDATE report_result SET payload = 'x', last_fence = %s"
                       " WHERE id = 7 AND last_fence < %s RETURNING id")
             with pytest.raises(Unavailable):
-                execute(db, Client(mitm.address), "report/7", update, (lease.epoch, lease.epoch))
+                execute(db, fooled, "report/7", update, (lease.epoch, lease.epoch))
             learned = db.execute(
                 "SELECT count(*) FROM palisade_lock_floors WHERE lock = 'report/7'").fetchone()
             assert learned == (0,)

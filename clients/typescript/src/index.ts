@@ -24,6 +24,8 @@ import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 
+import { FloorError, parseKeys, statementKeyId, verifyFloorStatement } from "./floors.js";
+
 /** The coordinator's default address. */
 export const DEFAULT_ENDPOINT = "127.0.0.1:7420";
 /** The trailing metadata in which a member that does not lead names the leader. */
@@ -111,6 +113,10 @@ export interface ClientOptions {
   ca?: Buffer;
   /** Deadline of each call other than a waiting acquire (default 10 s). */
   timeoutMs?: number;
+  /** The coordinator's public keys (base64url, as `GET /v1/keys` serves them) that floor
+   * statements must be signed with; without them the keys are asked of the coordinator over
+   * the gRPC channel ({@link Client.keys}). */
+  trustedKeys?: string[];
 }
 
 /** One lock as the coordinator describes it. */
@@ -187,6 +193,8 @@ export class Client {
   private stub: Stub;
   private readonly token?: string;
   private readonly ca?: Buffer;
+  private readonly trustedKeys?: Map<string, Buffer>;
+  private fetchedKeys?: Map<string, Buffer>;
   readonly timeoutMs: number;
 
   constructor(endpoints: string | string[] = DEFAULT_ENDPOINT, options: ClientOptions = {}) {
@@ -197,6 +205,7 @@ export class Client {
     this.token =
       options.token ?? (process.env.PALISADE_AUTH_TOKEN ?? process.env.PALISADE_TOKEN)?.trim() ?? undefined;
     this.ca = options.ca;
+    this.trustedKeys = options.trustedKeys ? parseKeys(options.trustedKeys) : undefined;
     this.timeoutMs = options.timeoutMs ?? 10_000;
     this.stub = this.connect(this.endpoints[0]);
   }
@@ -328,25 +337,65 @@ export class Client {
     };
   }
 
-  /** The lock's floor, a decimal string: every owner below it is superseded or its lease
-   * has ended (`GET /v1/locks/NAME/floor` on the coordinator's port; a member that does not
-   * lead names the leader, asked once more). What a database that restarted or was restored
-   * asks before it trusts its fences again ({@link fencedQuery}). The statement's signature
-   * is not checked here: the channel is trusted as the gRPC one is (TLS with `ca`, or
-   * loopback). */
-  async floor(name: string): Promise<string> {
+  /** The lock's floor (a decimal string) and the coordinator's signed statement of it,
+   * verified: every owner below the floor is superseded or its lease has ended
+   * (`GET /v1/locks/NAME/floor` on the coordinator's port; a member that does not lead names
+   * the leader, asked once more). What a database that restarted or was restored asks before
+   * it trusts its fences again ({@link fencedQuery}). The statement's Ed25519 signature is
+   * checked against `trustedKeys` when given, else against the coordinator's keys
+   * ({@link Client.keys}, asked again when a statement names a key not seen yet): a floor that
+   * does not verify throws {@link Unavailable} and is never returned. */
+  async floorStatement(name: string): Promise<{ floor: string; statement: string }> {
     let endpoint = this.endpoints[this.current];
     for (let redirects = 0; ; redirects++) {
       const { address, tls } = target(endpoint);
       const url = `${tls ? "https" : "http"}://${address}/v1/locks/${encodeURIComponent(name)}/floor`;
       const { status, body } = await httpGet(url, this.ca, this.timeoutMs);
-      if (status === 200 && body.floor !== undefined) return String(body.floor);
+      if (status === 200 && body.floor !== undefined) return this.verifiedFloor(url, name, body);
       if (body.error === "not_leader" && typeof body.leader === "string" && redirects < MAX_REDIRECTS) {
         endpoint = body.leader;
         continue;
       }
       throw new Unavailable(`GET ${url}: ${status} ${JSON.stringify(body)}`, "UNAVAILABLE");
     }
+  }
+
+  /** The lock's verified floor, a decimal string (see {@link Client.floorStatement}). */
+  async floor(name: string): Promise<string> {
+    return (await this.floorStatement(name)).floor;
+  }
+
+  /** The floor of `body` (the answer of `url`) once its statement verifies for `lock`. */
+  private async verifiedFloor(
+    url: string,
+    lock: string,
+    body: Record<string, unknown>,
+  ): Promise<{ floor: string; statement: string }> {
+    const statement = body.statement;
+    if (typeof statement !== "string") {
+      throw new Unavailable(`GET ${url}: no floor statement (an older coordinator?)`, "UNAVAILABLE");
+    }
+    try {
+      let keys = await this.floorKeys(false);
+      if (!keys.has(statementKeyId(statement))) keys = await this.floorKeys(true);
+      const claims = verifyFloorStatement(statement, lock, keys);
+      if (String(body.floor) !== claims.floor) {
+        throw new FloorError(`the answer says floor ${String(body.floor)}, its signed statement ${claims.floor}`);
+      }
+      return { floor: claims.floor, statement };
+    } catch (error) {
+      if (!(error instanceof FloorError)) throw error;
+      throw new Unavailable(`the floor statement from ${url} does not verify: ${error.message}`, "UNAVAILABLE");
+    }
+  }
+
+  /** The keys floor statements are checked with: the pinned ones, or the coordinator's. */
+  private async floorKeys(refresh: boolean): Promise<Map<string, Buffer>> {
+    if (this.trustedKeys) return this.trustedKeys;
+    if (refresh || !this.fetchedKeys) {
+      this.fetchedKeys = parseKeys((await this.keys()).map((key) => key.publicKey));
+    }
+    return this.fetchedKeys;
   }
 
   /** The coordinator's public verification keys (base64url Ed25519), by key id. */
@@ -524,4 +573,6 @@ export function protoText(): string {
 }
 
 export { BELOW_FLOOR, FLOOR_UNKNOWN, Superseded, fencedQuery, learnFloor } from "./postgres.js";
+export { FloorError, verifyFloorStatement } from "./floors.js";
+export type { FloorClaims } from "./floors.js";
 export type { Queryable, QueryResultLike } from "./postgres.js";

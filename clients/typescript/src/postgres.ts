@@ -16,6 +16,8 @@ import type { Client } from "./index.js";
 export const FLOOR_UNKNOWN = "P5008";
 /** SQLSTATE: the row's epoch is below its lock's floor (DETAIL: the floor). */
 export const BELOW_FLOOR = "P5009";
+/** SQLSTATE: no such function (a database before migration 10). */
+const UNDEFINED_FUNCTION = "42883";
 
 /** What {@link fencedQuery} needs of a database client (`pg`'s `Client` or `Pool`). */
 export interface Queryable {
@@ -44,13 +46,24 @@ interface DatabaseError {
   message?: string;
 }
 
-/** Asks the coordinator for `lock`'s floor and records it in `db` (it never goes down); the
- * floor now in force, a decimal string. */
+/** Asks the coordinator for `lock`'s floor, verifies its signed statement
+ * ({@link Client.floorStatement}: a floor that does not verify throws and nothing is recorded)
+ * and records both in `db` (a floor never goes down; the audit verifies the statement again);
+ * the floor now in force, a decimal string. */
 export async function learnFloor(db: Queryable, client: Client, lock: string): Promise<string> {
-  const floor = await client.floor(lock);
-  const sql = "SELECT palisade_learn_floor($1, $2)::text AS floor";
-  const result = (await db.query(sql, [lock, floor])) as QueryResultLike;
-  return String(result.rows[0].floor);
+  const { floor, statement } = await client.floorStatement(lock);
+  try {
+    const sql = "SELECT palisade_learn_floor($1, $2, $3)::text AS floor";
+    const result = (await db.query(sql, [lock, floor, statement])) as QueryResultLike;
+    return String(result.rows[0].floor);
+  } catch (error) {
+    // A database before migration 10 (no statement column): the floor alone. Outside a
+    // transaction only: inside one, the failed call has aborted it, and the caller sees that.
+    if ((error as DatabaseError).code !== UNDEFINED_FUNCTION) throw error;
+    const sql = "SELECT palisade_learn_floor($1, $2)::text AS floor";
+    const result = (await db.query(sql, [lock, floor])) as QueryResultLike;
+    return String(result.rows[0].floor);
+  }
 }
 
 /** Runs `text` with `values` on `db` — outside a transaction, or inside one you protect with
