@@ -165,6 +165,10 @@ pub struct ClusterFaults {
     pub lost_declarations: u64,
     /// Clock faults, by kind (`--clock-faults`).
     pub clock: ClockFaults,
+    /// Volumes not put back (nor wiped) at a crash because fewer than a majority of the other
+    /// members held the cluster's history then: a majority gone back together needs an
+    /// operator's restore (`palisade restore --cluster`), which these runs do not make.
+    pub put_backs_held: u64,
 }
 
 /// The whole-volume copies of `--copy-anytime`, by what the member had done when each was

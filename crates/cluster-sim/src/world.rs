@@ -380,6 +380,9 @@ struct Member {
     anytime: Option<copies::AnytimeCopy>,
     /// Its last start was with `--join`.
     joined: bool,
+    /// Put back to an older volume (or wiped): the greatest log index a running member held
+    /// then, which it may lack; `None` once it holds that much again (see `copies.rs`).
+    behind: Option<u64>,
     /// Its wall clock: the simulation's time from `wall_clock_origin_ms`, off by a skew of
     /// up to [`MAX_CLOCK_SKEW_MS`] drawn from the seed (the members of a real cluster never
     /// agree exactly). It goes on through crashes, like a machine's.
@@ -492,6 +495,7 @@ impl Cluster {
                 witness: None,
                 anytime: None,
                 joined: false,
+                behind: None,
                 // Drawn from a generator of its own, so the run's other draws stay as they were.
                 clock: member_clock(seed, *id, sim),
             })

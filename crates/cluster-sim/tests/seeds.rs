@@ -329,3 +329,29 @@ fn p8_holds_when_power_cuts_keep_any_subset_of_a_raft_log_writes_sectors() {
         "{torn} torn writes, {out_of_order} with a sector lost before a kept one"
     );
 }
+
+#[test]
+fn liveness_regression_volumes_go_back_only_while_a_majority_holds_the_history() {
+    // Seed 7_009_361 of the 20,000 `--all-faults` seeds: the three members' volumes, each
+    // copied before its first vote, were put back one after the other (2, then 1 while 2 had
+    // not caught up, then 3): no member held the acknowledged grants any more, the cluster
+    // (rightly) never granted again, and the liveness watchdog failed the seed. A majority
+    // gone back together is the operator's restore, not a fault the cluster answers by
+    // itself: the driver now puts a volume back (or wipes it) only while a majority of the
+    // other members holds the history, and counts the put-backs it held.
+    let config = ClusterSimConfig {
+        wipe_on_crash: true,
+        copy_back_on_crash: true,
+        rollback_volumes: true,
+        torn_sectors: true,
+        copy_anytime: true,
+        clock_faults: true,
+        ..ClusterSimConfig::for_members(3)
+    };
+    let reports = run_all_seeds(&[7_009_361], config);
+    assert!(
+        reports[0].faults.put_backs_held >= 1,
+        "{:?}",
+        reports[0].faults
+    );
+}

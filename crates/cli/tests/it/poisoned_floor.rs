@@ -65,7 +65,13 @@ fn p4_p6_a_floor_nobody_signed_is_poisoned_and_forget_floor_repairs_it() {
     )
     .unwrap();
     let server = ServerProcess::start_with(
-        &["serve", "--listen", "127.0.0.1:0", "--policy", policy.to_str().unwrap()],
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
         &dir.path().join("data"),
     );
     let acquired = server.cli(&["lock", "acquire", &lock, "--ttl", "60s", "--json"]);

@@ -122,9 +122,10 @@ impl Cluster {
         if !self.copy_anytime || self.members[index].anytime.is_none() {
             return Ok(false);
         }
-        if !self.shared.chance(PUT_BACK_PERCENT) {
+        if !self.shared.chance(PUT_BACK_PERCENT) || !self.may_go_back(id) {
             return Ok(false);
         }
+        self.mark_behind(id);
         let copy = self.members[index].anytime.take().expect("checked");
         self.members[index].disk = copy.volume;
         self.members[index].witness = copy.witness;
@@ -138,6 +139,52 @@ impl Cluster {
         ));
         self.start(id).await?;
         Ok(true)
+    }
+
+    /// True when `id`'s volume may go back (put back, or wiped): a majority of the members
+    /// other than it holds the cluster's history, so it can learn what it lost from them
+    /// (identity rule 4: probation and the census keep it from voting a lagging member in
+    /// meanwhile). Otherwise the put-back is held, and counted: a majority gone back together
+    /// has lost acknowledged entries for good, which only an operator's restore from a member
+    /// or a backup can answer (`palisade restore --cluster`), not the cluster by itself.
+    pub(super) fn may_go_back(&mut self, id: NodeId) -> bool {
+        for member in &mut self.members {
+            let caught_up = member.behind.is_some_and(|behind| {
+                member.running.as_ref().is_some_and(|r| {
+                    let metrics = r.member.raft.metrics().borrow().clone();
+                    metrics.last_log_index.is_some_and(|last| last >= behind)
+                })
+            });
+            if caught_up {
+                member.behind = None;
+            }
+        }
+        let holding = self
+            .members
+            .iter()
+            .filter(|m| m.id != id && m.behind.is_none())
+            .count();
+        let may = holding > self.members.len() / 2;
+        if !may {
+            self.faults.put_backs_held += 1;
+            self.shared.trace(&format!(
+                "keep the volume of {id}: fewer than a majority of the others hold the history"
+            ));
+        }
+        may
+    }
+
+    /// `id`'s volume goes back (put back, or wiped): it may lack what the running members
+    /// hold now.
+    pub(super) fn mark_behind(&mut self, id: NodeId) {
+        let history = self
+            .members
+            .iter()
+            .filter_map(|m| m.running.as_ref())
+            .filter_map(|r| r.member.raft.metrics().borrow().last_log_index)
+            .max();
+        let index = self.index(id);
+        self.members[index].behind = Some(history.unwrap_or(0));
     }
 
     /// `id`'s store is replaced (wiped, re-added): a copy of the old one is dropped.

@@ -78,7 +78,8 @@ impl Cluster {
         }
         if self.copy_back_on_crash {
             self.copy_or_put_back(victim).await?;
-        } else if self.wipe_on_crash && self.shared.chance(50) {
+        } else if self.wipe_on_crash && self.shared.chance(50) && self.may_go_back(victim) {
+            self.mark_behind(victim);
             // The member's data directory is lost: it restarts empty, with the same
             // flags. Its peers must refuse it; the operator then removes it and
             // adds it back with --join.
@@ -222,7 +223,8 @@ impl Cluster {
                 self.members[index].copy_witness = self.members[index].witness.clone();
                 self.shared.trace(&format!("copy {id}"));
             }
-            Some(copy) if self.shared.chance(50) => {
+            Some(copy) if self.shared.chance(50) && self.may_go_back(id) => {
+                self.mark_behind(id);
                 self.members[index].disk = copy;
                 self.faults.copy_backs += 1;
                 if self.rollback_volumes {
