@@ -4,11 +4,19 @@
 //! The lease is kept alive while the command runs. The command gets the lease in its
 //! environment (`PALISADE_LOCK`, `PALISADE_EPOCH`, `PALISADE_FENCE_TOKEN`, `PALISADE_LEASE_ID`)
 //! to present to the resources it writes: the lease is permission, the fence is protection.
-//! When the lease is lost (not renewed in time, or refused), the command's process group gets
-//! SIGTERM, then SIGKILL after the grace period, and `lock run` exits with
-//! [`LEASE_LOST_EXIT`]. Otherwise the lease is released when the command ends and `lock run`
-//! exits with the command's code (128 + N for a command killed by signal N). SIGTERM, SIGINT
-//! and SIGHUP sent to `lock run` are passed on to the command.
+//! The bearer secret `lock run` authenticates with (`PALISADE_AUTH_TOKEN`, or the older
+//! `PALISADE_TOKEN`) is taken out of the command's environment unless `--pass-auth-token`:
+//! the job gets its lease, not the right to take or break others'.
+//!
+//! The command must be gone before the lock can change hands, which is when the lease's
+//! validity ends (the send time of the last confirmed renewal plus the TTL: the coordinator
+//! grants the lock again no earlier). So when no renewal has been confirmed `--grace` before
+//! that end, the command's process group gets SIGTERM, and SIGKILL when the validity ends;
+//! a lease the coordinator refused (it may be another's already) gets both at once. `lock run`
+//! then exits with [`LEASE_LOST_EXIT`]. Otherwise the lease is released when the command ends
+//! and `lock run` exits with the command's code (128 + N for a command killed by signal N).
+//! SIGTERM, SIGINT and SIGHUP sent to `lock run` are passed on to the command, SIGKILL
+//! following after the grace period.
 
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -46,10 +54,15 @@ pub struct RunArgs {
     /// critical or efficiency [default: what the coordinator's lock policy says].
     #[arg(long, value_parser = ["critical", "efficiency"])]
     class: Option<String>,
-    /// After SIGTERM (the lease lost, or a signal passed on), how long the command has before
-    /// SIGKILL, at most 5m.
-    #[arg(long, default_value = "10s", value_parser = crate::parse_wait)]
-    grace: Duration,
+    /// How long before the lease's validity ends the command gets SIGTERM when no renewal was
+    /// confirmed (SIGKILL follows when the validity ends), and how long a signal passed on
+    /// gives it before SIGKILL; less than half of --ttl [default: a quarter of --ttl].
+    #[arg(long, value_parser = crate::parse_wait)]
+    grace: Option<Duration>,
+    /// Leave the bearer secret (PALISADE_AUTH_TOKEN, PALISADE_TOKEN) in the command's
+    /// environment.
+    #[arg(long)]
+    pass_auth_token: bool,
     #[command(flatten)]
     endpoint: EndpointArgs,
     /// The command and its arguments, after `--`.
@@ -74,7 +87,28 @@ enum Ended {
     LeaseLost { reason: String },
 }
 
+/// The grace period: as given, less than half of the TTL (renewals come every third of it,
+/// so a longer one would stop a command whose lease is being renewed), or a quarter of it.
+fn grace_of(ttl: Duration, grace: Option<Duration>) -> anyhow::Result<Duration> {
+    match grace {
+        None => Ok(ttl / 4),
+        Some(grace) if grace < ttl / 2 => Ok(grace),
+        // Bad usage (exit 2), said before anything is acquired.
+        Some(grace) => Err(Exit {
+            code: 2,
+            message: Some(format!(
+                "--grace {grace:?} is not less than half of --ttl {ttl:?}: the command gets \
+                 SIGTERM --grace before the lease's validity ends and SIGKILL when it ends, \
+                 and renewals come every third of the TTL; give a longer --ttl or a shorter \
+                 --grace"
+            )),
+        }
+        .into()),
+    }
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let grace = grace_of(args.ttl, args.grace)?;
     let mut options = AcquireOptions::new(args.name.clone());
     options.ttl = args.ttl;
     options.wait = args.wait;
@@ -88,8 +122,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let client = args.endpoint.connect().await?;
     let mut lease = client.acquire(options).await?;
-    let mut child = spawn(&args.command, &lease)?;
-    let ended = supervise(&mut child, &mut lease, args.grace).await?;
+    let mut child = spawn(&args.command, &lease, args.pass_auth_token)?;
+    let ended = supervise(&mut child, &mut lease, grace).await?;
     match ended {
         Ended::Itself(status) => {
             if let Err(error) = lease.release().await {
@@ -116,11 +150,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Starts the command in a process group of its own (so a signal reaches every process of a
-/// shell script), with the lease in its environment.
-fn spawn(command: &[String], lease: &LeaseHandle) -> anyhow::Result<Child> {
+/// shell script), with the lease in its environment and, unless `pass_auth`, without the
+/// bearer secret.
+fn spawn(command: &[String], lease: &LeaseHandle, pass_auth: bool) -> anyhow::Result<Child> {
     let (program, arguments) = command.split_first().context("no command to run")?;
     let grant = lease.grant();
-    Command::new(program)
+    let mut command = Command::new(program);
+    if !pass_auth {
+        command
+            .env_remove(palisade_cli_common::credentials::AUTH_TOKEN_ENV)
+            .env_remove(palisade_cli_common::credentials::OLD_TOKEN_ENV);
+    }
+    command
         .args(arguments)
         .env("PALISADE_LOCK", &grant.lock)
         .env("PALISADE_EPOCH", grant.epoch.to_string())
@@ -145,9 +186,9 @@ async fn supervise(
     let mut hangup = signal(SignalKind::hangup())?;
     let passed_on = tokio::select! {
         status = child.wait() => return Ok(Ended::Itself(status?)),
-        reason = lease.lost() => {
-            tracing::error!(%reason, "the lease was lost: stopping the command");
-            stop(child, group, Signal::SIGTERM, grace).await?;
+        (reason, valid_until) = lease.ending(grace) => {
+            tracing::error!(%reason, "the lease is ending: stopping the command");
+            stop_by(child, group, valid_until).await?;
             return Ok(Ended::LeaseLost { reason });
         }
         _ = terminate.recv() => Signal::SIGTERM,
@@ -156,6 +197,22 @@ async fn supervise(
     };
     tracing::info!(signal = %passed_on, "passing the signal on to the command");
     Ok(Ended::Itself(stop(child, group, passed_on, grace).await?))
+}
+
+/// Sends SIGTERM to the command's process group, and SIGKILL at `deadline` (the lease's
+/// validity's end) when it has not ended by then.
+async fn stop_by(
+    child: &mut Child,
+    group: Pid,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<ExitStatus> {
+    stop(
+        child,
+        group,
+        Signal::SIGTERM,
+        deadline.saturating_duration_since(tokio::time::Instant::now()),
+    )
+    .await
 }
 
 /// Sends `first` to the command's process group, and SIGKILL when it has not ended after

@@ -312,9 +312,10 @@ enum LockCommand {
     },
     /// Run a command while holding the lock (flock-style): the lease is kept alive and given
     /// to the command as PALISADE_LOCK, PALISADE_EPOCH, PALISADE_FENCE_TOKEN and
-    /// PALISADE_LEASE_ID. Exits with the command's code; with 75 when the lease was lost and
-    /// the command stopped (SIGTERM to its process group, SIGKILL after --grace); 3 when the
-    /// lock is held past --wait.
+    /// PALISADE_LEASE_ID (not the bearer secret, unless --pass-auth-token). Exits with the
+    /// command's code; with 75 when the lease was lost or about to be and the command stopped
+    /// (SIGTERM to its process group --grace before the lease's validity ends, SIGKILL when it
+    /// ends: before the lock can change hands); 3 when the lock is held past --wait.
     Run(lock_run::RunArgs),
 }
 

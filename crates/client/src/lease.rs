@@ -124,6 +124,43 @@ impl LeaseHandle {
         }
     }
 
+    /// Resolves `margin` before the lease's validity ends, unless a confirmed renewal moved
+    /// that end first, or when the lease is lost or released; with why, and the instant past
+    /// which nobody may act on the lease: the validity's end, or now for a lease the
+    /// coordinator refused or that was released (another owner may hold the lock already).
+    /// What a supervisor waits on that must have its work stopped before the lock can change
+    /// hands (`palisade lock run`).
+    pub async fn ending(&mut self, margin: Duration) -> (String, Instant) {
+        loop {
+            let current = self.state.borrow_and_update().clone();
+            let valid_until = match current {
+                LeaseState::Held { valid_until } => valid_until,
+                LeaseState::Lost { reason } => return (reason, Instant::now()),
+                LeaseState::Released => return ("released by its holder".into(), Instant::now()),
+            };
+            let stop_at = valid_until.checked_sub(margin).unwrap_or(valid_until);
+            tokio::select! {
+                () = tokio::time::sleep_until(stop_at) => {
+                    if self.state() == (LeaseState::Held { valid_until }) {
+                        return (
+                            format!(
+                                "no renewal was confirmed {margin:?} before the lease's validity \
+                                 ends"
+                            ),
+                            valid_until,
+                        );
+                    }
+                }
+                changed = self.state.changed() => {
+                    if changed.is_err() && self.state() == (LeaseState::Held { valid_until }) {
+                        tokio::time::sleep_until(stop_at).await;
+                        return ("the keepalive stopped".into(), valid_until);
+                    }
+                }
+            }
+        }
+    }
+
     /// Stops the keepalive and releases the lease.
     pub async fn release(mut self) -> Result<(), ClientError> {
         self.stop_keepalive.take();

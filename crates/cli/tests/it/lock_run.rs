@@ -108,7 +108,7 @@ fn p1_a_lease_lost_mid_run_stops_the_command_and_exits_75() {
             started = started.display(),
         );
         let lock = format!("job/{name}");
-        let args = [lock.as_str(), "--ttl", "500ms", "--grace", "500ms"];
+        let args = [lock.as_str(), "--ttl", "1s", "--grace", "300ms"];
         let mut run = lock_run(&server, &args, &script);
         wait_for(&started);
         // No renewal can be confirmed: the lease is lost at its TTL.
@@ -139,4 +139,104 @@ fn signals_sent_to_lock_run_reach_the_command_and_the_lease_is_released() {
     assert_eq!(exit_of(&mut run).code(), Some(5), "{}", stderr_of(&mut run));
     let mut next = lock_run(&server, &["job/signal"], "exit 0");
     assert_eq!(exit_of(&mut next).code(), Some(0));
+}
+
+/// True while a process of process group `group` runs (a zombie, dead and waiting to be
+/// reaped by whoever inherited it, does not).
+fn group_runs(group: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp …: the fields after the command's closing parenthesis.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        fields.len() > 2 && fields[0] != "Z" && fields[2] == group.to_string()
+    })
+}
+
+/// P1: the command is gone before the lock can change hands. A command that ignores SIGTERM
+/// runs under a 6 s lease; the coordinator is stopped (SIGSTOP), so no renewal is confirmed,
+/// and continued 6.5 s later, when a second client asks for the lock and gets it. The lease's
+/// validity (the send time of the last confirmed renewal plus the TTL) ended before that, and
+/// the command's process group was gone by then: SIGTERM came --grace before the end, SIGKILL
+/// at it. Before, SIGTERM came at the end, when the lock could change hands, and SIGKILL
+/// --grace later (10 s by default): the command ran on while the next owner held the lock.
+#[test]
+fn p1_the_command_is_gone_before_the_lock_can_change_hands() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"));
+    let coordinator = Pid::from_raw(server.child.id() as i32);
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; while :; do sleep 0.05; done",
+        pid = pid_file.display()
+    );
+    let args = ["job/overlap", "--ttl", "6s", "--grace", "2900ms"];
+    let mut run = lock_run(&server, &args, &script);
+    wait_for(&pid_file);
+    let group: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kill(coordinator, Signal::SIGSTOP).unwrap();
+    let stopped = Instant::now();
+    let continue_at = stopped + Duration::from_millis(6_500);
+    // Watch the command's process group until the coordinator is continued.
+    let mut gone_at = None;
+    while Instant::now() < continue_at {
+        let alive = group_runs(group);
+        if !alive && gone_at.is_none() {
+            gone_at = Some(stopped.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kill(coordinator, Signal::SIGCONT).unwrap();
+    let next = server.cli(&["lock", "acquire", "job/overlap", "--wait", "20s", "--json"]);
+    assert!(next.status.success(), "{next:?}");
+    let status = exit_of(&mut run);
+    let stderr = stderr_of(&mut run);
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    let gone_at = gone_at.unwrap_or_else(|| {
+        panic!("the command still ran when the lock could change hands (6.5 s): {stderr}")
+    });
+    eprintln!("the command was gone {gone_at:?} after the coordinator stopped (lease 6 s)");
+}
+
+#[test]
+fn lock_run_keeps_the_bearer_secret_from_the_command_and_refuses_a_grace_too_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"));
+    let seen = dir.path().join("seen");
+    let script = format!(
+        "printf '[%s][%s]' \"$PALISADE_AUTH_TOKEN\" \"$PALISADE_FENCE_TOKEN\" > {}",
+        seen.display()
+    );
+    let run = |pass: &[&str]| {
+        let status = Command::new(BINARY)
+            .args(["lock", "run", "job/env", "--endpoint", &server.url])
+            .args(pass)
+            .args(["--", "sh", "-c", &script])
+            .env("PALISADE_AUTH_TOKEN", "the-bearer-secret")
+            .env_remove("PALISADE_TOKEN")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::fs::read_to_string(&seen).unwrap()
+    };
+    let kept = run(&[]);
+    assert!(kept.starts_with("[]["), "{kept}");
+    assert!(!kept.ends_with("[]"), "the fence token is given: {kept}");
+    assert!(run(&["--pass-auth-token"]).starts_with("[the-bearer-secret]"));
+    let refused = Command::new(BINARY)
+        .args(["lock", "run", "job/env", "--ttl", "2s", "--grace", "1s"])
+        .args(["--endpoint", &server.url, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--grace"));
 }
