@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use palisade_fence_postgres::migrations::MIGRATIONS;
 use tokio_postgres::Client;
 
-use crate::{Problem, Severity};
+use crate::{pg, problem, Problem, Severity};
 
 /// How a guarded table is bound, as `palisade_guarded_tables` records it.
 pub struct Binding {
@@ -129,23 +129,6 @@ pub fn expected_body_of(function: &str, arguments: Option<usize>) -> Option<Stri
         }
     }
     body
-}
-
-pub(crate) fn problem(severity: Severity, code: &str, message: String, proof: &str) -> Problem {
-    Problem {
-        severity,
-        code: code.to_owned(),
-        message,
-        proof: proof.split_whitespace().collect::<Vec<_>>().join(" "),
-    }
-}
-
-/// Postgres's error as text.
-pub(crate) fn pg(error: tokio_postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => error.to_string(),
-    }
 }
 
 /// Every problem found with `table` (already known to be registered as guarded).

@@ -281,3 +281,21 @@ impl Report {
             .any(|finding| finding.severity == Severity::Critical)
     }
 }
+
+/// A finding of `severity` with the query that shows it (on one line).
+pub(crate) fn problem(severity: Severity, code: &str, message: String, proof: &str) -> Problem {
+    Problem {
+        severity,
+        code: code.to_owned(),
+        message,
+        proof: proof.split_whitespace().collect::<Vec<_>>().join(" "),
+    }
+}
+
+/// PostgreSQL's error as text.
+pub(crate) fn pg(error: tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
+}

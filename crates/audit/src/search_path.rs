@@ -15,8 +15,7 @@
 
 use tokio_postgres::Client;
 
-use crate::guard::{pg, problem};
-use crate::{Problem, Severity};
+use crate::{pg, problem, Problem, Severity};
 
 const FUNCTION_SETTINGS: &str = "SELECT p.oid::regprocedure::text, \
     coalesce(array_to_string(p.proconfig, ','), ''), \

@@ -46,9 +46,55 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     sync_parent_dir(path)
 }
 
+/// Creates `dir` (and its parents) if it does not exist, and makes it private: mode 0700,
+/// so that only its owner lists or opens what is in it.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)?;
+    let mut permissions = std::fs::metadata(dir)?.permissions();
+    if permissions.mode() & 0o077 != 0 {
+        permissions.set_mode(0o700);
+        std::fs::set_permissions(dir, permissions)?;
+    }
+    Ok(())
+}
+
+/// Makes every regular file directly in `dir` private (mode 0600): files a library created
+/// with the process's umask (a redb store, 0644 by default).
+pub fn make_files_private(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let metadata = entry.metadata()?;
+        let mut permissions = metadata.permissions();
+        if metadata.is_file() && permissions.mode() & 0o077 != 0 {
+            permissions.set_mode(permissions.mode() & 0o700);
+            std::fs::set_permissions(entry.path(), permissions)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_directory_and_its_files_are_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("store");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join("data"), b"x").unwrap();
+        std::fs::set_permissions(dir.join("data"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        create_private_dir(&dir).unwrap();
+        make_files_private(&dir).unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("data")), 0o600);
+    }
 
     #[test]
     fn a_write_replaces_the_content_and_leaves_no_temporary_file() {

@@ -11,6 +11,11 @@ use std::pin::Pin;
 
 use palisade_core::{Epoch, LockName};
 
+/// A lock's floor and the coordinator's signed statement of it (none: the source has none),
+/// or why it cannot be learned now.
+pub type FloorStatementFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<(Epoch, Option<String>), String>> + Send + 'a>>;
+
 /// A source of lock floors: in production the coordinator's signed floor statement
 /// (`GET /v1/locks/{lock}/floor`, verified with the trusted keys: `palisade_resource`'s
 /// `KeyRing`).
@@ -25,10 +30,7 @@ pub trait FloorSource: Send + Sync {
     /// The lock's floor, verified, with the coordinator's signed statement of it when the
     /// source has one (a database records it beside the floor, for the audit to verify again:
     /// migration 10). By default [`Self::floor`] with no statement.
-    fn floor_statement<'a>(
-        &'a self,
-        lock: &'a LockName,
-    ) -> Pin<Box<dyn Future<Output = Result<(Epoch, Option<String>), String>> + Send + 'a>> {
+    fn floor_statement<'a>(&'a self, lock: &'a LockName) -> FloorStatementFuture<'a> {
         Box::pin(async move { self.floor(lock).await.map(|floor| (floor, None)) })
     }
 }

@@ -23,7 +23,7 @@ use std::future::Future;
 
 use palisade_core::{Epoch, LockName, TokenError};
 
-pub use floors::{FloorSource, StaticFloors};
+pub use floors::{FloorSource, FloorStatementFuture, StaticFloors};
 pub use precheck::{key_is_storable, precheck_activation, precheck_write};
 pub use verifier::{PrincipalRule, Verifier};
 

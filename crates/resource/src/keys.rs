@@ -348,13 +348,7 @@ impl palisade_fence::FloorSource for KeyRing {
     fn floor_statement<'a>(
         &'a self,
         lock: &'a palisade_core::LockName,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<(palisade_core::Epoch, Option<String>), String>>
-                + Send
-                + 'a,
-        >,
-    > {
+    ) -> palisade_fence::FloorStatementFuture<'a> {
         Box::pin(async move {
             match self.lock_floor(lock).await {
                 Some(answer) => answer.map(|(floor, statement)| (floor, Some(statement))),

@@ -148,7 +148,8 @@ impl RunningResource {
 /// Opens the store and starts serving.
 pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceError> {
     let io = |context: String| move |source| ResourceError::Io { context, source };
-    std::fs::create_dir_all(&config.data_dir)
+    // Private: the store's files hold every fenced value (mode 0700, its files 0600).
+    palisade_durable::create_private_dir(&config.data_dir)
         .map_err(io(format!("data directory {}", config.data_dir.display())))?;
     let verifier = Arc::new(Verifier::default());
     verifier.require_principals(config.principals.clone());
@@ -167,6 +168,8 @@ pub async fn start(config: ResourceConfig) -> Result<RunningResource, ResourceEr
     keys.load_initial().await?;
     let keys = Arc::new(keys);
     let app = http::router(open_state(&config, verifier, keys.clone())?);
+    palisade_durable::make_files_private(&config.data_dir)
+        .map_err(io(format!("data directory {}", config.data_dir.display())))?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
