@@ -87,8 +87,7 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(dir.join("data"), b"x").unwrap();
-        std::fs::set_permissions(dir.join("data"), std::fs::Permissions::from_mode(0o644))
-            .unwrap();
+        std::fs::set_permissions(dir.join("data"), std::fs::Permissions::from_mode(0o644)).unwrap();
         create_private_dir(&dir).unwrap();
         make_files_private(&dir).unwrap();
         let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
