@@ -126,6 +126,10 @@ pub struct BoundaryReport {
     /// The latest rejections (newest first, at most [`observe::MAX_REJECTIONS_SHOWN`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_rejections: Vec<serde_json::Value>,
+    /// Postgres: the table the policy's name resolved to, schema-qualified (the audit sets
+    /// its own search_path, [`observe::AUDIT_SEARCH_PATH`], whatever its role's is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_table: Option<String>,
     /// Postgres: whether the table is registered as guarded (`palisade_guarded_tables`);
     /// whether its triggers are Palisade's and fire always is in `problems`.
     #[serde(skip_serializing_if = "Option::is_none")]

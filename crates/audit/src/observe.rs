@@ -179,7 +179,14 @@ async fn observe_effects(
     Ok(())
 }
 
-/// Connects with [`TIMEOUT`]; the connection is driven by a task that ends with the client.
+/// The audit's own search_path: a role's or a database's setting (`ALTER ROLE audit SET
+/// search_path = decoy, public`) would make the policy's table name, and Palisade's tables,
+/// resolve to a decoy schema with a guarded copy while the real table is open. An unqualified
+/// name in the policy means `public`'s; name another schema as `schema.table`.
+pub const AUDIT_SEARCH_PATH: &str = "pg_catalog, public";
+
+/// Connects with [`TIMEOUT`] and sets [`AUDIT_SEARCH_PATH`]; the connection is driven by a
+/// task that ends with the client.
 async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
     let redacted = crate::policy::redact_url(url);
     let connecting = tokio_postgres::connect(url, tokio_postgres::NoTls);
@@ -190,6 +197,10 @@ async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
     tokio::spawn(async move {
         let _ = connection.await;
     });
+    client
+        .batch_execute(&format!("SET search_path = {AUDIT_SEARCH_PATH}"))
+        .await
+        .map_err(|e| format!("{redacted}: {}", pg_text(&e)))?;
     Ok(client)
 }
 
@@ -257,6 +268,15 @@ async fn observe_postgres(
         return Ok(());
     };
     report.guard_installed = Some(true);
+    report.resolved_table = client
+        .query_opt(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+            &[&table],
+        )
+        .await
+        .map_err(|e| pg_text(&e))?
+        .map(|row| row.get(0));
     report.problems = guard::check(&client, table, &binding, writers).await?;
     report.floors = stored_floors(&client).await?;
     let t = quote(table)?;

@@ -323,6 +323,7 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     guard_functions_altered_are_found(&setup).await;
     restore_checks_disabled_are_found(&setup).await;
     search_path_changes_are_found(&setup).await;
+    a_decoy_schema_is_not_what_the_audit_sees(&setup).await;
     durability_off_is_reported(&setup).await;
     println!(
         "audit mutants: {found} planted in tables, 4 in function bodies, 3 in search_paths and \
@@ -575,6 +576,46 @@ async fn search_path_changes_are_found(setup: &Setup) {
     .unwrap();
     let report = setup.audit("sp").await;
     assert!(critical(&report).is_empty(), "{report:#?}");
+}
+
+/// A decoy (P5): the audit's role is given `search_path = decoy, public`, where `decoy` has a
+/// guarded copy of the table, while the real table's trigger is disabled and the application
+/// role may update it. The audit sets its own search_path: it sees the real table (named,
+/// schema-qualified, in its report), and the bypass is critical.
+async fn a_decoy_schema_is_not_what_the_audit_sees(setup: &Setup) {
+    let db = &setup.db;
+    setup.table("dk").await;
+    db.batch_execute(&format!(
+        "CREATE SCHEMA decoy;
+         CREATE TABLE decoy.dk (LIKE public.dk INCLUDING ALL);
+         INSERT INTO decoy.dk SELECT * FROM public.dk;
+         SELECT palisade_install_guard('decoy.dk'::regclass, 'id', false, 'report/dk', NULL);
+         ALTER TABLE public.dk DISABLE TRIGGER palisade_guard_update;
+         GRANT UPDATE ON public.dk TO {app};
+         ALTER ROLE CURRENT_USER IN DATABASE {name} SET search_path = decoy, public;",
+        app = setup.app,
+        name = setup.name
+    ))
+    .await
+    .unwrap();
+    let report = setup.audit("dk").await;
+    assert_eq!(
+        report.resolved_table.as_deref(),
+        Some("public.dk"),
+        "{report:#?}"
+    );
+    let found: Vec<&str> = critical(&report).iter().map(|(code, _)| *code).collect();
+    assert!(found.contains(&"guard_trigger_disabled"), "{found:?}");
+    assert!(found.contains(&"unfenced_writer"), "{found:?}");
+    db.batch_execute(&format!(
+        "ALTER ROLE CURRENT_USER IN DATABASE {name} RESET search_path;
+         SELECT palisade_drop_guard('decoy.dk'); DROP SCHEMA decoy CASCADE;
+         REVOKE UPDATE ON public.dk FROM {app};",
+        app = setup.app,
+        name = setup.name
+    ))
+    .await
+    .unwrap();
 }
 
 /// Durability: synchronous_commit off for the fence role is reported (a warning: the adapter

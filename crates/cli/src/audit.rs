@@ -195,6 +195,9 @@ fn print_boundaries(report: &Report) {
             &rows,
         );
         for b in &report.boundaries {
+            if let Some(table) = &b.resolved_table {
+                println!("  {} is table {table}", b.target);
+            }
             if let Some(probe) = &b.probe {
                 println!("  probe of {}: {}", b.target, probe.detail());
             }

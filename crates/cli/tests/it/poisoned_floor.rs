@@ -28,6 +28,29 @@ fn findings(server: &ServerProcess, code: &str, lock: &str) -> Vec<String> {
         .collect()
 }
 
+/// A coordinator whose policy names `table` at `url` as the boundary of `poisoned/*`.
+fn serve_with_policy(dir: &std::path::Path, table: &str, url: &str) -> ServerProcess {
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[lock]]\npattern = \"poisoned/*\"\nclass = \"critical\"\n\
+             boundary = {{ kind = \"postgres\", table = \"{table}\", url = \"{url}\" }}\n"
+        ),
+    )
+    .unwrap();
+    ServerProcess::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &dir.join("data"),
+    )
+}
+
 #[test]
 fn p4_p6_a_floor_nobody_signed_is_poisoned_and_forget_floor_repairs_it() {
     let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
@@ -55,25 +78,7 @@ fn p4_p6_a_floor_nobody_signed_is_poisoned_and_forget_floor_repairs_it() {
         .unwrap();
     assert!(guard.status.success(), "{guard:?}");
     let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[[lock]]\npattern = \"poisoned/*\"\nclass = \"critical\"\n\
-             boundary = {{ kind = \"postgres\", table = \"{table}\", url = \"{url}\" }}\n"
-        ),
-    )
-    .unwrap();
-    let server = ServerProcess::start_with(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--policy",
-            policy.to_str().unwrap(),
-        ],
-        &dir.path().join("data"),
-    );
+    let server = serve_with_policy(dir.path(), &table, &url);
     let acquired = server.cli(&["lock", "acquire", &lock, "--ttl", "60s", "--json"]);
     assert!(acquired.status.success(), "{acquired:?}");
 

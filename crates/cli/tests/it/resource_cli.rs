@@ -88,6 +88,8 @@ fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
     let url = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
     let table = format!("guard_cli_{}", std::process::id());
+    // A lock of its own: another test's floor for a shared name would be known here.
+    let lock = format!("report/guard-cli-{}", std::process::id());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (client, connection) = runtime
         .block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls))
@@ -110,7 +112,7 @@ fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--lock NAME"));
     for _ in 0..2 {
-        let out = guard(&["--lock", "report/7"]);
+        let out = guard(&["--lock", &lock]);
         assert!(
             out.status.success(),
             "{}",
@@ -127,7 +129,7 @@ fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
     ))
     .unwrap_err();
     assert_eq!(unknown.code().unwrap().code(), "P5008", "{unknown}");
-    sql("SELECT palisade_learn_floor('report/7', 5)".into()).unwrap();
+    sql(format!("SELECT palisade_learn_floor('{lock}', 5)")).unwrap();
     let fenced =
         format!("UPDATE {table} SET payload = 'y', last_fence = 5 WHERE id = 7 AND last_fence < 5");
     assert_eq!(sql(fenced).unwrap(), 1);
