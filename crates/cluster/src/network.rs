@@ -458,6 +458,59 @@ pub struct RaftService {
 
 /// The answer to a Raft message that did not come from an authenticated member: it says
 /// nothing about this member (no store id, term or membership).
+/// Who may send Raft messages, judged from a request's path, metadata and connection alone:
+/// the server asks before it reads a byte of the body (a message may be up to
+/// [`MAX_RAFT_MESSAGE_BYTES`]), so that anyone who reaches the port without a member's
+/// certificate is refused at the cost of its headers. [`RaftService`] checks again.
+#[derive(Clone)]
+pub struct PeerAdmission {
+    /// Peers prove who they are with certificates (false: `--insecure-peers`).
+    certificates_required: bool,
+    identity: Identity,
+}
+
+impl PeerAdmission {
+    /// The admission of a member whose peers prove who they are (`certificates_required`) to
+    /// `identity`.
+    pub fn new(certificates_required: bool, identity: Identity) -> Self {
+        Self {
+            certificates_required,
+            identity,
+        }
+    }
+
+    /// `Ok` when a request to `path` with `metadata` over a connection that presented
+    /// `certificates` (a chain the peer CA signed) may be read: any member's certificate for
+    /// `Identify` and `Clock` (the asker may not be in the membership yet), otherwise one that
+    /// certifies the member the request names, which this member knows.
+    pub fn admit(
+        &self,
+        path: &str,
+        metadata: &tonic::metadata::MetadataMap,
+        certificates: Option<&PeerCertificates>,
+    ) -> Result<(), Status> {
+        if !self.certificates_required {
+            return Ok(());
+        }
+        let Some(certificates) = certificates.filter(|c| !c.0.is_empty()) else {
+            return Err(not_a_peer());
+        };
+        if path.ends_with("/Identify") || path.ends_with("/Clock") {
+            return Ok(());
+        }
+        let from = metadata
+            .get(FROM_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<NodeId>().ok());
+        match from {
+            Some(from) if PeerTls::certifies(certificates, from) && self.identity.knows(from) => {
+                Ok(())
+            }
+            _ => Err(not_a_peer()),
+        }
+    }
+}
+
 fn not_a_peer() -> Status {
     Status::unauthenticated("raft traffic is accepted only from cluster members over mutual TLS")
 }

@@ -4,8 +4,9 @@
 //! 64 KiB gRPC message) on each of 1,024 streams of each connection before it learns the answer
 //! is 401.
 //!
-//! Raft traffic is left to the peer service (members prove who they are with certificates);
-//! `GET` and `HEAD` carry no body and are authenticated by their handlers as before.
+//! Raft traffic is admitted by [`peers_before_bodies`]: a member's certificate, checked from
+//! the connection and the headers before the body is read; `GET` and `HEAD` carry no body and
+//! are authenticated by their handlers as before.
 
 use axum::extract::Request;
 use axum::middleware::Next;
@@ -13,6 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http::{header, Method};
 use std::sync::Arc;
+
+use palisade_cluster::network::PeerAdmission;
+use palisade_listener::PeerCertificates;
 
 use crate::auth::Auth;
 use crate::http_error::ApiError;
@@ -33,6 +37,33 @@ pub fn credentials_before_bodies(app: Router, auth: Arc<Auth>) -> Router {
             async move {
                 match refused {
                     Some(refused) => refused,
+                    None => next.run(request).await,
+                }
+            }
+        },
+    ))
+}
+
+/// Wraps `app` so that a Raft request (under [`RAFT_GRPC`]) from anyone but a member that
+/// proved who it is is refused (gRPC `UNAUTHENTICATED`) before its body — up to 64 MiB — is
+/// read or decoded ([`PeerAdmission`]).
+pub fn peers_before_bodies(app: Router, peers: PeerAdmission) -> Router {
+    app.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| {
+            let refused = request
+                .uri()
+                .path()
+                .starts_with(RAFT_GRPC)
+                .then(|| {
+                    let metadata =
+                        tonic::metadata::MetadataMap::from_headers(request.headers().clone());
+                    let certificates = request.extensions().get::<PeerCertificates>();
+                    peers.admit(request.uri().path(), &metadata, certificates)
+                })
+                .and_then(Result::err);
+            async move {
+                match refused {
+                    Some(status) => status.into_http::<axum::body::Body>(),
                     None => next.run(request).await,
                 }
             }

@@ -302,7 +302,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let (shutdown, shutdown_signal) = watch::channel(false);
     let shutdown = Arc::new(shutdown);
-    let (mut api, raft_service, core) = match &config.cluster {
+    let (mut api, raft, core) = match &config.cluster {
         None => {
             // The boundaries witness what this node issued, whatever its disk and clock say.
             let witnessed = witnesses::ask(&config.policy.current()).await;
@@ -338,16 +338,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     api.metrics
         .policy_rules
         .set(config.policy.current().rules.len() as i64);
-    serve(
-        &config,
-        tls,
-        api,
-        raft_service,
-        core,
-        shutdown,
-        shutdown_signal,
-    )
-    .await
+    serve(&config, tls, api, raft, core, shutdown, shutdown_signal).await
 }
 
 /// Creates the data directory (and its store before its key), refuses a side file inside it
@@ -474,7 +465,7 @@ fn start_single(
     signer: Arc<palisade_core::TokenSigner>,
     metrics: Arc<Metrics>,
     shutdown_signal: watch::Receiver<bool>,
-) -> Result<(Api, Option<RaftService>, Core), ServerError> {
+) -> Result<(Api, Option<RaftFront>, Core), ServerError> {
     let cluster_store = dir.join(palisade_cluster::CLUSTER_STORE_FILE);
     if cluster_store.exists() {
         return Err(ServerError::Cluster(
@@ -543,7 +534,7 @@ async fn start_cluster(
     metrics: Arc<Metrics>,
     peer_tls: Option<Arc<palisade_cluster::peer_tls::PeerTls>>,
     shutdown_signal: watch::Receiver<bool>,
-) -> Result<(Api, Option<RaftService>, Core), ServerError> {
+) -> Result<(Api, Option<RaftFront>, Core), ServerError> {
     let member = palisade_cluster::start_member(
         cluster,
         dir,
@@ -584,6 +575,8 @@ async fn start_cluster(
         }
         outcome.map_err(ServerError::Cluster)
     });
+    let admission =
+        palisade_cluster::network::PeerAdmission::new(peer_tls.is_some(), member.identity.clone());
     let service = palisade_cluster::network::service(
         cluster.node_id,
         member.raft,
@@ -592,15 +585,20 @@ async fn start_cluster(
         shutdown_signal,
         health,
     );
-    Ok((api, Some(service), core))
+    Ok((api, Some(RaftFront { service, admission }), core))
 }
 
 /// The one client-streaming method: it may wait between messages.
 const KEEPALIVE_METHOD: &str = "/palisade.v1.Coordinator/Keepalive";
+/// The leader's append stream to a follower: it waits between appends.
+const APPEND_STREAM_METHOD: &str = "/palisade.v1.Raft/AppendStream";
 
-/// The Raft gRPC service of a cluster member.
-type RaftService =
-    palisade_proto::v1::raft_server::RaftServer<palisade_cluster::network::RaftService>;
+/// The Raft gRPC service of a cluster member, and who may reach it.
+struct RaftFront {
+    service: palisade_proto::v1::raft_server::RaftServer<palisade_cluster::network::RaftService>,
+    /// Checked before a Raft request's body is read ([`admission::peers_before_bodies`]).
+    admission: palisade_cluster::network::PeerAdmission,
+}
 
 /// Serves HTTP and gRPC (and Raft traffic) on `config.listen` until the core ends; then stops
 /// the front ends within the grace period.
@@ -608,7 +606,7 @@ async fn serve(
     config: &ServerConfig,
     tls: Option<palisade_listener::Tls>,
     api: Api,
-    raft_service: Option<RaftService>,
+    raft: Option<RaftFront>,
     core: Core,
     shutdown: Arc<watch::Sender<bool>>,
     shutdown_signal: watch::Receiver<bool>,
@@ -623,15 +621,28 @@ async fn serve(
     let auth = api.auth.clone();
     let mut routes =
         tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
-    if let Some(raft_service) = raft_service {
-        routes = routes.add_service(raft_service);
+    let mut peers = None;
+    if let Some(raft) = raft {
+        routes = routes.add_service(raft.service);
+        peers = Some(raft.admission);
     }
-    // Outermost first: credentials are checked before a body is read, and a client's gRPC
-    // message must arrive within the body timeout once started (unary: once requested).
-    let app = admission::credentials_before_bodies(routes.into_axum_router(), auth);
+    // Outermost first: credentials (a member's certificate for Raft) are checked before a
+    // body is read, and a gRPC message must arrive within the body timeout once started
+    // (unary: once requested).
+    let mut app = admission::credentials_before_bodies(routes.into_axum_router(), auth);
+    let within = std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS);
+    if let Some(peers) = peers {
+        app = admission::peers_before_bodies(app, peers);
+        app = palisade_listener::grpc_message_deadlines(
+            app,
+            within,
+            admission::RAFT_GRPC,
+            &[APPEND_STREAM_METHOD],
+        );
+    }
     let app = palisade_listener::grpc_message_deadlines(
         app,
-        std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS),
+        within,
         admission::COORDINATOR_GRPC,
         &[KEEPALIVE_METHOD],
     );

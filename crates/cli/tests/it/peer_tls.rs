@@ -349,3 +349,42 @@ fn cluster_mode_without_peer_credentials_or_with_a_wrong_certificate_refuses_to_
     let message = String::from_utf8_lossy(&out.stderr);
     assert!(message.contains("does not name node 1"), "{message}");
 }
+
+/// P4, P8: a Raft request over a connection without a member's certificate is refused from its
+/// headers, before its body is read: a message announced as 60 MiB (Raft takes up to 64 MiB),
+/// of which nothing comes, is answered `UNAUTHENTICATED` at once. Before, the server waited
+/// for the whole message and decoded it, then looked at the certificate: anyone who reached a
+/// member's port made it buffer 64 MiB per stream.
+#[tokio::test]
+async fn p4_p8_a_raft_request_without_a_members_certificate_is_refused_before_its_body() {
+    let cluster = Cluster::start();
+    let port = cluster.ports[0];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::post(format!(
+        "http://127.0.0.1:{port}/palisade.v1.Raft/AppendEntries"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("palisade-raft-from", "2")
+    .body(())
+    .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    // The 5-byte prefix of an uncompressed 60 MiB message, and not one byte of it.
+    send.send_data(bytes::Bytes::from_static(&[0, 0x03, 0xc0, 0, 0]), false)
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(3), response)
+        .await
+        .expect("answered from the headers alone")
+        .unwrap();
+    assert_eq!(
+        response.headers().get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"16"[..]),
+        "{response:?}"
+    );
+    drop(send);
+}
