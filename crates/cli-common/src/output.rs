@@ -51,6 +51,13 @@ pub fn print_json(value: &serde_json::Value) {
     );
 }
 
+/// [`print_json`] on one line: the last line of a command's output that follows other output
+/// (`lock run`'s, after the command's own).
+pub fn print_json_line(value: &serde_json::Value) {
+    PRINTED_JSON.store(true, std::sync::atomic::Ordering::Relaxed);
+    println!("{value}");
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

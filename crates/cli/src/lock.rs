@@ -52,7 +52,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
             }
         }
         LockCommand::List { endpoint } => list(&endpoint, json).await?,
-        LockCommand::Run(args) => crate::lock_run::run(args).await?,
+        LockCommand::Run(args) => crate::lock_run::run(args, json).await?,
         LockCommand::Show { name, endpoint } => show(&name, &endpoint, json).await?,
     }
     Ok(())

@@ -16,7 +16,9 @@
 //! then exits with [`LEASE_LOST_EXIT`]. Otherwise the lease is released when the command ends
 //! and `lock run` exits with the command's code (128 + N for a command killed by signal N).
 //! SIGTERM, SIGINT and SIGHUP sent to `lock run` are passed on to the command, SIGKILL
-//! following after the grace period.
+//! following after the grace period. With `--json`, the last line on stdout is one JSON object
+//! saying whose exit code it is (`exit_code_by`: `command`, or `palisade` for a lease lost):
+//! a command may exit 75 or 3 itself.
 
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -83,8 +85,8 @@ pub struct Exit {
 enum Ended {
     /// By itself, or after a signal `lock run` passed on.
     Itself(ExitStatus),
-    /// Stopped because the lease was lost.
-    LeaseLost { reason: String },
+    /// Stopped because the lease was lost or about to be, with how it ended.
+    LeaseLost { reason: String, status: ExitStatus },
 }
 
 /// The grace period: as given, less than half of the TTL (renewals come every third of it,
@@ -107,7 +109,9 @@ fn grace_of(ttl: Duration, grace: Option<Duration>) -> anyhow::Result<Duration> 
     }
 }
 
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+/// Runs `lock run`; with `json`, its last line on stdout (one JSON object) says whose exit
+/// code it ends with.
+pub async fn run(args: RunArgs, json: bool) -> anyhow::Result<()> {
     let grace = grace_of(args.ttl, args.grace)?;
     let mut options = AcquireOptions::new(args.name.clone());
     options.ttl = args.ttl;
@@ -124,28 +128,46 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut lease = client.acquire(options).await?;
     let mut child = spawn(&args.command, &lease, args.pass_auth_token)?;
     let ended = supervise(&mut child, &mut lease, grace).await?;
-    match ended {
+    let grant = lease.grant().clone();
+    let (code, message, reason) = match ended {
         Ended::Itself(status) => {
             if let Err(error) = lease.release().await {
                 tracing::warn!(%error, "the lease could not be released; it ends at its TTL");
             }
-            match code_of(status) {
-                0 => Ok(()),
-                code => Err(Exit {
-                    code,
-                    message: None,
-                }
-                .into()),
-            }
+            (code_of(status), None, None)
         }
-        Ended::LeaseLost { reason } => Err(Exit {
-            code: LEASE_LOST_EXIT,
-            message: Some(format!(
+        Ended::LeaseLost { reason, status } => {
+            let message = format!(
                 "the lease on {} was lost ({reason}); the command was stopped",
                 args.name
-            )),
+            );
+            tracing::debug!(command_exit = code_of(status), "stopped");
+            (
+                LEASE_LOST_EXIT,
+                Some(message),
+                Some((reason, code_of(status))),
+            )
         }
-        .into()),
+    };
+    if json {
+        // Whose code it is: a command may exit 75 or 3 itself.
+        let (by, command_code) = match &reason {
+            Some((_, stopped)) => ("palisade", *stopped),
+            None => ("command", code),
+        };
+        crate::output::print_json_line(&serde_json::json!({
+            "lock": grant.lock,
+            "epoch": palisade_core::json::value(palisade_core::Epoch(grant.epoch)),
+            "lease_id": grant.lease_id,
+            "exit_code": code,
+            "exit_code_by": by,
+            "command_exit_code": command_code,
+            "lease_lost": reason.as_ref().map(|(why, _)| why),
+        }));
+    }
+    match code {
+        0 => Ok(()),
+        code => Err(Exit { code, message }.into()),
     }
 }
 
@@ -188,8 +210,8 @@ async fn supervise(
         status = child.wait() => return Ok(Ended::Itself(status?)),
         (reason, valid_until) = lease.ending(grace) => {
             tracing::error!(%reason, "the lease is ending: stopping the command");
-            stop_by(child, group, valid_until).await?;
-            return Ok(Ended::LeaseLost { reason });
+            let status = stop_by(child, group, valid_until).await?;
+            return Ok(Ended::LeaseLost { reason, status });
         }
         _ = terminate.recv() => Signal::SIGTERM,
         _ = interrupt.recv() => Signal::SIGINT,

@@ -240,3 +240,32 @@ fn lock_run_keeps_the_bearer_secret_from_the_command_and_refuses_a_grace_too_lon
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--grace"));
 }
+
+/// `--json` says whose exit code `lock run` ends with: a command may exit 75 or 3 itself,
+/// the codes `lock run` uses for a lease lost and a lock held.
+#[test]
+fn lock_run_json_says_whose_exit_code_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"));
+    let out = Command::new(BINARY)
+        .args([
+            "--json",
+            "lock",
+            "run",
+            "job/json",
+            "--endpoint",
+            &server.url,
+        ])
+        .args(["--", "sh", "-c", "echo working; exit 75"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(report["exit_code"], 75, "{report}");
+    assert_eq!(report["exit_code_by"], "command", "{report}");
+    assert_eq!(report["command_exit_code"], 75, "{report}");
+    assert!(report["lease_lost"].is_null(), "{report}");
+    assert_eq!(report["lock"], "job/json");
+}
