@@ -327,7 +327,7 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     durability_off_is_reported(&setup).await;
     println!(
         "audit mutants: {found} planted in tables, 4 in function bodies, 3 in search_paths and \
-         owners, all found as critical"
+         owners, 1 decoy schema, all found as critical"
     );
     setup.drop().await;
 }
