@@ -514,16 +514,81 @@ pub fn unpredictable() -> String {
     palisade_core::hex(&bytes)
 }
 
-/// The lock the probe of a boundary uses: the boundary's `pattern` with each `*` replaced by
-/// `random`, so the probe looks like the locks the boundary really fences (a store that
-/// refuses only `palisade-probe/…` locks is caught), or `palisade-probe/RANDOM` when that
-/// is no valid lock name or `accept` says another rule would decide it.
-pub fn probe_lock(pattern: Option<&str>, random: &str, accept: impl Fn(&str) -> bool) -> String {
-    pattern
-        .filter(|pattern| pattern.contains('*'))
-        .map(|pattern| pattern.replace('*', random))
-        .filter(|lock| palisade_core::LockName::new(lock.as_str()).is_ok() && accept(lock))
-        .unwrap_or_else(|| format!("{}{random}", crate::policy::PROBE_LOCK_PREFIX))
+/// A random number below `n` (`n` > 0), from the operating system's random source.
+fn below(n: usize) -> usize {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    (u64::from_le_bytes(bytes) % n as u64) as usize
+}
+
+/// `sample` with each letter and digit replaced by a random one of its kind (lower case,
+/// upper case, digit), everything else kept: a name of the same shape nobody can predict.
+pub fn shaped_like(sample: &str) -> String {
+    const LOWER: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+    const UPPER: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    const DIGITS: &[u8] = b"0123456789";
+    sample
+        .chars()
+        .map(|c| {
+            let set = match c {
+                'a'..='z' => LOWER,
+                'A'..='Z' => UPPER,
+                '0'..='9' => DIGITS,
+                _ => return c,
+            };
+            char::from(set[below(set.len())])
+        })
+        .collect()
+}
+
+/// A name shaped like one of `samples` (the boundary's real traffic: lock names, keys), or
+/// with none, `min..=max` random lower-case letters and digits.
+pub fn traffic_like(samples: &[String], min: usize, max: usize) -> String {
+    let sample = match samples.len() {
+        0 => {
+            let length = min + below(max - min + 1);
+            let alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
+            (0..length)
+                .map(|_| alphabet.as_bytes()[below(alphabet.len())] as char)
+                .collect()
+        }
+        n => samples[below(n)].clone(),
+    };
+    shaped_like(&sample)
+}
+
+/// The lock the probe of a boundary uses, shaped like the locks the boundary really fences, so
+/// that nothing tells a boundary it is probed: an exact name (a rule with no `*`) is probed on
+/// that very lock (the probe acquires it like any owner); a pattern's `*` is replaced by a part
+/// shaped like the one a lock the boundary fences has there (`recent` locks), or a random one.
+/// `palisade-probe/RANDOM` only when that is no valid lock name or `accept` says another rule
+/// decides it.
+pub fn probe_lock(
+    pattern: Option<&str>,
+    recent: &[String],
+    accept: impl Fn(&str) -> bool,
+) -> String {
+    let fallback = || format!("{}{}", crate::policy::PROBE_LOCK_PREFIX, unpredictable());
+    let Some(pattern) = pattern else {
+        return fallback();
+    };
+    let (prefix, suffix) = pattern.split_once('*').unwrap_or((pattern, ""));
+    let parts: Vec<String> = recent
+        .iter()
+        .filter_map(|lock| lock.strip_prefix(prefix)?.strip_suffix(suffix))
+        .filter(|part| !part.is_empty() && !part.contains('*'))
+        .map(str::to_owned)
+        .collect();
+    let lock = if pattern.contains('*') {
+        pattern.replace('*', &traffic_like(&parts, 4, 12))
+    } else {
+        pattern.to_owned()
+    };
+    if palisade_core::LockName::new(lock.as_str()).is_ok() && accept(&lock) {
+        lock
+    } else {
+        fallback()
+    }
 }
 
 /// What the store said to one write.
@@ -560,7 +625,10 @@ pub async fn probe_resource(
             return Probe::Failed { detail };
         }
     }
-    let (written, fresh) = (unpredictable(), unpredictable());
+    // Keys shaped like the ones the store's recent refusals name, and bodies like nothing in
+    // particular: no constant marker a store could refuse alone.
+    let keys = recent_keys(http, base).await;
+    let (written, fresh) = (traffic_like(&keys, 6, 20), traffic_like(&keys, 6, 20));
     match store.put(&written, newer.1).await {
         Ok(answer) if answer.status.is_success() => {}
         Ok(answer) => {
@@ -594,6 +662,25 @@ pub async fn probe_resource(
     }
 }
 
+/// The keys of the store's recent refusals (its real traffic's shape), at most 64.
+async fn recent_keys(http: &reqwest::Client, base: &str) -> Vec<String> {
+    let Ok(rejections) = get_json(http, &format!("{base}/v1/rejections")).await else {
+        return Vec::new();
+    };
+    rejections["recent"]
+        .as_array()
+        .map(|recent| {
+            recent
+                .iter()
+                .filter_map(|entry| entry["key"].as_str())
+                .filter(|key| !key.is_empty() && key.len() <= 256)
+                .take(64)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A reference store being probed: its URL without the trailing `/`, the probed lock, and the
 /// store's mode.
 struct ProbedStore<'a> {
@@ -611,7 +698,7 @@ impl ProbedStore<'_> {
             .http
             .put(format!("{base}/v1/kv/{}/{}", encode(lock), encode(key)))
             .header("palisade-token", token)
-            .body("probe");
+            .body(traffic_like(&[], 8, 64));
         if self.mode == "sequenced" {
             request = request.header("palisade-seq", "1");
         }

@@ -80,8 +80,18 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
         WrongReason,
         /// Refuses old tokens only on keys the new one wrote.
         PerKeyOnly,
+        /// Refuses old tokens only on what looked like the probe before: the body `probe`,
+        /// a key or a lock name part of 16 hex digits, a `palisade-probe/` lock.
+        TheProbesShape,
         /// Does what a strict store does.
         Honest,
+    }
+    fn probe_shaped(lock: &str, key: &str, body: &str) -> bool {
+        let hex16 = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        body == "probe"
+            || hex16(key)
+            || lock.starts_with("palisade-probe/")
+            || lock.rsplit('/').next().is_some_and(hex16)
     }
     type Written = Arc<Mutex<HashSet<(String, String)>>>;
     async fn store(lie: Lie) -> String {
@@ -96,7 +106,8 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
                 put(
                     move |State(written): State<Written>,
                           Path((lock, key)): Path<(String, String)>,
-                          headers: HeaderMap| async move {
+                          headers: HeaderMap,
+                          body: String| async move {
                         let token = headers["palisade-token"].to_str().unwrap().to_owned();
                         let mut written = written.lock().unwrap();
                         let lock_written = written.iter().any(|(l, _)| *l == lock);
@@ -104,6 +115,7 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
                         let refuse = token == "old"
                             && match lie {
                                 Lie::OnlyTheProbeLock => lock.starts_with("palisade-probe/"),
+                                Lie::TheProbesShape => probe_shaped(&lock, &key, &body),
                                 Lie::WrongReason | Lie::Honest => lock_written,
                                 Lie::PerKeyOnly => key_written,
                             };
@@ -129,14 +141,23 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
         serve(app).await
     }
     let http = http_client();
-    let random = palisade_audit::observe::unpredictable();
-    let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &random, |_| true);
-    assert_eq!(lock, format!("invoice/{random}"));
-    // Another rule would decide the shaped name: the probe's own prefix instead.
-    let own = palisade_audit::observe::probe_lock(Some("invoice/*"), &random, |_| false);
+    // The lock is shaped like the boundary's real ones (`invoice/` and 4 digits here), an
+    // exact name is probed on itself, and only a name another rule decides falls back to the
+    // probe's own prefix.
+    let recent = ["invoice/2041".to_owned(), "report/77".to_owned()];
+    let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| true);
+    let part = lock.strip_prefix("invoice/").expect("the pattern's prefix");
+    assert!(
+        part.len() == 4 && part.bytes().all(|b| b.is_ascii_digit()),
+        "{lock}"
+    );
+    let exact = palisade_audit::observe::probe_lock(Some("nightly-report"), &recent, |_| true);
+    assert_eq!(exact, "nightly-report");
+    let own = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| false);
     assert!(own.starts_with("palisade-probe/"), "{own}");
     for (lie, expected) in [
         (Lie::OnlyTheProbeLock, "accepted"),
+        (Lie::TheProbesShape, "accepted"),
         (Lie::WrongReason, "failed"),
         (Lie::PerKeyOnly, "accepted"),
         (Lie::Honest, "refused"),

@@ -225,13 +225,12 @@ async fn probe_boundary(
             let fenced_here = |lock: &str| {
                 policy.rule_for(lock).and_then(|r| r.boundary.as_ref()) == Some(boundary)
             };
-            // A lock shaped like the ones this store fences, that no store can predict; the
-            // tokens name a random holder too.
-            let lock = observe::probe_lock(
-                patterns.first().map(String::as_str),
-                &observe::unpredictable(),
-                fenced_here,
-            );
+            // A lock shaped like the ones this store fences (the rule's own lock for an exact
+            // name), that no store can predict; the tokens name a recent holder's name.
+            let (_, transitions) = api.feed.since(0, &fenced_here);
+            let recent: Vec<String> = transitions.into_iter().map(|t| t.lock).collect();
+            let lock =
+                observe::probe_lock(patterns.first().map(String::as_str), &recent, fenced_here);
             let holder = recent_holder(api, fenced_here);
             match probe_tokens(api, &lock, holder).await {
                 Ok((older, newer)) => {
