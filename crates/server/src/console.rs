@@ -227,7 +227,7 @@ async fn probe_boundary(
             };
             // A lock shaped like the ones this store fences (the rule's own lock for an exact
             // name), that no store can predict; the tokens name a recent holder's name.
-            let (_, transitions) = api.feed.since(0, &fenced_here);
+            let (_, transitions) = api.feed.since(0, fenced_here);
             let recent: Vec<String> = transitions.into_iter().map(|t| t.lock).collect();
             let lock =
                 observe::probe_lock(patterns.first().map(String::as_str), &recent, fenced_here);
