@@ -143,6 +143,7 @@ pub async fn check(
     check_functions(client, binding, &mut problems).await?;
     crate::search_path::check_function_settings(client, binding.schema, &mut problems).await?;
     crate::search_path::check_role_search_paths(client, &mut problems).await?;
+    crate::search_path::check_guard_schema(client, binding.schema, &mut problems).await?;
     check_rewrites(client, table, &mut problems).await?;
     check_writers(client, table, binding, writers, &mut problems).await?;
     check_durability(client, &mut problems).await?;

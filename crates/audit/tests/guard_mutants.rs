@@ -323,11 +323,12 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     guard_functions_altered_are_found(&setup).await;
     restore_checks_disabled_are_found(&setup).await;
     search_path_changes_are_found(&setup).await;
+    temp_tables_user_schemas_and_overloads_are_found(&setup).await;
     a_decoy_schema_is_not_what_the_audit_sees(&setup).await;
     durability_off_is_reported(&setup).await;
     println!(
-        "audit mutants: {found} planted in tables, 4 in function bodies, 3 in search_paths and \
-         owners, 1 decoy schema, all found as critical"
+        "audit mutants: {found} planted in tables, 4 in function bodies, 6 in search_paths, \
+         owners and Palisade's schema, 1 decoy schema, all found as critical"
     );
     setup.drop().await;
 }
@@ -406,7 +407,9 @@ async fn guard_functions_altered_are_found(setup: &Setup) {
     // CREATE OR REPLACE dropped its pinned search_path with the rest (migration 9).
     setup
         .db
-        .batch_execute("ALTER FUNCTION palisade_guard_fence() SET search_path = pg_catalog, public")
+        .batch_execute(
+            "ALTER FUNCTION palisade_guard_fence() SET search_path = pg_catalog, public, pg_temp",
+        )
         .await
         .unwrap();
     // The tombstone function no longer running as its owner.
@@ -471,8 +474,9 @@ async fn restore_checks_disabled_are_found(setup: &Setup) {
         } else {
             "(text, bigint)"
         };
-        let pin =
-            format!("ALTER FUNCTION {function}{arguments} SET search_path = pg_catalog, public");
+        let pin = format!(
+            "ALTER FUNCTION {function}{arguments} SET search_path = pg_catalog, public, pg_temp"
+        );
         setup.db.batch_execute(&pin).await.unwrap();
     }
     assert!(critical(&setup.audit("clean").await).is_empty());
@@ -566,8 +570,8 @@ async fn search_path_changes_are_found(setup: &Setup) {
     db.batch_execute(&format!(
         "ALTER FUNCTION palisade_learn_floor(text, bigint) OWNER TO CURRENT_USER;
          ALTER FUNCTION palisade_check_lock_floor(text, bigint)
-             SET search_path = pg_catalog, public;
-         ALTER FUNCTION palisade_guard_fence() SET search_path = pg_catalog, public;
+             SET search_path = pg_catalog, public, pg_temp;
+         ALTER FUNCTION palisade_guard_fence() SET search_path = pg_catalog, public, pg_temp;
          ALTER ROLE {fence} IN DATABASE {name} RESET search_path;
          DROP SCHEMA shadowops CASCADE; DROP SCHEMA shadowfloor CASCADE;",
         name = setup.name
@@ -575,6 +579,69 @@ async fn search_path_changes_are_found(setup: &Setup) {
     .await
     .unwrap();
     let report = setup.audit("sp").await;
+    assert!(critical(&report).is_empty(), "{report:#?}");
+}
+
+/// What an adversarial review found past the pin (P5): a temporary table named as Palisade's
+/// (the session's temporary schema is searched first for tables unless `pg_temp` is named
+/// last: the pin names it, and the stale write is refused), a `$user` schema with a shadow
+/// `<` ahead of pg_catalog, and Palisade's schema open to another role's CREATE with an
+/// overload of `to_jsonb` for the table in it. Each is found, undone, and the audit is clean.
+async fn temp_tables_user_schemas_and_overloads_are_found(setup: &Setup) {
+    let (db, fence) = (&setup.db, &setup.writer);
+    setup.table("tt").await;
+    db.batch_execute("SELECT palisade_learn_floor('report/tt', 10)")
+        .await
+        .unwrap();
+    let as_fence = setup
+        .url
+        .replacen("://postgres@", &format!("://{fence}@"), 1);
+    let writer = connect(&as_fence).await;
+    writer
+        .batch_execute(
+            "CREATE TEMP TABLE palisade_floor_settings (singleton boolean, source text);
+             INSERT INTO palisade_floor_settings VALUES (true, 'off');",
+        )
+        .await
+        .unwrap();
+    let below = "UPDATE tt SET payload = 'stale', last_fence = 8 WHERE id = 1";
+    let refused = writer.execute(below, &[]).await.unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("P5009"),
+        "{refused:?}"
+    );
+    db.batch_execute(&format!(
+        "CREATE SCHEMA {fence} AUTHORIZATION {fence};
+         CREATE FUNCTION {fence}.ne(bigint, bigint) RETURNS boolean LANGUAGE sql IMMUTABLE
+             AS 'SELECT $1 <> $2';
+         CREATE OPERATOR {fence}.< (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = {fence}.ne);
+         ALTER ROLE {fence} IN DATABASE {name} SET search_path = \"$user\", pg_catalog, public;
+         GRANT CREATE ON SCHEMA public TO {fence};
+         CREATE FUNCTION public.to_jsonb(r public.tt) RETURNS jsonb LANGUAGE sql
+             AS 'SELECT pg_catalog.to_jsonb(r)';",
+        name = setup.name
+    ))
+    .await
+    .unwrap();
+    let report = setup.audit("tt").await;
+    let found = |code: &str, about: &str| {
+        critical(&report)
+            .iter()
+            .any(|(c, m)| *c == code && m.contains(about))
+    };
+    assert!(found("shadowed_name", "operator <"), "{report:#?}");
+    assert!(found("shadowed_name", "function to_jsonb"), "{report:#?}");
+    assert!(found("guard_schema_writable", fence), "{report:#?}");
+    db.batch_execute(&format!(
+        "DROP FUNCTION public.to_jsonb(public.tt); REVOKE CREATE ON SCHEMA public FROM {fence};
+         ALTER ROLE {fence} IN DATABASE {name} RESET search_path;
+         DROP SCHEMA {fence} CASCADE;",
+        name = setup.name
+    ))
+    .await
+    .unwrap();
+    let report = setup.audit("tt").await;
     assert!(critical(&report).is_empty(), "{report:#?}");
 }
 

@@ -206,7 +206,10 @@ struct Keepalive {
 impl Keepalive {
     async fn run(mut self, mut stop: oneshot::Receiver<()>) {
         let interval = self.ttl / RENEWALS_PER_TTL;
-        let mut delay = interval;
+        // The first renewal comes a third of the TTL into the validity, which began when the
+        // acquire was sent: after a long wait for the lock (or a failover), at once.
+        let mut delay =
+            (self.valid_until - (self.ttl - interval)).saturating_duration_since(Instant::now());
         loop {
             tokio::select! {
                 _ = &mut stop => return,

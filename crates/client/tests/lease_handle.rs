@@ -236,3 +236,33 @@ async fn p2_the_keepalive_authenticates_and_another_principal_cannot_end_the_lea
     assert!(reason.contains("removed"), "{reason}");
     server.shutdown().await.unwrap();
 }
+
+/// A lease granted after a long wait starts with little of its validity left (it counts from
+/// the acquire's send time): the first renewal comes at once, not a third of the TTL after the
+/// grant, so a holder that stops its work `margin` before the validity ends (`lock run`) is
+/// not stopped while its lease is healthy.
+#[tokio::test]
+async fn a_lease_granted_after_a_long_wait_is_renewed_at_once() {
+    let (_server, client, _dir) = server().await;
+    let first = client.acquire(options("k/wait", 1_500)).await.unwrap();
+    let mut waiting = options("k/wait", 3_000);
+    waiting.wait = Duration::from_secs(10);
+    let releaser = tokio::spawn(async move {
+        sleep(Duration::from_millis(1_500)).await;
+        first.release().await.unwrap();
+    });
+    let sent = Instant::now();
+    let mut lease = client.acquire(waiting).await.unwrap();
+    releaser.await.unwrap();
+    assert!(sent.elapsed() >= Duration::from_millis(1_400), "it waited");
+    // Validity left at the grant: at most 1.6 s of 3 s. Stopping 1 s before the end would
+    // have come within 0.6 s; a renewal confirmed first moves the end.
+    let (reason, _) = timeout(
+        Duration::from_millis(2_500),
+        lease.ending(Duration::from_millis(1_000)),
+    )
+    .await
+    .map_or_else(|_| ("still held".into(), Instant::now()), |ending| ending);
+    assert_eq!(reason, "still held", "{:?}", lease.state());
+    assert!(lease.is_valid(), "{:?}", lease.state());
+}

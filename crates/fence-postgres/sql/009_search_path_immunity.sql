@@ -7,10 +7,14 @@
 -- (ALTER ROLE … SET search_path) turned the guard's comparison around; a writer with CREATE on
 -- a schema in its path could shadow palisade_check_lock_floor itself. Pinned to
 -- `pg_catalog, <this schema>`, every name in every Palisade function resolves to PostgreSQL's
--- own operators and to Palisade's own objects, whoever calls it. (Functions and operators are
--- never looked up in pg_temp.) The pin is set last, here, over every function: a later
--- migration that re-creates a function (CREATE OR REPLACE drops its settings) pins it again.
--- The audit checks each function's setting exactly, its owner and its body.
+-- own operators and to Palisade's own objects, whoever calls it. pg_temp is named last: left
+-- out, the session's temporary schema is searched *first* for tables, and any role may create
+-- a temporary `palisade_floor_settings` saying 'off' (functions and operators are never looked
+-- up there). The pin is set last, here, over every function: a later migration that re-creates
+-- a function (CREATE OR REPLACE drops its settings) pins it again. The audit checks each
+-- function's setting exactly, its owner and its body, and who may create objects in this
+-- schema (an overload there with the exact argument types, e.g. `to_jsonb(a_table)`, is
+-- preferred over pg_catalog's polymorphic one).
 --
 -- The incarnation was built from pg_postmaster_start_time()::text, rendered in each session's
 -- TimeZone and DateStyle: writers with different settings invalidated each other's floors.
@@ -33,7 +37,8 @@ BEGIN
              WHERE p.pronamespace = current_schema()::regnamespace
                AND p.proname LIKE 'palisade\_%'
     LOOP
-        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I', f, current_schema());
+        EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f,
+                       current_schema());
     END LOOP;
 END
 $$;

@@ -10,7 +10,8 @@
 -- (`palisade resource floor --postgres URL --forget LOCK`: the floor is learned again).
 --
 -- palisade_learn_floor(lock, floor) stays for writers of an earlier version: its floors carry
--- no statement, and the audit reports them as unverified.
+-- no statement (a floor it raises drops the statement of the lower one), and the audit reports
+-- them as unsigned.
 
 ALTER TABLE palisade_lock_floors ADD COLUMN IF NOT EXISTS statement text;
 
@@ -37,6 +38,25 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION palisade_learn_floor(lock_name text, learned bigint)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    floor_now bigint;
+BEGIN
+    IF learned IS NULL OR learned < 0 THEN
+        RAISE EXCEPTION 'palisade guard: a floor is an epoch, not %', learned;
+    END IF;
+    INSERT INTO palisade_lock_floors AS f (lock, floor, incarnation)
+    VALUES (lock_name, learned, palisade_incarnation())
+    ON CONFLICT (lock) DO UPDATE
+        SET floor = greatest(f.floor, EXCLUDED.floor),
+            statement = CASE WHEN EXCLUDED.floor > f.floor THEN NULL ELSE f.statement END,
+            incarnation = EXCLUDED.incarnation, learned_at = now()
+    RETURNING floor INTO floor_now;
+    RETURN floor_now;
+END
+$$;
+
 -- Who may record a floor without a statement may record one with it.
 REVOKE EXECUTE ON FUNCTION palisade_learn_floor(text, bigint, text) FROM PUBLIC;
 DO $$
@@ -53,6 +73,8 @@ BEGIN
                        grantee);
     END LOOP;
     EXECUTE format('ALTER FUNCTION palisade_learn_floor(text, bigint, text) '
-                   'SET search_path = pg_catalog, %I', current_schema());
+                   'SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION palisade_learn_floor(text, bigint) '
+                   'SET search_path = pg_catalog, %I, pg_temp', current_schema());
 END
 $$;
