@@ -141,20 +141,7 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
         serve(app).await
     }
     let http = http_client();
-    // The lock is shaped like the boundary's real ones (`invoice/` and 4 digits here), an
-    // exact name is probed on itself, and only a name another rule decides falls back to the
-    // probe's own prefix.
-    let recent = ["invoice/2041".to_owned(), "report/77".to_owned()];
-    let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| true);
-    let part = lock.strip_prefix("invoice/").expect("the pattern's prefix");
-    assert!(
-        part.len() == 4 && part.bytes().all(|b| b.is_ascii_digit()),
-        "{lock}"
-    );
-    let exact = palisade_audit::observe::probe_lock(Some("nightly-report"), &recent, |_| true);
-    assert_eq!(exact, "nightly-report");
-    let own = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| false);
-    assert!(own.starts_with("palisade-probe/"), "{own}");
+    let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &[], |_| true);
     for (lie, expected) in [
         (Lie::OnlyTheProbeLock, "accepted"),
         (Lie::TheProbesShape, "accepted"),
@@ -166,4 +153,22 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
         let probe = probe_resource(&http, &url, &lock, (1, "old"), (2, "new")).await;
         assert_eq!(probe.result(), expected, "{probe:?}");
     }
+}
+
+/// The probe's lock is shaped like the boundary's real ones (`invoice/` and 4 digits here),
+/// an exact name is probed on itself, and only a name another rule decides falls back to the
+/// probe's own prefix.
+#[test]
+fn p5_the_probes_lock_is_shaped_like_the_boundarys_locks() {
+    let recent = ["invoice/2041".to_owned(), "report/77".to_owned()];
+    let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| true);
+    let part = lock.strip_prefix("invoice/").expect("the pattern's prefix");
+    assert!(
+        part.len() == 4 && part.bytes().all(|b| b.is_ascii_digit()),
+        "{lock}"
+    );
+    let exact = palisade_audit::observe::probe_lock(Some("nightly-report"), &recent, |_| true);
+    assert_eq!(exact, "nightly-report");
+    let own = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| false);
+    assert!(own.starts_with("palisade-probe/"), "{own}");
 }

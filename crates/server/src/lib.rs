@@ -618,34 +618,7 @@ async fn serve(
             .clone()
             .follow(api.coordinator.subscribe(), shutdown_signal.clone()),
     );
-    let auth = api.auth.clone();
-    let mut routes =
-        tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
-    let mut peers = None;
-    if let Some(raft) = raft {
-        routes = routes.add_service(raft.service);
-        peers = Some(raft.admission);
-    }
-    // Outermost first: credentials (a member's certificate for Raft) are checked before a
-    // body is read, and a gRPC message must arrive within the body timeout once started
-    // (unary: once requested).
-    let mut app = admission::credentials_before_bodies(routes.into_axum_router(), auth);
-    let within = std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS);
-    if let Some(peers) = peers {
-        app = admission::peers_before_bodies(app, peers);
-        app = palisade_listener::grpc_message_deadlines(
-            app,
-            within,
-            admission::RAFT_GRPC,
-            &[APPEND_STREAM_METHOD],
-        );
-    }
-    let app = palisade_listener::grpc_message_deadlines(
-        app,
-        within,
-        admission::COORDINATOR_GRPC,
-        &[KEEPALIVE_METHOD],
-    );
+    let app = front_ends(api, raft);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io(format!("listen on {}", config.listen)))?;
@@ -681,6 +654,38 @@ async fn serve(
         task,
         metrics,
     })
+}
+
+/// The HTTP and gRPC routes (and Raft's, for a member) behind the layers every request
+/// passes first, outermost first: credentials (a member's certificate for Raft) checked
+/// before a body is read, then each gRPC message bounded by the body timeout once started
+/// (unary: once requested; the streaming methods may wait between messages).
+fn front_ends(api: Api, raft: Option<RaftFront>) -> axum::Router {
+    let auth = api.auth.clone();
+    let mut routes =
+        tonic::service::Routes::from(http::router(api.clone())).add_service(grpc::service(api));
+    let mut peers = None;
+    if let Some(raft) = raft {
+        routes = routes.add_service(raft.service);
+        peers = Some(raft.admission);
+    }
+    let mut app = admission::credentials_before_bodies(routes.into_axum_router(), auth);
+    let within = std::time::Duration::from_millis(palisade_core::limits::BODY_READ_TIMEOUT_MS);
+    if let Some(peers) = peers {
+        app = admission::peers_before_bodies(app, peers);
+        app = palisade_listener::grpc_message_deadlines(
+            app,
+            within,
+            admission::RAFT_GRPC,
+            &[APPEND_STREAM_METHOD],
+        );
+    }
+    palisade_listener::grpc_message_deadlines(
+        app,
+        within,
+        admission::COORDINATOR_GRPC,
+        &[KEEPALIVE_METHOD],
+    )
 }
 
 /// What a server runs besides its front ends: the engine, or a cluster member's supervisor.
