@@ -262,7 +262,7 @@ async fn a_lease_granted_after_a_long_wait_is_renewed_at_once() {
         lease.ending(Duration::from_millis(1_000)),
     )
     .await
-    .map_or_else(|_| ("still held".into(), Instant::now()), |ending| ending);
+    .unwrap_or_else(|_| ("still held".into(), Instant::now()));
     assert_eq!(reason, "still held", "{:?}", lease.state());
     assert!(lease.is_valid(), "{:?}", lease.state());
 }
