@@ -323,12 +323,11 @@ class Client:
                 raise Unavailable(f"the coordinator's keys: {why}") from None
         return self._fetched_keys
 
-    def _get_json(self, path: str, base: Optional[str] = None) -> tuple:
+    def _get_json(self, path: str) -> tuple:
         """``GET path`` on the coordinator's port (following a follower's leader once): the JSON
         and the base URL that answered."""
-        if base is None:
-            target, tls = _target(self._endpoint)
-            base = f"{'https' if tls else 'http'}://{target}"
+        target, tls = _target(self._endpoint)
+        base = f"{'https' if tls else 'http'}://{target}"
         context = None
         if base.startswith("https://"):
             import ssl

@@ -447,8 +447,9 @@ pub struct RaftService {
     node: NodeId,
     raft: RaftNode,
     identity: Identity,
-    /// Peers must prove who they are (mutual TLS); `None`: `--insecure-peers`.
-    tls: Option<Arc<PeerTls>>,
+    /// Who may send (mutual TLS, or anyone with `--insecure-peers`): checked again here after
+    /// the server's check before bodies.
+    admission: PeerAdmission,
     /// Set when the member stops: open append streams end, so that the listener's graceful
     /// shutdown does not wait for the leader to close them.
     shutdown: tokio::sync::watch::Receiver<bool>,
@@ -489,22 +490,50 @@ impl PeerAdmission {
         metadata: &tonic::metadata::MetadataMap,
         certificates: Option<&PeerCertificates>,
     ) -> Result<(), Status> {
-        if !self.certificates_required {
-            return Ok(());
-        }
-        let Some(certificates) = certificates.filter(|c| !c.0.is_empty()) else {
-            return Err(not_a_peer());
-        };
         if path.ends_with("/Identify") || path.ends_with("/Clock") {
-            return Ok(());
+            self.any_member(certificates)
+        } else {
+            self.sender(metadata, certificates).map(|_| ())
         }
+    }
+
+    /// `Ok` when peers need no certificate, or `certificates` is a member's (any member's).
+    pub fn any_member(&self, certificates: Option<&PeerCertificates>) -> Result<(), Status> {
+        match certificates {
+            Some(certificates) if !certificates.0.is_empty() => Ok(()),
+            _ if !self.certificates_required => Ok(()),
+            _ => Err(not_a_peer()),
+        }
+    }
+
+    /// `Ok` when `from`, certified when its stream opened, is still a member this member
+    /// knows (membership may change while a stream is open); always without certificates.
+    pub fn still_member(&self, from: NodeId) -> Result<(), Status> {
+        if self.certificates_required && !self.identity.knows(from) {
+            return Err(not_a_peer());
+        }
+        Ok(())
+    }
+
+    /// The member `metadata` names as the sender, when it may send: peers need no
+    /// certificate, or `certificates` certify that member and this member knows it.
+    pub fn sender(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        certificates: Option<&PeerCertificates>,
+    ) -> Result<Option<NodeId>, Status> {
         let from = metadata
             .get(FROM_METADATA)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<NodeId>().ok());
-        match from {
-            Some(from) if PeerTls::certifies(certificates, from) && self.identity.knows(from) => {
-                Ok(())
+        if !self.certificates_required {
+            return Ok(from);
+        }
+        match (certificates, from) {
+            (Some(certificates), Some(from))
+                if PeerTls::certifies(certificates, from) && self.identity.knows(from) =>
+            {
+                Ok(Some(from))
             }
             _ => Err(not_a_peer()),
         }
@@ -540,8 +569,8 @@ pub fn service(
     RaftServer::new(RaftService {
         node,
         raft,
+        admission: PeerAdmission::new(tls.is_some(), identity.clone()),
         identity,
-        tls,
         shutdown,
         health,
     })
@@ -565,22 +594,11 @@ impl RaftService {
         metadata: &tonic::metadata::MetadataMap,
         extensions: &tonic::Extensions,
     ) -> Result<NodeId, Status> {
-        let from = metadata
-            .get(FROM_METADATA)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<NodeId>().ok());
-        if self.tls.is_some() {
-            // Before anything else: over a clear-text (client) connection, or with a
-            // certificate that does not name the node the message claims, nothing is decoded.
-            let certified = extensions.get::<PeerCertificates>().zip(from).is_some_and(
-                |(certificates, from)| {
-                    PeerTls::certifies(certificates, from) && self.identity.knows(from)
-                },
-            );
-            if !certified {
-                return Err(not_a_peer());
-            }
-        }
+        // Before anything else: over a clear-text (client) connection, or with a certificate
+        // that does not name the node the message claims, nothing is decoded.
+        let from = self
+            .admission
+            .sender(metadata, extensions.get::<PeerCertificates>())?;
         let from = from
             .ok_or_else(|| Status::invalid_argument("raft message without its sender's node id"))?;
         metadata
@@ -695,12 +713,8 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         // Who asks must be a member too (any member: the leader adding this node).
-        if self.tls.is_some() {
-            let certificates = request.extensions().get::<PeerCertificates>();
-            if certificates.is_none_or(|c| c.0.is_empty()) {
-                return Err(not_a_peer());
-            }
-        }
+        self.admission
+            .any_member(request.extensions().get::<PeerCertificates>())?;
         let introduction =
             Introduction::of(self.node, &self.identity, &self.raft.metrics().borrow());
         self.encode(&introduction)
@@ -711,12 +725,8 @@ impl RaftRpc for RaftService {
         request: Request<pb::RaftPayload>,
     ) -> Result<Response<pb::RaftPayload>, Status> {
         // Any member may ask (a leader checking its clock before it commits a floor).
-        if self.tls.is_some() {
-            let certificates = request.extensions().get::<PeerCertificates>();
-            if certificates.is_none_or(|c| c.0.is_empty()) {
-                return Err(not_a_peer());
-            }
-        }
+        self.admission
+            .any_member(request.extensions().get::<PeerCertificates>())?;
         self.encode(&ClockReading {
             wall_ms: palisade_core::clock::now_ms(),
         })

@@ -520,6 +520,12 @@ async fn retire_key(
     }
 }
 
+/// A node id from a path segment.
+fn node_id(id: &str) -> Result<u64, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::bad_request(format!("node id {id:?} is not a number")))
+}
+
 /// `DELETE /v1/cluster/members/{id}`: removes a member (voter or learner).
 async fn remove_member(
     State(api): State<Api>,
@@ -528,9 +534,7 @@ async fn remove_member(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     caller.require(Right::Admin, None)?;
     let member = cluster_member(&api)?;
-    let id: u64 = id
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("node id {id:?} is not a number")))?;
+    let id = node_id(&id)?;
     require_leader(&api)?;
     let voters = member.changes.remove(id).await.map_err(membership_error)?;
     Ok(Json(json!({"removed": id, "voters": voters})))
@@ -547,9 +551,7 @@ async fn declare_lost(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     caller.require(Right::Admin, None)?;
     let member = cluster_member(&api)?;
-    let id: u64 = id
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("node id {id:?} is not a number")))?;
+    let id = node_id(&id)?;
     if id == member.node_id {
         return Err(ApiError::bad_request(
             "a member cannot declare its own store lost",

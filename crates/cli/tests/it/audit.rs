@@ -99,16 +99,7 @@ fn p1_p5_p6_audit_finds_each_planted_problem_and_passes_once_they_are_fixed() {
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
     write_policy(&policy, "default_class = \"efficiency\"\n");
-    let server = ServerProcess::start_with(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--policy",
-            policy.to_str().unwrap(),
-        ],
-        &dir.path().join("data"),
-    );
+    let server = ServerProcess::start_with_policy(&policy, &dir.path().join("data"));
     // Coordinator A: someone else's signer, trusted by the store by mistake. Started after
     // this one, so its clock floor — and every epoch it issues — is above this one's.
     let other = ServerProcess::start(&dir.path().join("other"));

@@ -117,16 +117,7 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
 fn start_with_a_critical_policy(dir: &Path) -> (ServerProcess, ResourceProcess) {
     let policy = dir.join("policy.toml");
     std::fs::write(&policy, "default_class = \"efficiency\"\n").unwrap();
-    let server = ServerProcess::start_with(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--policy",
-            policy.to_str().unwrap(),
-        ],
-        &dir.join("data"),
-    );
+    let server = ServerProcess::start_with_policy(&policy, &dir.join("data"));
     let store = ResourceProcess::start(&dir.join("store"), "strict", &server.url);
     std::fs::write(
         &policy,

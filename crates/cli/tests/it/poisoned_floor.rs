@@ -39,16 +39,7 @@ fn serve_with_policy(dir: &std::path::Path, table: &str, url: &str) -> ServerPro
         ),
     )
     .unwrap();
-    ServerProcess::start_with(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--policy",
-            policy.to_str().unwrap(),
-        ],
-        &dir.join("data"),
-    )
+    ServerProcess::start_with_policy(&policy, &dir.join("data"))
 }
 
 #[test]

@@ -196,9 +196,7 @@ impl RaftService {
     async fn append_message(&self, from: NodeId, json: &[u8]) -> Result<pb::RaftPayload, Status> {
         // Certificates belong to the connection and were checked when the stream opened;
         // membership may have changed since.
-        if self.tls.is_some() && !self.identity.knows(from) {
-            return Err(super::not_a_peer());
-        }
+        self.admission.still_member(from)?;
         self.append(decode(json)?).await
     }
 }

@@ -23,6 +23,13 @@ impl ServerProcess {
         Self::start_with(&["serve", "--listen", "127.0.0.1:0"], data_dir)
     }
 
+    /// Starts `palisade serve` on 127.0.0.1 with `--policy POLICY` and waits until it listens.
+    pub fn start_with_policy(policy: &Path, data_dir: &Path) -> Self {
+        let policy = policy.to_str().expect("a UTF-8 path");
+        let args = ["serve", "--listen", "127.0.0.1:0", "--policy", policy];
+        Self::start_with(&args, data_dir)
+    }
+
     /// Starts `palisade ARGS --data-dir DATA_DIR` and waits until it listens.
     pub fn start_with(args: &[&str], data_dir: &Path) -> Self {
         let mut command = Command::new(BINARY);
