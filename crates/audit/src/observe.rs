@@ -542,25 +542,42 @@ pub fn shaped_like(sample: &str) -> String {
 }
 
 /// A name shaped like one of `samples` (the boundary's real traffic: lock names, keys), or
-/// with none, `min..=max` random lower-case letters and digits.
+/// with none, `min..=max` random lower-case letters and digits. Never one of `samples`, and at
+/// least `min` letters and digits (a short sample, `7`, is extended in its own kind, `58302917`):
+/// few letters and digits could name a real lock or key.
 pub fn traffic_like(samples: &[String], min: usize, max: usize) -> String {
-    let sample = match samples.len() {
-        0 => {
-            let length = min + below(max - min + 1);
-            let alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
-            (0..length)
-                .map(|_| alphabet.as_bytes()[below(alphabet.len())] as char)
-                .collect()
+    loop {
+        let sample = match samples.len() {
+            0 => {
+                let length = min + below(max - min + 1);
+                let alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
+                (0..length)
+                    .map(|_| alphabet.as_bytes()[below(alphabet.len())] as char)
+                    .collect()
+            }
+            n => samples[below(n)].clone(),
+        };
+        let mut name = shaped_like(&sample);
+        let kind = sample
+            .chars()
+            .rev()
+            .find(char::is_ascii_alphanumeric)
+            .unwrap_or('a');
+        while name.chars().filter(char::is_ascii_alphanumeric).count() < min {
+            name.push_str(&shaped_like(&kind.to_string()));
         }
-        n => samples[below(n)].clone(),
-    };
-    shaped_like(&sample)
+        if !samples.contains(&name) {
+            return name;
+        }
+    }
 }
 
 /// The lock the probe of a boundary uses, shaped like the locks the boundary really fences, so
 /// that nothing tells a boundary it is probed: an exact name (a rule with no `*`) is probed on
-/// that very lock (the probe acquires it like any owner); a pattern's `*` is replaced by a part
-/// shaped like the one a lock the boundary fences has there (`recent` locks), or a random one.
+/// that very lock (the probe acquires it like any owner; the caller passes no pattern while
+/// the lock is held); a pattern's `*` is replaced by a part shaped like the one a lock the
+/// boundary fences has there (`recent` locks, at least 8 letters and digits, never one of
+/// theirs), or a random one.
 /// `palisade-probe/RANDOM` only when that is no valid lock name or `accept` says another rule
 /// decides it.
 pub fn probe_lock(
@@ -580,7 +597,7 @@ pub fn probe_lock(
         .map(str::to_owned)
         .collect();
     let lock = if pattern.contains('*') {
-        pattern.replace('*', &traffic_like(&parts, 4, 12))
+        pattern.replace('*', &traffic_like(&parts, 8, 12))
     } else {
         pattern.to_owned()
     };

@@ -155,7 +155,7 @@ async fn p5_a_store_that_refuses_only_the_probe_or_for_another_reason_does_not_p
     }
 }
 
-/// The probe's lock is shaped like the boundary's real ones (`invoice/` and 4 digits here),
+/// The probe's lock is shaped like the boundary's real ones (`invoice/` and digits here),
 /// an exact name is probed on itself, and only a name another rule decides falls back to the
 /// probe's own prefix.
 #[test]
@@ -164,9 +164,19 @@ fn p5_the_probes_lock_is_shaped_like_the_boundarys_locks() {
     let lock = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| true);
     let part = lock.strip_prefix("invoice/").expect("the pattern's prefix");
     assert!(
-        part.len() == 4 && part.bytes().all(|b| b.is_ascii_digit()),
+        part.len() >= 8 && part.bytes().all(|b| b.is_ascii_digit()),
         "{lock}"
     );
+    // A short real part is extended in its kind, never the real lock itself.
+    let short = ["report/1".to_owned()];
+    for _ in 0..100 {
+        let lock = palisade_audit::observe::probe_lock(Some("report/*"), &short, |_| true);
+        let part = lock.strip_prefix("report/").expect("the pattern's prefix");
+        assert!(
+            part.len() >= 8 && part.bytes().all(|b| b.is_ascii_digit()),
+            "{lock}"
+        );
+    }
     let exact = palisade_audit::observe::probe_lock(Some("nightly-report"), &recent, |_| true);
     assert_eq!(exact, "nightly-report");
     let own = palisade_audit::observe::probe_lock(Some("invoice/*"), &recent, |_| false);

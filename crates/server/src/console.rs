@@ -229,8 +229,23 @@ async fn probe_boundary(
             // name), that no store can predict; the tokens name a recent holder's name.
             let (_, transitions) = api.feed.since(0, fenced_here);
             let recent: Vec<String> = transitions.into_iter().map(|t| t.lock).collect();
-            let lock =
-                observe::probe_lock(patterns.first().map(String::as_str), &recent, fenced_here);
+            // An exact name is probed on itself only while nobody holds it (the probe would
+            // wait for the owner): otherwise on the probe's own prefix.
+            let mut pattern = patterns.first().map(String::as_str);
+            if let Some(exact) = pattern.filter(|p| !p.contains('*')) {
+                let held = match LockName::new(exact) {
+                    Ok(lock) => api
+                        .coordinator
+                        .describe(lock)
+                        .await
+                        .map_or(true, |summary| summary.lease.is_some()),
+                    Err(_) => true,
+                };
+                if held {
+                    pattern = None;
+                }
+            }
+            let lock = observe::probe_lock(pattern, &recent, fenced_here);
             let holder = recent_holder(api, fenced_here);
             match probe_tokens(api, &lock, holder).await {
                 Ok((older, newer)) => {
