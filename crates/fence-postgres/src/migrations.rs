@@ -46,6 +46,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "floor statements",
         include_str!("../sql/010_floor_statements.sql"),
     ),
+    (
+        11,
+        "token binding",
+        include_str!("../sql/011_token_binding.sql"),
+    ),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

@@ -21,6 +21,15 @@ pub const GUARD_TRUNCATE_SQLSTATE: &str = "P5004";
 /// SQLSTATE raised when an UPDATE changes the lock that guards a row.
 pub const GUARD_LOCK_SQLSTATE: &str = "P5005";
 
+/// SQLSTATE raised when a table that requires tokens is written with no token presented.
+pub const NO_TOKEN_SQLSTATE: &str = "P5010";
+/// SQLSTATE raised when the tokens presented are for other locks than the row's.
+pub const TOKEN_LOCK_SQLSTATE: &str = "P5011";
+/// SQLSTATE raised when `last_fence` is not the presented token's epoch.
+pub const TOKEN_EPOCH_SQLSTATE: &str = "P5012";
+/// SQLSTATE raised by `palisade_present_token` for text that is not a token.
+pub const NOT_A_TOKEN_SQLSTATE: &str = "P5013";
+
 /// True when `error` is the bypass guard refusing a write.
 pub fn is_guard_violation(error: &tokio_postgres::Error) -> bool {
     error.code().is_some_and(|code| {
@@ -29,6 +38,10 @@ pub fn is_guard_violation(error: &tokio_postgres::Error) -> bool {
             || *code == SqlState::from_code(GUARD_TOMBSTONE_SQLSTATE)
             || *code == SqlState::from_code(GUARD_TRUNCATE_SQLSTATE)
             || *code == SqlState::from_code(GUARD_LOCK_SQLSTATE)
+            || *code == SqlState::from_code(NO_TOKEN_SQLSTATE)
+            || *code == SqlState::from_code(TOKEN_LOCK_SQLSTATE)
+            || *code == SqlState::from_code(TOKEN_EPOCH_SQLSTATE)
+            || *code == SqlState::from_code(NOT_A_TOKEN_SQLSTATE)
     })
 }
 
@@ -123,11 +136,14 @@ impl GuardedTable {
             }
         };
         Ok(Self {
-            // The seed statement, exactly: zero rows is a rejection, never success.
+            // The seed statement, exactly: zero rows is a rejection, never success. The
+            // token ($4) is presented to the database, which binds the row to its lock and
+            // epoch on a table that requires tokens (migration 11); $2 is the epoch this
+            // adapter verified from it.
             update: format!(
-                "UPDATE {t} SET {payload} = $3, last_fence = $2 \
+                "UPDATE {t} SET {payload} = $3, last_fence = palisade_present_token($4) \
                  WHERE {id} = $1 AND last_fence < $2{} RETURNING {id}",
-                matches_lock(4)
+                matches_lock(5)
             ),
             // The row's fence, its lock and its tombstone's fence, in one statement. Fences
             // only rise (the guard sees to it), so they are at least whatever refused a write.
@@ -139,19 +155,22 @@ impl GuardedTable {
                    ON d.tbl = $2::text::regclass::oid AND d.id = $1::text"
             ),
             insert: if row_lock.is_empty() {
-                format!("INSERT INTO {t} ({id}, {payload}, last_fence) VALUES ($1, $2, $3)")
+                format!(
+                    "INSERT INTO {t} ({id}, {payload}, last_fence) \
+                     VALUES ($1, $2, palisade_present_token($3))"
+                )
             } else {
                 format!(
                     "INSERT INTO {t} ({id}, {payload}, last_fence, {row_lock}) \
-                     VALUES ($1, $2, $3, $4)"
+                     VALUES ($1, $2, palisade_present_token($3), $4)"
                 )
             },
             // A fenced delete is a write at its epoch: the row's fence is raised to it (under the
             // row lock), then the row goes and its tombstone keeps that fence.
             raise_fence: format!(
-                "UPDATE {t} SET last_fence = $2 WHERE {id} = $1 AND last_fence < $2{} \
-                 RETURNING {id}",
-                matches_lock(3)
+                "UPDATE {t} SET last_fence = palisade_present_token($3) \
+                 WHERE {id} = $1 AND last_fence < $2{} RETURNING {id}",
+                matches_lock(4)
             ),
             delete: format!("DELETE FROM {t} WHERE {id} = $1"),
             table: t,
@@ -206,6 +225,29 @@ impl GuardedTable {
             .execute(
                 "SELECT palisade_install_floor() WHERE EXISTS (SELECT 1 FROM palisade_restore_floor)",
                 &[],
+            )
+            .await
+            .map_err(storage)?;
+        Ok(())
+    }
+
+    /// Makes the table require a token for every fenced write (migration 11), or not: a row
+    /// is then written only with `last_fence` = the epoch of a token presented in the same
+    /// transaction for the row's own lock (`palisade_present_token`), so a SQL writer's bare
+    /// epoch, or another lock's token, is refused inside the database (SQLSTATEs
+    /// [`NO_TOKEN_SQLSTATE`], [`TOKEN_LOCK_SQLSTATE`], [`TOKEN_EPOCH_SQLSTATE`]). This adapter
+    /// presents its tokens on every write, so it works either way. Run it as the table's
+    /// owner, after [`Self::install_guard`].
+    pub async fn require_token(
+        &self,
+        fence: &PostgresFence,
+        required: bool,
+    ) -> Result<(), FenceError> {
+        let client = fence.client().await?;
+        client
+            .execute(
+                "SELECT palisade_require_token($1::text::regclass, $2)",
+                &[&self.table, &required],
             )
             .await
             .map_err(storage)?;
@@ -321,9 +363,9 @@ impl GuardedTable {
         self.check_registered(&client).await?;
         let statement = client.prepare_cached(&self.update).await.map_err(storage)?;
         let lock_name = lock.as_str();
-        let params: [&(dyn ToSql + Sync); 4] = [id, &epoch, payload, &lock_name];
+        let params: [&(dyn ToSql + Sync); 5] = [id, &epoch, payload, &token, &lock_name];
         let updated = match client
-            .query_opt(&statement, &params[..self.params(3)])
+            .query_opt(&statement, &params[..self.params(4)])
             .await
         {
             Ok(updated) => updated,
@@ -455,7 +497,7 @@ impl GuardedTable {
             .await
             .map_err(storage)?;
         let lock_name = lock.as_str();
-        let params: [&(dyn ToSql + Sync); 4] = [id, payload, &epoch, &lock_name];
+        let params: [&(dyn ToSql + Sync); 4] = [id, payload, &token, &lock_name];
         let inserted = txn.execute(&self.insert, &params[..self.params(3)]).await;
         let error = match inserted {
             Ok(_) => {
@@ -516,9 +558,9 @@ impl GuardedTable {
             .await
             .map_err(storage)?;
         let lock_name = lock.as_str();
-        let params: [&(dyn ToSql + Sync); 3] = [id, &epoch, &lock_name];
+        let params: [&(dyn ToSql + Sync); 4] = [id, &epoch, &token, &lock_name];
         let raised = match txn
-            .query_opt(&self.raise_fence, &params[..self.params(2)])
+            .query_opt(&self.raise_fence, &params[..self.params(3)])
             .await
         {
             Ok(raised) => raised,
