@@ -1,5 +1,7 @@
 """Fence a PostgreSQL write with the seed's statement: it applies only above the row's last
-fence, so a paused, superseded owner changes nothing. Args: DATABASE_URL ROW_ID PAYLOAD.
+fence, so a paused, superseded owner changes nothing. The statement passes the lease's token,
+not a bare epoch: the database reads the lock and epoch from it (``palisade_present_token``)
+and refuses a token of another lock, or a last_fence that is not the token's epoch. Args: DATABASE_URL ROW_ID PAYLOAD.
 The table and its guard: see the README (a row for ROW_ID, its lock `report/ROW_ID`)."""
 import os
 import sys
@@ -15,9 +17,10 @@ with client.lock(f"report/{row_id}", ttl=10) as lease, psycopg.connect(dsn) as d
     try:  # `execute` learns the lock's floor when the database restarted or was restored
         written = execute(
             db, client, lease.lock,
-            "UPDATE report_result SET payload = %s, last_fence = %s"
-            " WHERE id = %s AND last_fence < %s RETURNING id",
-            (payload, lease.epoch, row_id, lease.epoch),
+            "UPDATE report_result SET payload = %s, last_fence = t.epoch"
+            " FROM palisade_present_token(%s) AS t(epoch)"
+            " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id",
+            (payload, lease.token, row_id),
         ).fetchone()  # committed by `execute`, before the lease is released
     except Superseded as why:
         sys.exit(f"refused: {why}; epoch {lease.epoch} is obsolete")

@@ -11,9 +11,15 @@ A write below the floor raises ``Superseded``: stop, do not retry.
 
     with client.lock("report/7") as lease, psycopg.connect(dsn) as db:
         row = execute(db, client, lease.lock,
-                      "UPDATE report_result SET payload = %s, last_fence = %s"
-                      " WHERE id = %s AND last_fence < %s RETURNING id",
-                      (payload, lease.epoch, 7, lease.epoch)).fetchone()
+                      "UPDATE report_result SET payload = %s, last_fence = t.epoch"
+                      " FROM palisade_present_token(%s) AS t(epoch)"
+                      " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch"
+                      " RETURNING id",
+                      (payload, lease.token, 7)).fetchone()
+
+Pass the lease's token, not its epoch: on a table guarded by ``palisade resource guard`` the
+database reads the lock and epoch from the token and refuses a bare epoch (``P5010``), another
+lock's token (``P5011``) or a ``last_fence`` that is not the token's epoch (``P5012``).
 """
 
 from __future__ import annotations

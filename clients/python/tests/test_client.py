@@ -19,6 +19,10 @@ from palisade_client import (
 )
 
 HERE = pathlib.Path(__file__).resolve().parent.parent
+# The fenced statement the README gives: the token, not a bare epoch (payload, token, row).
+UPDATE = ("UPDATE report_result SET payload = %s, last_fence = t.epoch"
+          " FROM palisade_present_token(%s) AS t(epoch)"
+          " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id")
 
 
 def test_lock_yields_a_signed_token_and_releases_on_exit(coordinator):
@@ -168,9 +172,10 @@ def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
     assert newer.returncode == 0, newer.stderr
     with psycopg.connect(database) as db:
         stale = db.execute(
-            "UPDATE report_result SET payload = %s, last_fence = %s"
-            " WHERE id = %s AND last_fence < %s RETURNING id",
-            ("stale", paused.epoch, 7, paused.epoch),
+            "UPDATE report_result SET payload = %s, last_fence = t.epoch"
+            " FROM palisade_present_token(%s) AS t(epoch)"
+            " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id",
+            ("stale", paused.token, 7),
         ).fetchone()
         assert stale is None
         row = db.execute("SELECT payload, last_fence FROM report_result WHERE id = 7").fetchone()
@@ -181,9 +186,25 @@ def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
         with pytest.raises(psycopg.Error, match="last_fence"):
             db.execute("UPDATE report_result SET payload = 'bypass' WHERE id = 7")
 
-    # The example run as that paused owner would be refused too: a row fenced above its epoch.
+    # P4: a bare epoch, or the token of another lock, is refused by the database itself.
     with psycopg.connect(database, autocommit=True) as db:
+        with pytest.raises(psycopg.Error) as bare:
+            db.execute("UPDATE report_result SET last_fence = 9000000000000000000 WHERE id = 7")
+        assert bare.value.sqlstate == "P5010"
+        other = client.acquire("report/8", ttl=10)
+        with pytest.raises(psycopg.Error) as wrong_lock:
+            db.execute("UPDATE report_result SET payload = 'x', last_fence = t.epoch"
+                       " FROM palisade_present_token(%s) AS t(epoch) WHERE id = 7",
+                       (other.token,))
+        assert wrong_lock.value.sqlstate == "P5011"
+        other.release()
+
+    # The example run as that paused owner would be refused too: a row fenced above its epoch
+    # (raised by the table's owner, the token check switched off for it).
+    with psycopg.connect(database, autocommit=True) as db:
+        db.execute("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_token")
         db.execute("UPDATE report_result SET last_fence = last_fence + 1000 WHERE id = 7")
+        db.execute("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_token")
     refused = subprocess.run(example + ["late"], env=env, capture_output=True, text=True)
     assert refused.returncode == 1
     assert "refused: row 7 is fenced at" in refused.stderr
@@ -256,20 +277,20 @@ def test_p6_a_database_that_went_back_learns_the_floor_and_refuses_the_supersede
     # The put-back: the row's fence goes back to 0, and the floors are a file that went back.
     with psycopg.connect(database, autocommit=True) as db:
         db.execute("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_update")
+        db.execute("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_token")
         db.execute("UPDATE report_result SET payload = 'old', last_fence = 0 WHERE id = 7")
         db.execute("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_update")
+        db.execute("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_token")
         db.execute("TRUNCATE palisade_lock_floors")
 
-    update = ("UPDATE report_result SET payload = %s, last_fence = %s"
-              " WHERE id = %s AND last_fence < %s RETURNING id")
     with psycopg.connect(database, autocommit=True) as db:
         # The plain statement alone is stopped until the floor is known again ...
         with pytest.raises(psycopg.Error) as unknown:
-            db.execute(update, ("stale", paused.epoch, 7, paused.epoch))
+            db.execute(UPDATE, ("stale", paused.token, 7))
         assert unknown.value.sqlstate == "P5008"
         # ... and `execute` learns it from the coordinator: the paused owner is superseded.
         with pytest.raises(Superseded) as superseded:
-            execute(db, client, "report/7", update, ("stale", paused.epoch, 7, paused.epoch))
+            execute(db, client, "report/7", UPDATE, ("stale", paused.token, 7))
         assert superseded.value.floor > paused.epoch
         assert db.execute("SELECT payload FROM report_result WHERE id = 7").fetchone()[0] == "old"
     # The current owner writes on.
@@ -301,12 +322,10 @@ def test_p8_writes_acknowledged_on_a_default_connection_survive_a_database_resta
     leases = {row: client.acquire(f"report/{row}", ttl=60) for row in rows}
     subprocess.run(restart, shell=True, check=True, capture_output=True, timeout=60)
 
-    update = ("UPDATE report_result SET payload = %s, last_fence = %s"
-              " WHERE id = %s AND last_fence < %s RETURNING id")
     with psycopg.connect(database) as db:
         for row, lease in leases.items():
-            written = execute(db, client, lease.lock, update,
-                              (f"after restart {row}", lease.epoch, row, lease.epoch))
+            written = execute(db, client, lease.lock, UPDATE,
+                              (f"after restart {row}", lease.token, row))
             assert written.fetchone() == (row,)
             assert db.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         # Another session sees every acknowledged write while this one is still open.

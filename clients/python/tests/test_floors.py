@@ -104,15 +104,16 @@ def test_p4_p6_a_forged_floor_is_never_returned_nor_recorded(coordinator, databa
         lease = client.acquire("report/7", ttl=10)
         with psycopg.connect(database, autocommit=True) as db:
             db.execute("DELETE FROM palisade_lock_floors")
-            update = ("UPDATE report_result SET payload = 'x', last_fence = %s"
-                      " WHERE id = 7 AND last_fence < %s RETURNING id")
+            update = ("UPDATE report_result SET payload = 'x', last_fence = t.epoch"
+                      " FROM palisade_present_token(%s) AS t(epoch)"
+                      " WHERE id = 7 AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id")
             with pytest.raises(Unavailable):
-                execute(db, fooled, "report/7", update, (lease.epoch, lease.epoch))
+                execute(db, fooled, "report/7", update, (lease.token,))
             learned = db.execute(
                 "SELECT count(*) FROM palisade_lock_floors WHERE lock = 'report/7'").fetchone()
             assert learned == (0,)
             # The coordinator itself: the floor and its statement are recorded, the write made.
-            assert execute(db, client, "report/7", update, (lease.epoch, lease.epoch)).fetchone()
+            assert execute(db, client, "report/7", update, (lease.token,)).fetchone()
             floor, statement = db.execute(
                 "SELECT floor, statement FROM palisade_lock_floors WHERE lock = 'report/7'"
             ).fetchone()

@@ -19,8 +19,10 @@ import { Client, Unavailable, fencedQuery } from "../src/index.js";
 import { Coordinator } from "./coordinator.js";
 
 const MAX_EPOCH = "9223372036854775807";
+// The token, not a bare epoch (payload, token, row).
 const UPDATE =
-  "UPDATE floor_rows SET payload = $1, last_fence = $2 WHERE id = $3 AND last_fence < $2 RETURNING id";
+  "UPDATE floor_rows SET payload = $1, last_fence = t.epoch FROM palisade_present_token($2) AS t(epoch) " +
+  "WHERE id = $3 AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id";
 
 function env(name: string): string {
   const value = process.env[name];
@@ -100,7 +102,7 @@ test("P4, P6: a forged floor is never returned nor recorded; the real one is, wi
         await assert.rejects(fooled.floorStatement("floor/1"), Unavailable, name);
         await db.query("DELETE FROM palisade_lock_floors");
         await assert.rejects(
-          fencedQuery(db, fooled, "floor/1", UPDATE, ["x", lease.epoch, 1]),
+          fencedQuery(db, fooled, "floor/1", UPDATE, ["x", lease.token, 1]),
           Unavailable,
           name,
         );
@@ -111,7 +113,7 @@ test("P4, P6: a forged floor is never returned nor recorded; the real one is, wi
         mitm.close();
       }
     }
-    const written = await fencedQuery<pg.QueryResult>(db, client, "floor/1", UPDATE, ["x", lease.epoch, 1]);
+    const written = await fencedQuery<pg.QueryResult>(db, client, "floor/1", UPDATE, ["x", lease.token, 1]);
     assert.equal(written.rowCount, 1);
     const stored = await db.query("SELECT floor::text, statement FROM palisade_lock_floors WHERE lock = 'floor/1'");
     assert.ok(BigInt(stored.rows[0].floor) <= BigInt(lease.epoch));
@@ -140,7 +142,7 @@ test("P8: writes fencedQuery acknowledged after a database restart are seen from
     try {
       for (const [i, lease] of leases.entries()) {
         const written = await fencedQuery<pg.QueryResult>(db, client, lease.lock, UPDATE, [
-          `after restart ${i + 1}`, lease.epoch, i + 1,
+          `after restart ${i + 1}`, lease.token, i + 1,
         ]);
         assert.equal(written.rowCount, 1);
       }

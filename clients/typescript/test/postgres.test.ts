@@ -14,8 +14,10 @@ import { Client, Superseded, fencedQuery } from "../src/index.js";
 import { Coordinator } from "./coordinator.js";
 
 const EXAMPLE = fileURLToPath(new URL("../examples/fence_postgres.js", import.meta.url));
+// The README's statement: the token, not a bare epoch (payload, token, row).
 const UPDATE =
-  "UPDATE report_result SET payload = $1, last_fence = $2 WHERE id = $3 AND last_fence < $2 RETURNING id";
+  "UPDATE report_result SET payload = $1, last_fence = t.epoch FROM palisade_present_token($2) AS t(epoch) " +
+  "WHERE id = $3 AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id";
 
 function databaseUrl(): string {
   const url = process.env.PALISADE_TEST_POSTGRES_URL;
@@ -70,17 +72,19 @@ test("P1, P6: the PostgreSQL example fences a paused owner, also after the datab
     const db = new pg.Client(url);
     await db.connect();
     try {
-      const stale = await fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.epoch, 7]);
+      const stale = await fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7]);
       assert.equal(stale.rowCount, 0, "the row's fence refuses the paused owner");
 
       // The database goes back: the row's fence and the floors are a copy from before.
       await db.query("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_update");
+      await db.query("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_token");
       await db.query("UPDATE report_result SET payload = 'old', last_fence = 0 WHERE id = 7");
       await db.query("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_update");
+      await db.query("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_token");
       await db.query("TRUNCATE palisade_lock_floors");
-      await assert.rejects(db.query(UPDATE, ["stale", paused.epoch, 7]), { code: "P5008" });
+      await assert.rejects(db.query(UPDATE, ["stale", paused.token, 7]), { code: "P5008" });
       await assert.rejects(
-        fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.epoch, 7]),
+        fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7]),
         (error: unknown) =>
           error instanceof Superseded && BigInt(error.floor) > BigInt(paused.epoch),
       );

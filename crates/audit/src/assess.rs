@@ -346,7 +346,10 @@ fn lock_findings(
             ),
         ));
     }
-    if let Some(fence) = fence {
+    let poisoned = observed
+        .iter()
+        .any(|report| report.poisoned_fences.contains(&live.lock));
+    if let Some(fence) = fence.filter(|_| !poisoned) {
         if fence > live.epoch {
             findings.push(finding(
                 Severity::Critical,

@@ -28,6 +28,8 @@ pub struct Binding {
     pub key_column: String,
     /// Whether INSERT and DELETE are allowed only on the fenced path.
     pub guard_rows: bool,
+    /// Whether every fenced write must present its token (migration 11).
+    pub require_token: bool,
     /// The schema Palisade's functions and tables live in.
     pub schema: u32,
 }
@@ -89,6 +91,14 @@ fn expected_triggers(binding: &Binding) -> Vec<Expected> {
         tgtype: ROW | BEFORE | INSERT | UPDATE,
         args: ["last_fence", lock[0], lock[1]].map(str::to_owned).to_vec(),
     });
+    if binding.require_token {
+        expected.push(Expected {
+            name: "palisade_guard_token",
+            function: "palisade_guard_token",
+            tgtype: ROW | BEFORE | INSERT | UPDATE,
+            args: ["last_fence", lock[0], lock[1]].map(str::to_owned).to_vec(),
+        });
+    }
     if binding.guard_rows {
         expected.push(Expected {
             name: "palisade_guard_rows",
@@ -115,11 +125,11 @@ pub fn expected_body_of(function: &str, arguments: Option<usize>) -> Option<Stri
         while let Some(at) = rest.find(&header) {
             rest = &rest[at + header.len()..];
             let signature = &rest[..rest.find(')')?];
-            let count = if signature.trim().is_empty() {
-                0
-            } else {
-                signature.split(',').count()
-            };
+            // pg_proc.pronargs counts no OUT parameters.
+            let count = signature
+                .split(',')
+                .filter(|a| !a.trim().is_empty() && !a.trim_start().starts_with("OUT "))
+                .count();
             let start = rest.find("$$")? + 2;
             let end = start + rest[start..].find("$$")?;
             if arguments.is_none_or(|wanted| wanted == count) {
@@ -149,7 +159,27 @@ pub async fn check(
     check_durability(client, &mut problems).await?;
     check_floor_source(client, &mut problems).await?;
     check_unguarded(client, &mut problems).await?;
+    if !binding.require_token {
+        problems.push(bare_epochs(table));
+    }
     Ok(problems)
+}
+
+/// A table that takes a bare epoch: any writer may set `last_fence` to another lock's epoch
+/// or to any number (migration 11 binds it to a presented token).
+fn bare_epochs(table: &str) -> Problem {
+    problem(
+        Severity::Warning,
+        "bare_epochs",
+        format!(
+            "{table} accepts a bare epoch: a SQL writer may write another lock's epoch, or any \
+             number, as last_fence (the Rust adapter checks tokens; the database does not). \
+             Make it require tokens: palisade resource guard --table {table} … (again), or \
+             SELECT palisade_require_token('{table}', true), and write with \
+             palisade_present_token(token)"
+        ),
+        "SELECT require_token FROM palisade_guarded_tables WHERE tbl = 'TABLE'::regclass",
+    )
 }
 
 const TRIGGERS: &str = "SELECT t.tgname::text, t.tgenabled::text, p.proname::text, \
@@ -291,15 +321,8 @@ fn trigger_differences(row: &tokio_postgres::Row, want: &Expected) -> Vec<String
 const FUNCTION: &str = "SELECT p.prosrc, p.prosecdef \
     FROM pg_proc p WHERE p.proname = $1 AND p.pronamespace = $2::oid AND p.pronargs = $3";
 
-/// Each guard function's body is the one Palisade's migrations define (a body re-created with
-/// an exemption passes every trigger check), and the tombstone functions still run as their
-/// owner with a pinned `search_path`.
-async fn check_functions(
-    client: &Client,
-    binding: &Binding,
-    problems: &mut Vec<Problem>,
-) -> Result<(), String> {
-    // (name, runs as its owner, arguments)
+/// The functions the guard of `binding` runs: (name, runs as its owner, arguments).
+fn guard_functions(binding: &Binding) -> Vec<(&'static str, bool, i16)> {
     let mut functions = vec![
         ("palisade_guard_fence", false, 0),
         ("palisade_guard_tombstone", true, 0),
@@ -316,8 +339,25 @@ async fn check_functions(
     if binding.guard_rows {
         functions.push(("palisade_guard_rows", false, 0));
     }
+    if binding.require_token {
+        // The lock and epoch of every write come from the token (migration 11).
+        functions.push(("palisade_guard_token", true, 0));
+        functions.push(("palisade_present_token", true, 1));
+        functions.push(("palisade_token_claims", false, 1));
+    }
+    functions
+}
+
+/// Each guard function's body is the one Palisade's migrations define (a body re-created with
+/// an exemption passes every trigger check), and the tombstone functions still run as their
+/// owner with a pinned `search_path`.
+async fn check_functions(
+    client: &Client,
+    binding: &Binding,
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let functions = guard_functions(binding);
     for (function, definer, arguments) in functions {
-        let arguments: i16 = arguments;
         let proof = FUNCTION
             .replace("$1", &format!("'{function}'"))
             .replace("$2", &binding.schema.to_string())
@@ -450,7 +490,12 @@ async fn check_writers(
         relations.push((view.clone(), trusted.clone(), "through a view"));
     }
     // Palisade's own tables: nobody but their owner writes them, the fence role included.
-    for helper in ["palisade_row_fences", "palisade_guarded_tables"] {
+    let mut helpers = vec!["palisade_row_fences", "palisade_guarded_tables"];
+    if binding.require_token {
+        // A role that may write it may back any fence with a token nobody presented.
+        helpers.push("palisade_presented_tokens");
+    }
+    for helper in helpers {
         relations.push((helper.to_owned(), owners.clone(), "(Palisade's table)"));
     }
     let mut listed = 0;

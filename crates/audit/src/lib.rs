@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod assess;
+pub mod fences;
 pub mod floors;
 pub mod guard;
 pub mod observe;
@@ -142,6 +143,14 @@ pub struct BoundaryReport {
     /// ([`floors::judge`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub floors: Vec<floors::StoredFloor>,
+    /// Postgres: the greatest token presented for each live lock asked about (migration 11),
+    /// judged with the fences by the coordinator ([`fences::judge`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub presented_tokens: Vec<fences::PresentedToken>,
+    /// Postgres: the locks whose fence [`fences::judge`] found poisoned (reported there, not
+    /// again as `fence_ahead`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poisoned_fences: Vec<String>,
     /// Effects: operations by state.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub operations: BTreeMap<String, u64>,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::Value;
 
+use crate::fences::PresentedToken;
 use crate::floors::{StoredFloor, MAX_FLOORS_READ};
 use crate::guard::{self, Binding};
 use crate::policy::Boundary;
@@ -240,7 +241,8 @@ async fn binding(client: &tokio_postgres::Client, table: &str) -> Result<Option<
     // Whether the triggers are Palisade's and fire always is checked by `guard::check`.
     let row = client
         .query_opt(
-            "SELECT g.table_lock, g.lock_column, g.key_column, g.guard_rows \
+            "SELECT g.table_lock, g.lock_column, g.key_column, g.guard_rows, \
+                    coalesce((to_jsonb(g) ->> 'require_token')::boolean, false) \
              FROM palisade_guarded_tables g WHERE g.tbl = $1::text::regclass::oid",
             &[&table],
         )
@@ -251,6 +253,7 @@ async fn binding(client: &tokio_postgres::Client, table: &str) -> Result<Option<
         lock_column: row.get(1),
         key_column: row.get(2),
         guard_rows: row.get(3),
+        require_token: row.get(4),
         schema,
     }))
 }
@@ -313,7 +316,37 @@ async fn observe_postgres(
             report.fences.insert(lock.clone(), fence.max(0) as u64);
         }
     }
+    report.presented_tokens = presented_tokens(&client, locks).await?;
     Ok(())
+}
+
+/// The greatest token presented for each of `locks` (migration 11; none before it).
+async fn presented_tokens(
+    client: &tokio_postgres::Client,
+    locks: &[String],
+) -> Result<Vec<PresentedToken>, String> {
+    let rows = client
+        .query(
+            "SELECT p.lock, p.epoch, p.token FROM palisade_presented_tokens p \
+             WHERE to_regclass('palisade_presented_tokens') IS NOT NULL AND p.lock = ANY($1)",
+            &[&locks],
+        )
+        .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+            return Ok(Vec::new())
+        }
+        Err(error) => return Err(pg_text(&error)),
+    };
+    Ok(rows
+        .iter()
+        .map(|row| PresentedToken {
+            lock: row.get(0),
+            epoch: row.get::<_, i64>(1).max(0) as u64,
+            token: row.get(2),
+        })
+        .collect())
 }
 
 /// The floors the database enforces, the highest first (with their statements since
@@ -782,6 +815,40 @@ fn stale_refusal(
             detail: format!("{what}: {detail}"),
         }),
     }
+}
+
+pub use palisade_fence_postgres::FenceProofs;
+
+/// What a boundary witnesses at a coordinator's start: its highest fence, and for a
+/// PostgreSQL database the signed proofs recorded in it. A reference store verifies every
+/// token itself, so its fence is proof enough (`proofs` is `None`); a database takes any
+/// number a writer with UPDATE puts in a fence column, so only what the coordinator signed
+/// proves an epoch was issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Witness {
+    /// The greatest fence ([`highest_fence`]).
+    pub fence: u64,
+    /// The signed proofs, where the fence alone proves nothing.
+    pub proofs: Option<FenceProofs>,
+}
+
+/// [`highest_fence`] of `boundary`, with the proofs of a PostgreSQL database.
+pub async fn witness(http: &reqwest::Client, boundary: &Boundary) -> Result<Witness, String> {
+    let fence = highest_fence(http, boundary).await?;
+    let Boundary::Postgres { url, .. } = boundary else {
+        return Ok(Witness {
+            fence,
+            proofs: None,
+        });
+    };
+    let proofs = tokio::time::timeout(TIMEOUT, palisade_fence_postgres::fence_proofs(url))
+        .await
+        .map_err(|_| format!("no answer within {} s", TIMEOUT.as_secs()))?
+        .map_err(|error| error.to_string())?;
+    Ok(Witness {
+        fence,
+        proofs: Some(proofs),
+    })
 }
 
 /// The greatest epoch `boundary` has accepted or fenced at, for any lock: a reference store's

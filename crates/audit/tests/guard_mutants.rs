@@ -97,11 +97,10 @@ impl Setup {
             .await
             .unwrap();
         let lock = LockName::new(format!("report/{table}")).unwrap();
-        GuardedTable::new(table, "id", "payload", RowLock::Table(lock))
-            .unwrap()
-            .install_guard(&self.fence, false)
-            .await
-            .unwrap();
+        let guarded = GuardedTable::new(table, "id", "payload", RowLock::Table(lock)).unwrap();
+        guarded.install_guard(&self.fence, false).await.unwrap();
+        // As `palisade resource guard` does: every write presents its token (migration 11).
+        guarded.require_token(&self.fence, true).await.unwrap();
         self.db
             .batch_execute(&format!(
                 "ALTER TABLE {table} OWNER TO {owner};
@@ -301,6 +300,29 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "UPDATE palisade_floor_settings SET source = 'off'",
         "lock_floors_off",
     ),
+    (
+        "token trigger disabled",
+        "ALTER TABLE {t} DISABLE TRIGGER palisade_guard_token",
+        "guard_trigger_disabled",
+    ),
+    (
+        "token trigger dropped",
+        "DROP TRIGGER palisade_guard_token ON {t}",
+        "guard_trigger_missing",
+    ),
+    (
+        "token trigger checks another lock's tokens",
+        "DROP TRIGGER palisade_guard_token ON {t};
+         CREATE TRIGGER palisade_guard_token BEFORE INSERT OR UPDATE ON {t} FOR EACH ROW
+           EXECUTE FUNCTION palisade_guard_token('last_fence', 'lock', 'nobody/uses');
+         ALTER TABLE {t} ENABLE ALWAYS TRIGGER palisade_guard_token",
+        "guard_trigger_altered",
+    ),
+    (
+        "the fence role may write the presented tokens",
+        "GRANT INSERT, UPDATE ON palisade_presented_tokens TO {fence}",
+        "unfenced_writer",
+    ),
 ];
 
 fn plant(sql: &str, table: &str, setup: &Setup) -> String {
@@ -318,6 +340,22 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     setup.table("clean").await;
     let clean = setup.audit("clean").await;
     assert!(critical(&clean).is_empty(), "{:#?}", clean.problems);
+    assert!(!clean.problems.iter().any(|p| p.code == "bare_epochs"));
+    // A table that takes bare epochs is a warning, naming the way out.
+    setup.table("bare").await;
+    setup
+        .db
+        .batch_execute("SELECT palisade_require_token('bare', false)")
+        .await
+        .unwrap();
+    let bare = setup.audit("bare").await;
+    assert!(
+        bare.problems.iter().any(|p| p.code == "bare_epochs"
+            && p.severity == Severity::Warning
+            && p.message.contains("palisade_require_token")),
+        "{:#?}",
+        bare.problems
+    );
 
     let found = table_mutants_found(&setup).await;
     guard_functions_altered_are_found(&setup).await;
@@ -327,7 +365,7 @@ async fn p5_every_planted_bypass_of_a_guarded_table_is_a_critical_finding() {
     a_decoy_schema_is_not_what_the_audit_sees(&setup).await;
     durability_off_is_reported(&setup).await;
     println!(
-        "audit mutants: {found} planted in tables, 4 in function bodies, 6 in search_paths, \
+        "audit mutants: {found} planted in tables, 5 in function bodies, 6 in search_paths, \
          owners and Palisade's schema, 1 decoy schema, all found as critical"
     );
     setup.drop().await;
@@ -360,6 +398,7 @@ async fn table_mutants_found(setup: &Setup) -> usize {
             .db
             .batch_execute(&format!(
                 "REVOKE ALL ON palisade_row_fences FROM {writer};
+                 REVOKE ALL ON palisade_presented_tokens FROM {writer};
                  REVOKE ALL ON palisade_guarded_tables FROM {app};
                  REVOKE {owner} FROM {app}; REVOKE {writer} FROM {app};
                  REVOKE ALL ON {table} FROM PUBLIC;
@@ -404,6 +443,42 @@ async fn guard_functions_altered_are_found(setup: &Setup) {
         report.problems
     );
     setup.db.batch_execute(&recreate(&original)).await.unwrap();
+    // The token's epoch presented without remembering it: the trigger would see none.
+    let present = palisade_audit::guard::expected_body("palisade_present_token").unwrap();
+    let forgetful = present.replacen("PERFORM set_config", "PERFORM length", 1);
+    let recreate_present = |body: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION palisade_present_token(token text) RETURNS bigint \
+             LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $palisade${body}$palisade$"
+        )
+    };
+    assert_ne!(forgetful, present);
+    setup
+        .db
+        .batch_execute(&recreate_present(&forgetful))
+        .await
+        .unwrap();
+    let report = setup.audit("clean").await;
+    assert!(
+        critical(&report)
+            .iter()
+            .any(|(c, m)| *c == "guard_function_altered" && m.contains("palisade_present_token")),
+        "{:#?}",
+        report.problems
+    );
+    setup
+        .db
+        .batch_execute(&recreate_present(&present))
+        .await
+        .unwrap();
+    setup
+        .db
+        .batch_execute(
+            "ALTER FUNCTION palisade_present_token(text) \
+             SET search_path = pg_catalog, public, pg_temp",
+        )
+        .await
+        .unwrap();
     // CREATE OR REPLACE dropped its pinned search_path with the rest (migration 9).
     setup
         .db
@@ -482,6 +557,22 @@ async fn restore_checks_disabled_are_found(setup: &Setup) {
     assert!(critical(&setup.audit("clean").await).is_empty());
 }
 
+/// The README's statement on table `sp` with the token of an owner older than the row's
+/// fence (7): the database reads lock `report/sp` and epoch 5 from it.
+fn stale_update() -> String {
+    let token = palisade_core::TokenSigner::from_secret_bytes(&[4; 32]).sign(
+        &LockName::new("report/sp").unwrap(),
+        palisade_core::Epoch(5),
+        &palisade_core::HolderId::new("stale").unwrap(),
+        &palisade_core::Principal::anonymous(),
+        0,
+    );
+    format!(
+        "UPDATE sp SET payload = 'stale', last_fence = t.epoch \
+         FROM palisade_present_token('{token}') AS t(epoch) WHERE id = 1 AND last_fence < t.epoch"
+    )
+}
+
 /// A DBA's plain SQL around Palisade's functions (P5, migration 9): a fence role whose
 /// search_path puts shadow `<` and `<=` on bigint ahead of pg_catalog; the guard function
 /// unpinned (the shadow then turns its check around: a stale write is accepted — what the pin
@@ -518,8 +609,7 @@ async fn search_path_changes_are_found(setup: &Setup) {
     let as_fence = setup
         .url
         .replacen("://postgres@", &format!("://{fence}@"), 1);
-    let stale =
-        "UPDATE sp SET payload = 'stale', last_fence = 5 WHERE id = 1 AND last_fence < 5::bigint";
+    let stale = &stale_update();
     let writer = connect(&as_fence).await;
     let path: String = writer
         .query_one("SHOW search_path", &[])
@@ -527,7 +617,7 @@ async fn search_path_changes_are_found(setup: &Setup) {
         .unwrap()
         .get(0);
     assert!(path.starts_with("shadowops"), "{path}");
-    let refused = writer.execute(stale, &[]).await.unwrap_err();
+    let refused = writer.execute(stale.as_str(), &[]).await.unwrap_err();
     assert_eq!(
         refused.code().map(|c| c.code()),
         Some("P5001"),
@@ -539,7 +629,7 @@ async fn search_path_changes_are_found(setup: &Setup) {
         .unwrap();
     let writer = connect(&as_fence).await;
     assert_eq!(
-        writer.execute(stale, &[]).await.unwrap(),
+        writer.execute(stale.as_str(), &[]).await.unwrap(),
         1,
         "the mutant is real"
     );

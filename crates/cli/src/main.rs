@@ -17,6 +17,7 @@ mod drill;
 mod effects;
 mod lock;
 mod lock_run;
+mod repair_fence;
 mod resource;
 mod serve;
 

@@ -70,6 +70,12 @@ pub enum ResourceCommand {
         #[arg(long)]
         lock: String,
     },
+    /// Repair rows of a PostgreSQL table fenced above anything the coordinator issued for
+    /// their lock (`palisade audit` reports them as `poisoned_fence`: a forged token, or a
+    /// bare `last_fence` written by SQL): they go back to just below the coordinator's floor
+    /// for the lock (asked and verified), where every superseded owner is still refused. Run
+    /// it as the table's owner.
+    RepairFence(crate::repair_fence::RepairFenceArgs),
     /// Activate a lock's new epoch (activated mode), before the new owner works.
     Activate {
         /// The lock.
@@ -106,6 +112,12 @@ pub struct GuardArgs {
     /// Also refuse INSERT and DELETE outside the fence.
     #[arg(long)]
     guard_rows: bool,
+    /// Accept a bare epoch as last_fence, as before migration 11 (for writers not yet
+    /// passing their token). By default every write must present its token
+    /// (`palisade_present_token`): a bare epoch, another lock's token, or a last_fence that
+    /// is not the token's epoch is refused by the database.
+    #[arg(long)]
+    bare_epochs: bool,
 }
 
 #[derive(Args)]
@@ -245,6 +257,7 @@ pub async fn run(command: ResourceCommand, json: bool) -> anyhow::Result<()> {
         ResourceCommand::Restore(args) => restore(args, json).await,
         ResourceCommand::Guard(args) => guard(args).await,
         ResourceCommand::ForgetFloor { postgres, lock } => forget_floor(&postgres, &lock).await,
+        ResourceCommand::RepairFence(args) => crate::repair_fence::repair_fence(args).await,
         ResourceCommand::Put {
             lock,
             key,
@@ -592,13 +605,22 @@ async fn guard(args: GuardArgs) -> anyhow::Result<()> {
         .install_guard(&fence, args.guard_rows)
         .await
         .context("installing the guard (run it as the table's owner)")?;
+    table
+        .require_token(&fence, !args.bare_epochs)
+        .await
+        .context("binding writes to their tokens (run it as the table's owner)")?;
     println!(
-        "guarded {}: an UPDATE that does not raise last_fence fails, TRUNCATE fails{}",
+        "guarded {}: an UPDATE that does not raise last_fence fails, TRUNCATE fails{}{}",
         args.table,
         if args.guard_rows {
             ", INSERT and DELETE outside the fence fail"
         } else {
             ""
+        },
+        if args.bare_epochs {
+            "; a bare epoch is accepted as last_fence (--bare-epochs)"
+        } else {
+            "; every write must present its token (palisade_present_token)"
         }
     );
     Ok(())

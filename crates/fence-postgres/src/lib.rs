@@ -640,6 +640,59 @@ pub async fn highest_fence(url: &str) -> Result<u64, FenceError> {
     Ok(u64::try_from(highest).unwrap_or(0))
 }
 
+/// Most proofs [`fence_proofs`] reads of each kind (the highest first).
+pub const MAX_FENCE_PROOFS: i64 = 1_000;
+
+/// What in a database proves an epoch was issued by the coordinator: tokens and floor
+/// statements it signed, as the database recorded them. The database cannot check them; the
+/// coordinator can ([`highest_fence`] alone is any number a writer put in a fence column).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FenceProofs {
+    /// The greatest token presented for each lock (`palisade_presented_tokens`, migration 11)
+    /// and the restore floor's token.
+    pub tokens: Vec<String>,
+    /// Each lock's floor statement, `(lock, statement)` (`palisade_lock_floors`, migration 10).
+    pub floors: Vec<(String, String)>,
+}
+
+/// The signed proofs recorded in the database at `url` (none before migrations 10 and 11).
+pub async fn fence_proofs(url: &str) -> Result<FenceProofs, FenceError> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(storage)?;
+    let connection = tokio::spawn(connection);
+    let result = async {
+        let mut proofs = FenceProofs::default();
+        let sources = [
+            "SELECT token, NULL::text FROM palisade_presented_tokens ORDER BY epoch DESC LIMIT $1",
+            "SELECT token, NULL::text FROM palisade_restore_floor LIMIT $1",
+            "SELECT statement, lock FROM palisade_lock_floors WHERE statement IS NOT NULL \
+             ORDER BY floor DESC LIMIT $1",
+        ];
+        for sql in sources {
+            let rows = match client.query(sql, &[&MAX_FENCE_PROOFS]).await {
+                Ok(rows) => rows,
+                Err(e)
+                    if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE)
+                        || e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(e),
+            };
+            for row in rows {
+                match row.get::<_, Option<String>>(1) {
+                    None => proofs.tokens.push(row.get(0)),
+                    Some(lock) => proofs.floors.push((lock, row.get(0))),
+                }
+            }
+        }
+        Ok::<_, tokio_postgres::Error>(proofs)
+    }
+    .await;
+    drop(client);
+    let _ = connection.await;
+    result.map_err(storage)
+}
+
 /// What [`apply_restore_floor`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreApplied {

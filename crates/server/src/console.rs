@@ -147,6 +147,9 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
         async move {
             let mut report = observe::observe(http, boundary, patterns.clone(), &asked).await;
             judge_floors(api, &mut report).await;
+            if let Boundary::Postgres { table, .. } = boundary {
+                judge_fences(api, table, &mut report).await;
+            }
             if probe {
                 report.probe = Some(probe_boundary(api, http, policy, boundary, patterns).await);
             }
@@ -179,14 +182,49 @@ async fn judge_floors(api: &Api, report: &mut palisade_audit::BoundaryReport) {
             coordinator.insert(stored.lock.clone(), floor.0);
         }
     }
+    let problems = palisade_audit::floors::judge(&report.floors, &coordinator, &verifier(api));
+    report.problems.extend(problems);
+}
+
+/// This coordinator's public keys, as a verifier.
+fn verifier(api: &Api) -> palisade_core::TokenVerifier {
     let keys = api
         .public_keys()
         .iter()
         .filter_map(|key| palisade_core::token::decode_public_key(&key.public_key).ok())
         .collect::<Vec<_>>();
-    let verifier = palisade_core::TokenVerifier::new(keys);
-    let problems = palisade_audit::floors::judge(&report.floors, &coordinator, &verifier);
+    palisade_core::TokenVerifier::new(keys)
+}
+
+/// The fences of a PostgreSQL table, against this coordinator's floor for each lock and the
+/// tokens the writers presented ([`palisade_audit::fences::judge`]): a fence no signed token
+/// backs, above anything the coordinator issued for its lock, is poisoned.
+async fn judge_fences(api: &Api, table: &str, report: &mut palisade_audit::BoundaryReport) {
+    if report.fences.is_empty() {
+        return;
+    }
+    let mut coordinator = std::collections::BTreeMap::new();
+    for lock in report.fences.keys() {
+        let Ok(name) = LockName::new(lock.clone()) else {
+            continue;
+        };
+        if let Ok(floor) = api.coordinator.floor(name).await {
+            coordinator.insert(lock.clone(), floor.0);
+        }
+    }
+    let table = report
+        .resolved_table
+        .clone()
+        .unwrap_or_else(|| table.to_owned());
+    let (problems, poisoned) = palisade_audit::fences::judge(
+        &table,
+        &report.fences,
+        &report.presented_tokens,
+        &coordinator,
+        &verifier(api),
+    );
     report.problems.extend(problems);
+    report.poisoned_fences = poisoned;
 }
 
 /// The held locks, less the audit's own probe locks.

@@ -305,7 +305,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let (mut api, raft, core) = match &config.cluster {
         None => {
             // The boundaries witness what this node issued, whatever its disk and clock say.
-            let witnessed = witnesses::ask(&config.policy.current()).await;
+            let verifier = palisade_core::TokenVerifier::new([signer.verifying_key()]);
+            let witnessed = witnesses::ask(&config.policy.current(), &verifier).await;
             let files = (dir.as_path(), high_water.as_path());
             start_single(
                 files,
@@ -436,6 +437,13 @@ fn start_above_witnesses(
             boundary = %silent,
             "a boundary of the policy did not say its highest fence at start; the counter \
              starts above the others' and the clock's"
+        );
+    }
+    for unproven in &witnessed.unproven {
+        tracing::error!(
+            boundary = %unproven,
+            "a boundary of the policy holds a fence nothing this node signed proves; the \
+             counter does not start above it"
         );
     }
     if witnessed.greatest > stored.0 && witnessed.greatest > bound.bound() {

@@ -23,6 +23,7 @@ mod imports;
 mod lock_run;
 mod metrics_docs;
 mod peer_tls;
+mod poisoned_fence;
 mod poisoned_floor;
 mod readiness;
 mod resource_cli;

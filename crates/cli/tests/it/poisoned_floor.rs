@@ -11,7 +11,7 @@ use common::ServerProcess;
 use serde_json::Value;
 
 /// The audit's findings of `code` whose message names `lock`.
-fn findings(server: &ServerProcess, code: &str, lock: &str) -> Vec<String> {
+pub(crate) fn findings(server: &ServerProcess, code: &str, lock: &str) -> Vec<String> {
     // The coordinator answers an audit asked within AUDIT_REUSE of the last with that one.
     std::thread::sleep(
         palisade_server::console::AUDIT_REUSE + std::time::Duration::from_millis(100),
@@ -29,7 +29,7 @@ fn findings(server: &ServerProcess, code: &str, lock: &str) -> Vec<String> {
 }
 
 /// A coordinator whose policy names `table` at `url` as the boundary of `poisoned/*`.
-fn serve_with_policy(dir: &std::path::Path, table: &str, url: &str) -> ServerProcess {
+pub(crate) fn serve_with_policy(dir: &std::path::Path, table: &str, url: &str) -> ServerProcess {
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,

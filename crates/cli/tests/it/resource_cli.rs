@@ -121,7 +121,9 @@ fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
     }
     let sql = |statement: String| runtime.block_on(client.execute(&statement, &[]));
     let bypass = sql(format!("UPDATE {table} SET payload = 'x' WHERE id = 7")).unwrap_err();
-    assert_eq!(bypass.code().unwrap().code(), "P5001", "{bypass}");
+    // Refused for its missing token (P5010) before its missing raise (P5001): the guard's
+    // triggers run in name order.
+    assert_eq!(bypass.code().unwrap().code(), "P5010", "{bypass}");
     assert!(sql(format!("TRUNCATE {table}")).is_err());
     // The guard includes the lock floor of migration 8: plain SQL meets it first.
     let unknown = sql(format!(
@@ -130,8 +132,23 @@ fn p5_resource_guard_installs_the_bypass_guard_from_the_command_line() {
     .unwrap_err();
     assert_eq!(unknown.code().unwrap().code(), "P5008", "{unknown}");
     sql(format!("SELECT palisade_learn_floor('{lock}', 5)")).unwrap();
-    let fenced =
+    // The guard requires the token (migration 11): a bare epoch is refused, the token's
+    // statement writes.
+    let bare =
         format!("UPDATE {table} SET payload = 'y', last_fence = 5 WHERE id = 7 AND last_fence < 5");
+    assert_eq!(sql(bare).unwrap_err().code().unwrap().code(), "P5010");
+    let token = palisade_core::TokenSigner::from_secret_bytes(&[5; 32]).sign(
+        &palisade_core::LockName::new(lock.clone()).unwrap(),
+        palisade_core::Epoch(5),
+        &palisade_core::HolderId::new("cli-test").unwrap(),
+        &palisade_core::Principal::anonymous(),
+        0,
+    );
+    let fenced = format!(
+        "UPDATE {table} SET payload = 'y', last_fence = t.epoch \
+         FROM palisade_present_token('{token}') AS t(epoch) \
+         WHERE id = 7 AND last_fence OPERATOR(pg_catalog.<) t.epoch"
+    );
     assert_eq!(sql(fenced).unwrap(), 1);
     runtime
         .block_on(client.batch_execute(&format!(
