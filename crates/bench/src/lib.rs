@@ -4,7 +4,8 @@
 //! - [`acquire`]: acquire+release cycles per second against a single node or a cluster,
 //!   compared in the same run with Redis and etcd ([`compare`]);
 //! - [`fence`]: fenced writes on PostgreSQL and on the reference store;
-//! - [`effects`]: the effects ledger.
+//! - [`effects`]: the effects ledger;
+//! - [`sql_token`]: a SQL writer bound to its token against the plain statement.
 //!
 //! Imports run one way: `acquire` → `compare` → `cycle`; `fence`, `effects` → `probe`.
 
@@ -14,6 +15,7 @@ pub mod cycle;
 pub mod effects;
 pub mod fence;
 pub mod probe;
+pub mod sql_token;
 
 pub use acquire::{run_acquire, AcquireBenchArgs};
 pub use effects::{run as run_effects, EffectsBenchArgs};

@@ -345,6 +345,9 @@ enum BenchCommand {
     Resource(palisade_bench::ResourceBenchArgs),
     /// Effects per second through the effects ledger vs sent directly, side by side.
     Effects(palisade_bench::EffectsBenchArgs),
+    /// A SQL writer's fenced update passing its token vs the plain statement with a bare
+    /// epoch, one connection, medians of several loops.
+    SqlToken(palisade_bench::sql_token::SqlTokenBenchArgs),
 }
 
 /// What is logged when RUST_LOG is not set.
@@ -430,6 +433,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Effects(args)) => {
             palisade_bench::run_effects(args, json).await
+        }
+        Command::Bench(BenchCommand::SqlToken(args)) => {
+            palisade_bench::sql_token::run(args, json).await
         }
     }
 }
