@@ -51,6 +51,9 @@ pub struct PostgresFence {
     /// Where a lock's floor is learned when the database does not know it in its current
     /// incarnation (migration 8); `None`: such a write fails, saying so.
     floors: Option<Arc<dyn FloorSource>>,
+    /// One floor learner per lock, and a bounded herd of requests to the coordinator after a
+    /// restart (when every lock's next write needs its floor at once).
+    flights: Arc<palisade_fence::FloorFlights>,
 }
 
 /// Wraps a driver or pool error. PostgreSQL's own message and SQLSTATE are kept in the text
@@ -189,6 +192,7 @@ impl PostgresFence {
             verifier,
             checked_locks: Arc::default(),
             floors: None,
+            flights: Arc::default(),
         })
     }
 
@@ -222,6 +226,13 @@ impl PostgresFence {
             return first;
         };
         let unknown = LockName::new(unknown.lock.clone()).unwrap_or_else(|_| lock.clone());
+        // One learner per lock: the writers that waited for it find the floor known.
+        let _turn = self.flights.lock_turn(&unknown).await;
+        let second = attempt().await;
+        if !is_floor_unknown(&second) {
+            return second;
+        }
+        let _permit = self.flights.permit().await;
         let floor = floors.floor_statement(&unknown).await.map_err(|why| {
             FenceError::Storage(
                 format!("cannot learn the floor of lock {unknown}: {why}; nothing was written")
@@ -781,4 +792,9 @@ async fn strict_refusal(
              the key's {key_epoch:?}"
         ))),
     }
+}
+
+/// True when `outcome` is a write the database refused for a floor it does not know.
+fn is_floor_unknown<T>(outcome: &Result<T, FenceError>) -> bool {
+    matches!(outcome, Err(FenceError::Storage(error)) if error.downcast_ref::<FloorUnknown>().is_some())
 }

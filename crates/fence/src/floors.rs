@@ -81,3 +81,124 @@ impl FloorSource for StaticFloors {
         Box::pin(std::future::ready(Ok(floor)))
     }
 }
+
+/// Most floor requests one resource process has in flight at once (across locks).
+pub const MAX_FLOOR_REQUESTS: usize = 8;
+
+/// Bounds the herd of floor requests after a database restart, when every lock's next write
+/// needs its floor at once: one learner per lock at a time (the others wait for it and then
+/// find the floor known), and at most [`MAX_FLOOR_REQUESTS`] requests to the coordinator in
+/// flight across locks.
+#[derive(Debug)]
+pub struct FloorFlights {
+    locks: std::sync::Mutex<
+        std::collections::HashMap<LockName, std::sync::Arc<tokio::sync::Mutex<()>>>,
+    >,
+    permits: tokio::sync::Semaphore,
+}
+
+impl Default for FloorFlights {
+    fn default() -> Self {
+        Self::new(MAX_FLOOR_REQUESTS)
+    }
+}
+
+impl FloorFlights {
+    /// At most `max` requests in flight (at least one).
+    pub fn new(max: usize) -> Self {
+        Self {
+            locks: std::sync::Mutex::default(),
+            permits: tokio::sync::Semaphore::new(max.max(1)),
+        }
+    }
+
+    /// Waits for `lock`'s turn to learn its floor: held, no other writer of this process
+    /// learns that lock's floor.
+    pub async fn lock_turn(&self, lock: &LockName) -> LockTurn<'_> {
+        let entry = {
+            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            locks.entry(lock.clone()).or_default().clone()
+        };
+        let guard = entry.clone().lock_owned().await;
+        LockTurn {
+            flights: self,
+            lock: lock.clone(),
+            entry,
+            guard: Some(guard),
+        }
+    }
+
+    /// Waits for one of the request permits.
+    pub async fn permit(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.permits
+            .acquire()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// Locks with a learner or a waiter now.
+    pub fn locks_in_flight(&self) -> usize {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A lock's turn to learn its floor ([`FloorFlights::lock_turn`]); the lock is forgotten when
+/// nobody else waits for it.
+#[derive(Debug)]
+pub struct LockTurn<'a> {
+    flights: &'a FloorFlights,
+    lock: LockName,
+    entry: std::sync::Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for LockTurn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut locks = self.flights.locks.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's and this turn's: nobody else holds or waits for it.
+        if std::sync::Arc::strong_count(&self.entry) == 2 {
+            locks.remove(&self.lock);
+        }
+    }
+}
+
+#[cfg(test)]
+mod flight_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[tokio::test(start_paused = true)]
+    async fn one_learner_per_lock_and_a_bounded_herd_across_locks() {
+        let flights = Arc::new(FloorFlights::new(3));
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let same = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let (flights, now, most, same) =
+                (flights.clone(), now.clone(), most.clone(), same.clone());
+            tasks.push(tokio::spawn(async move {
+                let lock = LockName::new(format!("herd/{}", i % 10)).unwrap();
+                let _turn = flights.lock_turn(&lock).await;
+                if i % 10 == 0 {
+                    // Every writer of herd/0 holds the turn alone.
+                    assert_eq!(same.fetch_add(1, Ordering::SeqCst), 0);
+                }
+                let _permit = flights.permit().await;
+                let in_flight = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(in_flight, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                if i % 10 == 0 {
+                    same.fetch_sub(1, Ordering::SeqCst);
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 3);
+        assert_eq!(flights.locks_in_flight(), 0, "every lock forgotten");
+    }
+}

@@ -23,7 +23,9 @@ use std::future::Future;
 
 use palisade_core::{Epoch, LockName, TokenError};
 
-pub use floors::{FloorSource, FloorStatementFuture, StaticFloors};
+pub use floors::{
+    FloorFlights, FloorSource, FloorStatementFuture, StaticFloors, MAX_FLOOR_REQUESTS,
+};
 pub use precheck::{key_is_storable, precheck_activation, precheck_write};
 pub use verifier::{PrincipalRule, Verifier};
 
