@@ -24,7 +24,9 @@ lock's token (``P5011``) or a ``last_fence`` that is not the token's epoch (``P5
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 from palisade_client.client import Client, PalisadeError
 
@@ -32,6 +34,32 @@ FLOOR_UNKNOWN = "P5008"
 """SQLSTATE: the database does not know the lock's floor since it started or was restored."""
 BELOW_FLOOR = "P5009"
 """SQLSTATE: the row's epoch is below its lock's floor (DETAIL: the floor)."""
+
+
+MAX_FLOOR_REQUESTS = 8
+"""Most floor requests this process has in flight at once, across locks: after a database
+restart every lock's next write needs its floor at once."""
+
+_FLOOR_REQUESTS = threading.BoundedSemaphore(MAX_FLOOR_REQUESTS)
+_TURNS_GUARD = threading.Lock()
+_TURNS: dict = {}
+
+
+@contextmanager
+def _floor_turn(lock: str) -> Iterator[None]:
+    """Held, no other thread of this process learns ``lock``'s floor: one learner per lock,
+    the others wait and then find the floor known."""
+    with _TURNS_GUARD:
+        turn = _TURNS.setdefault(lock, [threading.Lock(), 0])
+        turn[1] += 1
+    try:
+        with turn[0]:
+            yield
+    finally:
+        with _TURNS_GUARD:
+            turn[1] -= 1
+            if turn[1] == 0:
+                del _TURNS[lock]
 
 
 class Superseded(PalisadeError):
@@ -71,19 +99,32 @@ def execute(db: Any, client: Client, lock: str, query: str, params: Sequence[Any
     """Runs ``query`` on the psycopg connection ``db``, learning ``lock``'s floor first when
     the database asks for it; the cursor. With no transaction open (autocommit or psycopg's
     default), the write is committed when this returns; inside the caller's transaction it is
-    a savepoint, committed with the caller's, and the transaction is left as it was."""
+    a savepoint, committed with the caller's, and the transaction is left as it was. One
+    thread of the process learns a lock's floor at a time, and at most
+    ``MAX_FLOOR_REQUESTS`` ask the coordinator at once."""
     import psycopg
 
-    for attempt in range(2):
+    def run() -> Any:
         try:
             with db.transaction():
                 return db.execute(query, params)
         except psycopg.Error as error:
-            if error.sqlstate == FLOOR_UNKNOWN and attempt == 0:
-                learn_floor(db, client, lock)
-                continue
             if error.sqlstate == BELOW_FLOOR:
                 detail = error.diag.message_detail or "0"
                 raise Superseded(error.diag.message_primary or str(error), int(detail)) from None
             raise
-    raise AssertionError("unreachable")
+
+    try:
+        return run()
+    except psycopg.Error as error:
+        if error.sqlstate != FLOOR_UNKNOWN:
+            raise
+    with _floor_turn(lock):
+        try:
+            return run()  # another thread learned the floor while this one waited
+        except psycopg.Error as error:
+            if error.sqlstate != FLOOR_UNKNOWN:
+                raise
+        with _FLOOR_REQUESTS:
+            learn_floor(db, client, lock)
+    return run()

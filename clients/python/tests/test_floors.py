@@ -122,3 +122,66 @@ def test_p4_p6_a_forged_floor_is_never_returned_nor_recorded(coordinator, databa
     finally:
         mitm.close()
         other.release()
+
+
+def test_p8_the_herd_of_floor_requests_after_a_restart_is_one_per_lock(coordinator, database):
+    """P8: after the floors are forgotten (a restart), 12 threads writing rows of 3 locks ask
+    the coordinator 3 times — one learner per lock, the others wait and find the floor known —
+    never more than MAX_FLOOR_REQUESTS at once, and every write lands."""
+    import time
+
+    import psycopg
+
+    from palisade_client import postgres
+    from palisade_client.postgres import execute
+
+    client = Client(coordinator.address)
+    locks = [f"herd/{n}" for n in range(3)]
+    leases = {lock: client.acquire(lock, ttl=60) for lock in locks}
+    rows = list(range(60, 72))
+    with psycopg.connect(database, autocommit=True) as db:
+        for row in rows:
+            db.execute("INSERT INTO report_result (id, lock, payload) VALUES (%s, %s, 'empty')",
+                       (row, locks[row % 3]))
+        db.execute("DELETE FROM palisade_lock_floors WHERE lock LIKE 'herd/%'")
+
+    class Counting:
+        """The client, counting floor requests and how many at once."""
+
+        def __init__(self):
+            self.asked, self.now, self.most = 0, 0, 0
+            self.guard = threading.Lock()
+
+        def floor_statement(self, lock):
+            with self.guard:
+                self.asked += 1
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.1)
+            try:
+                return client.floor_statement(lock)
+            finally:
+                with self.guard:
+                    self.now -= 1
+
+    counting = Counting()
+    update = ("UPDATE report_result SET payload = 'after restart', last_fence = t.epoch"
+              " FROM palisade_present_token(%s) AS t(epoch)"
+              " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id")
+    written = []
+
+    def write(row):
+        with psycopg.connect(database, autocommit=True) as db:
+            lease = leases[locks[row % 3]]
+            written.append(execute(db, counting, lease.lock, update, (lease.token, row)).fetchone())
+
+    threads = [threading.Thread(target=write, args=(row,)) for row in rows]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(written) == [(row,) for row in rows]
+    assert counting.asked == 3
+    assert counting.most <= postgres.MAX_FLOOR_REQUESTS
+    for lease in leases.values():
+        lease.release()

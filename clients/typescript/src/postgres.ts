@@ -66,8 +66,46 @@ export async function learnFloor(db: Queryable, client: Client, lock: string): P
   }
 }
 
+/** Most floor requests this process has in flight at once, across locks: after a database
+ * restart every lock's next write needs its floor at once. */
+export const MAX_FLOOR_REQUESTS = 8;
+
+let requestsInFlight = 0;
+const waitingForRequest: Array<() => void> = [];
+/** Each client's floor requests in flight, by lock: the lock's other writers wait for it. */
+const flights = new WeakMap<Client, Map<string, Promise<string>>>();
+
+async function withRequestPermit<T>(run: () => Promise<T>): Promise<T> {
+  while (requestsInFlight >= MAX_FLOOR_REQUESTS) {
+    await new Promise<void>((resolve) => waitingForRequest.push(resolve));
+  }
+  requestsInFlight++;
+  try {
+    return await run();
+  } finally {
+    requestsInFlight--;
+    waitingForRequest.shift()?.();
+  }
+}
+
+/** {@link learnFloor}, once per client and lock at a time: a writer that finds the lock's floor
+ * being learned waits for that request instead of sending its own. */
+function learnFloorOnce(db: Queryable, client: Client, lock: string): Promise<string> {
+  let byLock = flights.get(client);
+  if (!byLock) {
+    byLock = new Map();
+    flights.set(client, byLock);
+  }
+  const running = byLock.get(lock);
+  if (running) return running;
+  const flight = withRequestPermit(() => learnFloor(db, client, lock)).finally(() => byLock.delete(lock));
+  byLock.set(lock, flight);
+  return flight;
+}
+
 /** Runs `text` with `values` on `db` — outside a transaction, or inside one you protect with
- * a savepoint — learning `lock`'s floor first when the database asks for it. */
+ * a savepoint — learning `lock`'s floor first when the database asks for it. One request per
+ * client and lock is in flight at a time, and at most {@link MAX_FLOOR_REQUESTS} in all. */
 export async function fencedQuery<R = QueryResultLike>(
   db: Queryable,
   client: Client,
@@ -81,7 +119,12 @@ export async function fencedQuery<R = QueryResultLike>(
     } catch (error) {
       const failure = error as DatabaseError;
       if (failure.code === FLOOR_UNKNOWN && attempt === 0) {
-        await learnFloor(db, client, lock);
+        await learnFloorOnce(db, client, lock);
+        continue;
+      }
+      if (failure.code === FLOOR_UNKNOWN && attempt === 1) {
+        // Learned through another database than this one: learn it here.
+        await withRequestPermit(() => learnFloor(db, client, lock));
         continue;
       }
       if (failure.code === BELOW_FLOOR) {

@@ -15,7 +15,7 @@ import type { AddressInfo } from "node:net";
 
 import pg from "pg";
 
-import { Client, Unavailable, fencedQuery } from "../src/index.js";
+import { Client, MAX_FLOOR_REQUESTS, Unavailable, fencedQuery } from "../src/index.js";
 import { Coordinator } from "./coordinator.js";
 
 const MAX_EPOCH = "9223372036854775807";
@@ -162,6 +162,49 @@ test("P8: writes fencedQuery acknowledged after a database restart are seen from
     }
     for (const lease of leases) await lease.release();
   } finally {
+    client.close();
+    await coordinator.stop();
+  }
+});
+
+test("P8: after the floors are forgotten, concurrent writers of a lock ask the coordinator once", async () => {
+  const url = env("PALISADE_TEST_POSTGRES_URL");
+  const coordinator = await Coordinator.start();
+  const client = new Client(coordinator.address);
+  await guardedTable(url);
+  const pool = new pg.Pool({ connectionString: url, max: 12 });
+  try {
+    await pool.query(
+      "INSERT INTO floor_rows SELECT i, 'floor/' || (i % 3 + 1), 'empty' FROM generate_series(10, 21) i",
+    );
+    const leases = new Map<string, Awaited<ReturnType<Client["acquire"]>>>();
+    for (const n of [1, 2, 3]) leases.set(`floor/${n}`, await client.acquire(`floor/${n}`, { ttl: "60s" }));
+    await pool.query("DELETE FROM palisade_lock_floors WHERE lock LIKE 'floor/%'");
+    let asked = 0;
+    let now = 0;
+    let most = 0;
+    const ask = client.floorStatement.bind(client);
+    client.floorStatement = async (name: string) => {
+      asked++;
+      most = Math.max(most, ++now);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      try {
+        return await ask(name);
+      } finally {
+        now--;
+      }
+    };
+    const writes = [];
+    for (let id = 10; id <= 21; id++) {
+      const lease = leases.get(`floor/${(id % 3) + 1}`)!;
+      writes.push(fencedQuery<pg.QueryResult>(pool, client, lease.lock, UPDATE, ["herd", lease.token, id]));
+    }
+    for (const written of await Promise.all(writes)) assert.equal(written.rowCount, 1);
+    assert.equal(asked, 3, "one request per lock");
+    assert.ok(most <= MAX_FLOOR_REQUESTS, `${most} requests at once`);
+    for (const lease of leases.values()) await lease.release();
+  } finally {
+    await pool.end();
     client.close();
     await coordinator.stop();
   }
