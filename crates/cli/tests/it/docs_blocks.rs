@@ -193,8 +193,9 @@ fn every_block_is_compiled_run_or_says_why_not() {
 
 /// `docs/enforcement.md`'s SQL, run as the page says: after the table exists, the column is
 /// added (block 1), the adapter's migrations and guard are installed, the seed statement (block
-/// 2) writes a newer epoch and refuses an older one, and the grants (block 3) leave the
-/// application's role nothing to write with.
+/// 2) writes a newer epoch and refuses an older one, the token statement (block 3) does the same
+/// once the table requires tokens, and the grants (block 4) leave the application's role
+/// nothing to write with.
 #[test]
 fn sql_blocks_run_in_postgresql() {
     let blocks: Vec<Block> = blocks(&root().join("docs/enforcement.md"))
@@ -203,8 +204,8 @@ fn sql_blocks_run_in_postgresql() {
         .collect();
     assert_eq!(
         blocks.len(),
-        3,
-        "the test knows three SQL blocks: {blocks:?}"
+        4,
+        "the test knows four SQL blocks: {blocks:?}"
     );
     let maintenance = std::env::var("PALISADE_TEST_POSTGRES_URL")
         .expect("PALISADE_TEST_POSTGRES_URL is not set: run ./scripts/test");
@@ -239,7 +240,8 @@ fn sql_blocks_run_in_postgresql() {
             .await
             .unwrap();
         assert!(older.is_empty(), "the older epoch is refused: zero rows");
-        let findings = db.simple_query(&blocks[2].text).await.unwrap();
+        the_token_statement_binds_the_write(&db, &blocks[1].text, &blocks[2].text).await;
+        let findings = db.simple_query(&blocks[3].text).await.unwrap();
         let rows = findings
             .iter()
             .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
@@ -252,6 +254,43 @@ fn sql_blocks_run_in_postgresql() {
             .await
             .unwrap();
     });
+}
+
+/// Once `reports` requires tokens, the bare seed statement (`bare`) is refused and the token
+/// statement (`bound`) writes a newer owner's token and refuses an older one's.
+async fn the_token_statement_binds_the_write(db: &tokio_postgres::Client, bare: &str, bound: &str) {
+    db.batch_execute("SELECT palisade_require_token('reports', true)")
+        .await
+        .unwrap();
+    let refused = db
+        .query(bare, &[&7i64, &6i64, &"bare epoch 6"])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code().unwrap().code(), "P5010", "{refused}");
+    let signer = palisade_core::TokenSigner::from_secret_bytes(&[8; 32]);
+    let token = |epoch| {
+        signer.sign(
+            &palisade_core::LockName::new("report/7").unwrap(),
+            palisade_core::Epoch(epoch),
+            &palisade_core::HolderId::new("docs").unwrap(),
+            &palisade_core::Principal::anonymous(),
+            0,
+        )
+    };
+    let statement = db.prepare(bound).await.unwrap();
+    let newer = db
+        .query(&statement, &[&token(6), &"from epoch 6", &7i64])
+        .await
+        .unwrap();
+    assert_eq!(newer.len(), 1, "the newer owner's token writes");
+    let older = db
+        .query(&statement, &[&token(4), &"from epoch 4", &7i64])
+        .await
+        .unwrap();
+    assert!(
+        older.is_empty(),
+        "the older owner's token is refused: zero rows"
+    );
 }
 
 /// Database `name` created empty, and the roles the page names (cluster-wide: made once).
