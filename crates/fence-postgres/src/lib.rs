@@ -67,8 +67,28 @@ pub struct PostgresFence {
 pub const DURABLE_SESSION: &str = "SELECT set_config('synchronous_commit', 'on', false) \
     WHERE current_setting('synchronous_commit') = 'off'";
 
-/// A connection pool of `size` to `url` whose every connection runs [`DURABLE_SESSION`]
-/// before its first use (the fence adapter's and the effects ledger's).
+/// Run on every new connection of Palisade's pools after [`DURABLE_SESSION`]: the session's
+/// search_path becomes Palisade's schema (where `palisade_schema_migrations` resolves, else
+/// the current schema), then `pg_catalog`, then the role's own path. A DBA's
+/// `ALTER ROLE … SET search_path = shadowops, pg_catalog, …`, with a shadow `<` on bigint in
+/// `shadowops`, turned the adapter's own `… WHERE epoch < EXCLUDED.epoch` around: a stale write
+/// to `palisade_kv` was accepted (its tables have no raise trigger). Now PostgreSQL's operators
+/// come before any schema but Palisade's own, which must be its owner's alone (the audit's
+/// `guard_schema_writable`); tables resolve as before. The statement itself names every
+/// operator and function it uses with its schema.
+pub const PINNED_SESSION: &str = "SELECT pg_catalog.set_config('search_path', \
+    pg_catalog.quote_ident(palisade.schema) OPERATOR(pg_catalog.||) ', pg_catalog, ' \
+    OPERATOR(pg_catalog.||) pg_catalog.current_setting('search_path'), false) \
+    FROM (SELECT coalesce( \
+            (SELECT n.nspname FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+             WHERE c.oid OPERATOR(pg_catalog.=) \
+                   pg_catalog.to_regclass('palisade_schema_migrations')::pg_catalog.oid), \
+            pg_catalog.current_schema()) AS schema) AS palisade \
+    WHERE palisade.schema IS NOT NULL";
+
+/// A connection pool of `size` to `url` whose every connection runs [`DURABLE_SESSION`] and
+/// [`PINNED_SESSION`] before its first use (the fence adapter's and the effects ledger's).
 pub fn durable_pool(url: &str, size: usize) -> Result<Pool, String> {
     let config = tokio_postgres::Config::from_str(url).map_err(|e| e.to_string())?;
     let manager = Manager::from_config(
@@ -84,6 +104,10 @@ pub fn durable_pool(url: &str, size: usize) -> Result<Pool, String> {
             Box::pin(async move {
                 client
                     .simple_query(DURABLE_SESSION)
+                    .await
+                    .map_err(deadpool_postgres::HookError::Backend)?;
+                client
+                    .simple_query(PINNED_SESSION)
                     .await
                     .map(drop)
                     .map_err(deadpool_postgres::HookError::Backend)
