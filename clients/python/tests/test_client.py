@@ -170,14 +170,11 @@ def test_p1_the_postgres_example_fences_a_paused_owner(coordinator, database):
     time.sleep(0.3)
     newer = subprocess.run(example + ["newer"], env=env, capture_output=True, text=True)
     assert newer.returncode == 0, newer.stderr
-    with psycopg.connect(database) as db:
-        stale = db.execute(
-            "UPDATE report_result SET payload = %s, last_fence = t.epoch"
-            " FROM palisade_present_token(%s) AS t(epoch)"
-            " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id",
-            ("stale", paused.token, 7),
-        ).fetchone()
-        assert stale is None
+    with psycopg.connect(database, autocommit=True) as db:
+        # A newer owner's token was presented for the lock: the paused one is superseded.
+        with pytest.raises(psycopg.Error) as stale:
+            db.execute(UPDATE, ("stale", paused.token, 7))
+        assert stale.value.sqlstate == "P5009"
         row = db.execute("SELECT payload, last_fence FROM report_result WHERE id = 7").fetchone()
     assert row[0] == "newer" and row[1] > paused.epoch
 
@@ -282,6 +279,7 @@ def test_p6_a_database_that_went_back_learns_the_floor_and_refuses_the_supersede
         db.execute("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_update")
         db.execute("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_token")
         db.execute("TRUNCATE palisade_lock_floors")
+        db.execute("TRUNCATE palisade_presented_tokens")
 
     with psycopg.connect(database, autocommit=True) as db:
         # The plain statement alone is stopped until the floor is known again ...

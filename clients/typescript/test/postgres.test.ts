@@ -72,8 +72,11 @@ test("P1, P6: the PostgreSQL example fences a paused owner, also after the datab
     const db = new pg.Client(url);
     await db.connect();
     try {
-      const stale = await fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7]);
-      assert.equal(stale.rowCount, 0, "the row's fence refuses the paused owner");
+      // A newer owner's token was presented for the lock: the paused one is superseded.
+      await assert.rejects(
+        fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7]),
+        (error: unknown) => error instanceof Superseded,
+      );
 
       // The database goes back: the row's fence and the floors are a copy from before.
       await db.query("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_update");
@@ -82,6 +85,7 @@ test("P1, P6: the PostgreSQL example fences a paused owner, also after the datab
       await db.query("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_update");
       await db.query("ALTER TABLE report_result ENABLE ALWAYS TRIGGER palisade_guard_token");
       await db.query("TRUNCATE palisade_lock_floors");
+      await db.query("TRUNCATE palisade_presented_tokens");
       await assert.rejects(db.query(UPDATE, ["stale", paused.token, 7]), { code: "P5008" });
       await assert.rejects(
         fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7]),

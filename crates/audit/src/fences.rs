@@ -49,19 +49,28 @@ pub fn judge(
 ) -> (Vec<Problem>, Vec<String>) {
     let mut problems = Vec::new();
     let mut poisoned = Vec::new();
-    for (lock, fence) in fences {
+    // The held locks' fences, and the locks nobody holds that a token was presented for.
+    let mut locks: BTreeMap<&String, Option<u64>> = fences
+        .iter()
+        .map(|(lock, fence)| (lock, Some(*fence)))
+        .collect();
+    for token in presented {
+        locks.entry(&token.lock).or_insert(None);
+    }
+    for (lock, fence) in locks {
         let token = presented.iter().find(|p| &p.lock == lock);
         let backing = token.map(|token| verified_epoch(token, verifier));
-        let why = match (backing, coordinator.get(lock)) {
-            (Some(Err(why)), _) => Some(why),
-            (Some(Ok(epoch)), _) if epoch >= *fence => None,
-            (_, Some(floor)) if fence > floor => Some(format!(
+        let why = match (backing, coordinator.get(lock), fence) {
+            (Some(Err(why)), _, _) => Some(why),
+            (Some(Ok(epoch)), _, Some(fence)) if epoch >= fence => None,
+            (_, Some(floor), Some(fence)) if fence > *floor => Some(format!(
                 "no token the coordinator signed names it, and the coordinator's floor for \
                  the lock is {floor}"
             )),
             _ => None,
         };
         let Some(why) = why else { continue };
+        let fence = fence.map_or_else(|| "a token's epoch".to_owned(), |f| f.to_string());
         let floor = coordinator
             .get(lock)
             .map_or_else(|| "FLOOR".to_owned(), u64::to_string);
@@ -131,6 +140,8 @@ mod tests {
             relabelled,
             // The coordinator went back: its own token is above its floor now.
             token(&signer, "restored/1", 90),
+            // Nobody holds it: its forged token is judged all the same.
+            token(&forger, "unheld/1", max),
         ];
         let fences = BTreeMap::from(
             [
@@ -155,7 +166,7 @@ mod tests {
             .map(|(lock, floor)| (lock.to_owned(), floor)),
         );
         let (problems, poisoned) = judge("t", &fences, &presented, &coordinator, &verifier);
-        assert_eq!(poisoned, ["bare/1", "forged/1", "relabelled/1"]);
+        assert_eq!(poisoned, ["bare/1", "forged/1", "relabelled/1", "unheld/1"]);
         assert!(problems
             .iter()
             .all(|p| p.code == "poisoned_fence" && p.severity == Severity::Critical));

@@ -498,6 +498,9 @@ async fn check_writers(
     for helper in helpers {
         relations.push((helper.to_owned(), owners.clone(), "(Palisade's table)"));
     }
+    if binding.require_token {
+        check_presenters(client, &trusted, problems).await?;
+    }
     let mut listed = 0;
     for (relation, allowed, how) in relations {
         let rows = client
@@ -567,6 +570,37 @@ async fn trusted_roles(
     trusted.sort();
     trusted.dedup();
     Ok((owners, trusted))
+}
+
+/// Roles outside the trusted ones that may run `palisade_present_token` (PUBLIC included).
+const PRESENTERS: &str = "SELECT r.name FROM (SELECT rolname::text AS name FROM pg_roles \
+    WHERE NOT rolsuper AND rolname NOT LIKE 'pg\\_%' UNION ALL SELECT 'public') r \
+    WHERE r.name <> ALL($1::text[]) AND to_regprocedure('palisade_present_token(text)') IS NOT NULL \
+    AND has_function_privilege(r.name, 'palisade_present_token(text)', 'EXECUTE') ORDER BY 1";
+
+/// A role that may present tokens records them for the audit and the witnesses: one that does
+/// not write fenced rows could fill the record with forgeries (false alarms, proofs crowded
+/// out), so only the trusted roles may.
+async fn check_presenters(
+    client: &Client,
+    trusted: &[String],
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let rows = client.query(PRESENTERS, &[&trusted]).await.map_err(pg)?;
+    for row in rows.iter().take(MAX_LISTED) {
+        let role: String = row.get(0);
+        problems.push(problem(
+            Severity::Critical,
+            "unfenced_writer",
+            format!(
+                "role {role} may run palisade_present_token, recording tokens it did not get \
+                 from the coordinator: REVOKE EXECUTE ON FUNCTION palisade_present_token(text) \
+                 FROM {role}"
+            ),
+            &PRESENTERS.replace("$1::text[]", &sql_roles(trusted)),
+        ));
+    }
+    Ok(())
 }
 
 /// The finding for a role (`writer`: its name and privileges) that may write `relation`

@@ -320,16 +320,21 @@ async fn observe_postgres(
     Ok(())
 }
 
-/// The greatest token presented for each of `locks` (migration 11; none before it).
+/// The greatest token presented for each of `locks` (held now), and for the locks nobody
+/// holds, the greatest [`MAX_FLOORS_READ`] of them (migration 11; none before it): a token
+/// that does not verify is poisoned whether its lock is held or not.
 async fn presented_tokens(
     client: &tokio_postgres::Client,
     locks: &[String],
 ) -> Result<Vec<PresentedToken>, String> {
     let rows = client
         .query(
-            "SELECT p.lock, p.epoch, p.token FROM palisade_presented_tokens p \
-             WHERE to_regclass('palisade_presented_tokens') IS NOT NULL AND p.lock = ANY($1)",
-            &[&locks],
+            "(SELECT p.lock, p.epoch, p.token FROM palisade_presented_tokens p \
+              WHERE p.lock = ANY($1)) \
+             UNION \
+             (SELECT p.lock, p.epoch, p.token FROM palisade_presented_tokens p \
+              ORDER BY p.epoch DESC LIMIT $2)",
+            &[&locks, &MAX_FLOORS_READ],
         )
         .await;
     let rows = match rows {

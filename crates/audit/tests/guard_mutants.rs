@@ -105,6 +105,7 @@ impl Setup {
             .batch_execute(&format!(
                 "ALTER TABLE {table} OWNER TO {owner};
                  GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {writer};
+                 GRANT EXECUTE ON FUNCTION palisade_present_token(text) TO {writer};
                  GRANT SELECT ON {table} TO {app};",
                 owner = self.owner,
                 writer = self.writer,
@@ -319,6 +320,11 @@ const MUTANTS: &[(&str, &str, &str)] = &[
         "guard_trigger_altered",
     ),
     (
+        "the application may present tokens",
+        "GRANT EXECUTE ON FUNCTION palisade_present_token(text) TO {app}",
+        "unfenced_writer",
+    ),
+    (
         "the fence role may write the presented tokens",
         "GRANT INSERT, UPDATE ON palisade_presented_tokens TO {fence}",
         "unfenced_writer",
@@ -399,6 +405,7 @@ async fn table_mutants_found(setup: &Setup) -> usize {
             .batch_execute(&format!(
                 "REVOKE ALL ON palisade_row_fences FROM {writer};
                  REVOKE ALL ON palisade_presented_tokens FROM {writer};
+                 REVOKE EXECUTE ON FUNCTION palisade_present_token(text) FROM {app};
                  REVOKE ALL ON palisade_guarded_tables FROM {app};
                  REVOKE {owner} FROM {app}; REVOKE {writer} FROM {app};
                  REVOKE ALL ON {table} FROM PUBLIC;

@@ -167,6 +167,7 @@ async fn reset_table(
         .batch_execute(&format!(
             "SELECT palisade_drop_guard(oid) FROM pg_class WHERE oid = to_regclass('{TABLE}');
              DROP TABLE IF EXISTS {TABLE};
+             DELETE FROM palisade_presented_tokens WHERE lock LIKE 'bench/%';
              CREATE TABLE {TABLE} (id bigint PRIMARY KEY, lock text NOT NULL,
                                    payload text NOT NULL, last_fence bigint NOT NULL DEFAULT 0);
              INSERT INTO {TABLE} (id, lock, payload)

@@ -5,7 +5,8 @@
 //! HTTP and its signed statement verified with the keys the coordinator publishes; then
 //! `palisade_repair_fence(table, lock, floor)` (migration 11) sets every row of the lock above
 //! the floor to floor − 1, where every superseded owner is still refused and the owner at the
-//! floor may write, and forgets a presented token above it.
+//! floor may write, and forgets a presented token above it. The table is locked from before the
+//! floor is asked until the repair commits, so no owner's write lands in between.
 
 use anyhow::Context as _;
 use clap::Args;
@@ -30,9 +31,7 @@ pub struct RepairFenceArgs {
 
 pub async fn repair_fence(args: RepairFenceArgs) -> anyhow::Result<()> {
     let lock = LockName::new(args.lock.clone())?;
-    palisade_fence_postgres::quote_identifier(&args.table)?;
-    let floor = verified_floor(&args.endpoint, &lock).await?;
-    let floor = i64::try_from(floor).context("the coordinator's floor is beyond a bigint")?;
+    let table = palisade_fence_postgres::quote_identifier(&args.table)?;
     let verifier = std::sync::Arc::new(palisade_fence::Verifier::default());
     let fence = palisade_fence_postgres::PostgresFence::connect(
         &args.postgres,
@@ -42,12 +41,21 @@ pub async fn repair_fence(args: RepairFenceArgs) -> anyhow::Result<()> {
     )
     .await
     .context("connecting to the database")?;
-    let client = fence
+    let mut client = fence
         .pool()
         .get()
         .await
         .context("connecting to the database")?;
-    let repaired: i64 = client
+    // The table is locked before the floor is asked: a newer owner's write committed after
+    // the floor was read would otherwise be lowered below the older owner's epoch.
+    let transaction = client.transaction().await?;
+    transaction
+        .batch_execute(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+        .await
+        .context("locking the table (run it as the table's owner)")?;
+    let floor = verified_floor(&args.endpoint, &lock).await?;
+    let floor = i64::try_from(floor).context("the coordinator's floor is beyond a bigint")?;
+    let repaired: i64 = transaction
         .query_one(
             "SELECT palisade_repair_fence($1::text::regclass, $2, $3)",
             &[&args.table, &lock.as_str(), &floor],
@@ -55,6 +63,7 @@ pub async fn repair_fence(args: RepairFenceArgs) -> anyhow::Result<()> {
         .await
         .context("repairing the fence (run it as the table's owner)")?
         .get(0);
+    transaction.commit().await?;
     println!(
         "{repaired} row(s) of {} under lock {lock} set to {} (the coordinator's floor is \
          {floor}: every owner below it is still refused, the owner at it may write)",

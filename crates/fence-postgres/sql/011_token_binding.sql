@@ -14,10 +14,14 @@
 -- palisade_presented_tokens. On a table where palisade_require_token(table) was run, the
 -- trigger palisade_guard_token refuses a row whose last_fence is not the epoch of a token
 -- presented in the same transaction for the row's own lock:
---   P5010  no token was presented for the row's lock (a bare epoch);
+--   P5010  no token was presented for the row's lock (a bare epoch, or the transaction's
+--          record of presented tokens set by hand: each entry carries a MAC only
+--          palisade_present_token can make);
 --   P5011  the tokens presented are for other locks (DETAIL: the row's lock);
 --   P5012  last_fence is not the presented token's epoch (DETAIL: the token's epoch);
---   P5013  not a token at all.
+--   P5013  not a token at all (or not in its one canonical text).
+-- A token below the greatest presented for its lock is superseded (P5009, DETAIL: that
+-- epoch), on every table: its owner is refused even on rows the newer owner has not written.
 --
 -- The database cannot check an Ed25519 signature: a role that may present a token may present
 -- a forged one. What it can no longer do is write an epoch no token names, or a token's epoch
@@ -36,6 +40,29 @@ CREATE TABLE IF NOT EXISTS palisade_presented_tokens (
 
 ALTER TABLE palisade_guarded_tables
     ADD COLUMN IF NOT EXISTS require_token boolean NOT NULL DEFAULT false;
+
+-- What a transaction presented is kept in the setting palisade.presented_tokens, which any
+-- session can set: each entry carries a MAC under this secret, bound to the lock, the epoch,
+-- the transaction and the backend. Only the owner reads the secret (through the SECURITY
+-- DEFINER functions below), so only palisade_present_token can make an entry the trigger
+-- accepts.
+CREATE TABLE IF NOT EXISTS palisade_token_secret (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    secret    bytea   NOT NULL CHECK (length(secret) >= 32)
+);
+INSERT INTO palisade_token_secret (secret)
+SELECT decode(replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', ''), 'hex')
+ON CONFLICT DO NOTHING;
+REVOKE ALL ON palisade_token_secret FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION palisade_presented_mac(lock_name text, epoch bigint) RETURNS text
+LANGUAGE sql VOLATILE SECURITY DEFINER AS $$
+    SELECT encode(sha256(s.secret || sha256(s.secret || convert_to(
+               lock_name || E'\n' || epoch::text || E'\n' || txid_current()::text || E'\n'
+               || pg_backend_pid()::text, 'UTF8'))), 'hex')
+    FROM palisade_token_secret s WHERE s.singleton
+$$;
+REVOKE EXECUTE ON FUNCTION palisade_presented_mac(text, bigint) FROM PUBLIC;
 
 -- The lock, the epoch and the key id a token (`pt1.` + base64url of payload ‖ signature) states,
 -- read without verifying its signature (the database has no Ed25519). Payload: version 2,
@@ -57,8 +84,13 @@ BEGIN
         RAISE EXCEPTION 'palisade guard: not an ownership token'
             USING ERRCODE = 'P5013', HINT = 'pass the token palisade lock acquire printed';
     END IF;
-    body := translate(body, '-_', '+/');
-    raw := decode(body || repeat('=', (4 - length(body) % 4) % 4), 'base64');
+    raw := decode(translate(body, '-_', '+/') || repeat('=', (4 - length(body) % 4) % 4), 'base64');
+    -- One text per token: base64 with non-zero unused bits decodes to the same bytes, and Rust
+    -- refuses it.
+    IF rtrim(translate(replace(encode(raw, 'base64'), E'\n', ''), '+/', '-_'), '=') <> body THEN
+        RAISE EXCEPTION 'palisade guard: not an ownership token (not canonical base64url)'
+            USING ERRCODE = 'P5013';
+    END IF;
     payload := length(raw) - 64;
     IF payload < 29 OR get_byte(raw, 0) <> 2 THEN
         RAISE EXCEPTION 'palisade guard: not an ownership token (version or length)'
@@ -79,6 +111,25 @@ BEGIN
 END
 $$;
 
+-- What this transaction presented, as the setting holds it: an object lock -> 'epoch:mac'
+-- (anything else, as a session may set it, is nothing presented; text that is not JSON fails).
+CREATE OR REPLACE FUNCTION palisade_presented() RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    setting text := current_setting('palisade.presented_tokens', true);
+    presented jsonb;
+BEGIN
+    IF setting IS NULL OR setting !~ '^\s*\{' THEN
+        RETURN '{}'::jsonb;
+    END IF;
+    presented := setting::jsonb;
+    IF jsonb_typeof(presented) IS DISTINCT FROM 'object' THEN
+        RETURN '{}'::jsonb;
+    END IF;
+    RETURN presented;
+END
+$$;
+
 -- Presents `token` for the rest of the transaction: its lock and epoch become the only ones a
 -- token-requiring table accepts for rows of that lock. Records the greatest token presented for
 -- each lock (for the audit). Returns the epoch, to write as last_fence.
@@ -87,15 +138,20 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $$
 DECLARE
     claims    record;
     presented jsonb;
+    greatest  bigint;
 BEGIN
     SELECT * INTO claims FROM palisade_token_claims(token);
-    presented := coalesce(nullif(current_setting('palisade.presented_tokens', true), ''), '{}')::jsonb;
+    SELECT p.epoch INTO greatest FROM palisade_presented_tokens p WHERE p.lock = claims.lock;
+    IF greatest > claims.epoch THEN
+        RAISE EXCEPTION 'palisade guard: epoch % of lock % is superseded: a token of epoch % was presented', claims.epoch, claims.lock, greatest
+            USING ERRCODE = 'P5009', DETAIL = greatest::text, HINT = 'acquire the lock again';
+    END IF;
+    presented := palisade_presented();
     PERFORM set_config('palisade.presented_tokens',
-                       (presented || jsonb_build_object(claims.lock, claims.epoch::text))::text,
+                       (presented || jsonb_build_object(claims.lock, claims.epoch::text || ':'
+                           || palisade_presented_mac(claims.lock, claims.epoch)))::text,
                        true);
-    PERFORM 1 FROM palisade_presented_tokens p
-    WHERE p.lock = claims.lock AND p.epoch >= claims.epoch;
-    IF NOT FOUND THEN
+    IF greatest IS NULL OR greatest < claims.epoch THEN
         INSERT INTO palisade_presented_tokens AS p (lock, epoch, token)
         VALUES (claims.lock, claims.epoch, token)
         ON CONFLICT (lock) DO UPDATE
@@ -116,6 +172,7 @@ DECLARE
     lock_name text;
     row_epoch bigint;
     presented jsonb;
+    entry     text;
 BEGIN
     IF TG_ARGV[1] = 'lock' THEN
         lock_name := TG_ARGV[2];
@@ -126,22 +183,29 @@ BEGIN
     IF TG_OP = 'INSERT' AND row_epoch = 0 THEN
         RETURN NEW;  -- a row created with no owner yet
     END IF;
-    presented := coalesce(nullif(current_setting('palisade.presented_tokens', true), ''), '{}')::jsonb;
+    presented := palisade_presented();
     IF presented = '{}'::jsonb THEN
         RAISE EXCEPTION 'palisade guard: a write of %.% (lock %) names no token', TG_TABLE_SCHEMA, TG_TABLE_NAME, lock_name
             USING ERRCODE = 'P5010', DETAIL = lock_name,
                   HINT = 'pass the owner''s token: … FROM palisade_present_token($token) AS t(epoch) … last_fence = t.epoch';
     END IF;
-    IF NOT presented ? lock_name THEN
+    entry := presented ->> lock_name;
+    IF entry IS NULL THEN
         RAISE EXCEPTION 'palisade guard: a row of %.% is guarded by lock %, and the token presented is for %', TG_TABLE_SCHEMA, TG_TABLE_NAME, lock_name,
             (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(presented) AS k)
             USING ERRCODE = 'P5011', DETAIL = lock_name;
     END IF;
-    IF row_epoch IS NULL OR row_epoch <> (presented ->> lock_name)::bigint
-       OR NOT EXISTS (SELECT 1 FROM palisade_presented_tokens p
-                      WHERE p.lock = lock_name AND p.epoch >= row_epoch) THEN
-        RAISE EXCEPTION 'palisade guard: last_fence % of a row of %.% is not the epoch % of the token presented for lock %', row_epoch, TG_TABLE_SCHEMA, TG_TABLE_NAME, presented ->> lock_name, lock_name
-            USING ERRCODE = 'P5012', DETAIL = presented ->> lock_name,
+    -- The entry is palisade_present_token's only when its MAC is: a session that set the
+    -- setting by hand has none.
+    IF entry !~ '^[0-9]{1,19}:[0-9a-f]{64}$'
+       OR split_part(entry, ':', 2) IS DISTINCT FROM
+          palisade_presented_mac(lock_name, split_part(entry, ':', 1)::bigint) THEN
+        RAISE EXCEPTION 'palisade guard: no token of lock % was presented through palisade_present_token in this transaction', lock_name
+            USING ERRCODE = 'P5010', DETAIL = lock_name;
+    END IF;
+    IF row_epoch IS DISTINCT FROM split_part(entry, ':', 1)::bigint THEN
+        RAISE EXCEPTION 'palisade guard: last_fence % of a row of %.% is not the epoch % of the token presented for lock %', row_epoch, TG_TABLE_SCHEMA, TG_TABLE_NAME, split_part(entry, ':', 1), lock_name
+            USING ERRCODE = 'P5012', DETAIL = split_part(entry, ':', 1),
                   HINT = 'write last_fence = the epoch palisade_present_token returned';
     END IF;
     RETURN NEW;
@@ -171,6 +235,9 @@ BEGIN
 END
 $$;
 REVOKE EXECUTE ON FUNCTION palisade_require_token(regclass, boolean) FROM PUBLIC;
+-- Presenting records a token for the audit: only the roles that write fenced rows may
+-- (docs/enforcement.md, "Roles"; the audit reports any other).
+REVOKE EXECUTE ON FUNCTION palisade_present_token(text) FROM PUBLIC;
 
 -- The repair of a row fenced above anything the coordinator issued for its lock (a forged
 -- token, or a bare `last_fence = 9000000000000000000` before the table required tokens):
@@ -230,6 +297,7 @@ BEGIN
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
              WHERE p.pronamespace = current_schema()::regnamespace
                AND p.proname IN ('palisade_token_claims', 'palisade_present_token',
+                                 'palisade_presented', 'palisade_presented_mac',
                                  'palisade_guard_token', 'palisade_require_token',
                                  'palisade_repair_fence')
     LOOP

@@ -650,9 +650,11 @@ async fn p2_p4_rows_that_name_their_lock_accept_only_that_locks_tokens() {
     let table = GuardedTable::new(&name, "id", "payload", RowLock::Column("lock".into())).unwrap();
     table.install_guard(&f.fence, true).await.unwrap();
     let holder = HolderId::new("test").unwrap();
+    // Locks of this run only: the database remembers the greatest token each lock presented.
+    let id = std::process::id();
     let (x, y) = (
-        LockName::new("rows/x").unwrap(),
-        LockName::new("rows/y").unwrap(),
+        LockName::new(format!("rows/x-{id}")).unwrap(),
+        LockName::new(format!("rows/y-{id}")).unwrap(),
     );
     let sign = |lock: &LockName, epoch: u64| {
         f.signer.sign(
@@ -712,7 +714,7 @@ async fn p2_p4_rows_that_name_their_lock_accept_only_that_locks_tokens() {
     // Plain SQL cannot move a row to another lock.
     let error = f
         .raw(&format!(
-            "UPDATE {name} SET lock = 'rows/y', last_fence = 99 WHERE id = 1"
+            "UPDATE {name} SET lock = '{y}', last_fence = 99 WHERE id = 1"
         ))
         .await
         .expect_err("re-lock");
@@ -731,7 +733,7 @@ async fn p2_p4_rows_that_name_their_lock_accept_only_that_locks_tokens() {
             row.get::<_, String>(1),
             row.get::<_, i64>(2)
         ),
-        ("x5".to_owned(), "rows/x".to_owned(), 5)
+        ("x5".to_owned(), x.to_string(), 5)
     );
 }
 
@@ -770,6 +772,7 @@ async fn the_fence_role_the_docs_describe_can_write_through_the_adapter_and_noth
              palisade_row_fences TO {role}",
         ),
         format!("GRANT EXECUTE ON FUNCTION palisade_learn_floor(text, bigint) TO {role}"),
+        format!("GRANT EXECUTE ON FUNCTION palisade_present_token(text) TO {role}"),
     ] {
         f.raw(&grant).await.unwrap();
     }

@@ -155,10 +155,34 @@ async fn p5_a_bare_or_mismatched_epoch_is_refused_by_the_database() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(sqlstate(&error), "P5012", "{error}");
+    assert_eq!(sqlstate(&error), "P5010", "{error}");
     client.batch_execute("ROLLBACK").await.unwrap();
     drop(client);
-    for not_a_token in ["", "pt1.", "pt1.AAAA", "pf1.abcd", "x"] {
+    // A real token's text with the unused bits of its last character set: the same bytes to
+    // PostgreSQL's decoder, refused by Rust's.
+    let real = f.token(&f.lock(7), 41);
+    let last = real.chars().last().unwrap();
+    let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let value = alphabet.find(last).unwrap();
+    let bits = match (real.len() - 4) % 4 {
+        2 => 0b1111,
+        3 => 0b11,
+        _ => 0,
+    };
+    let altered = if bits == 0 {
+        None
+    } else {
+        let other = alphabet.as_bytes()[value | bits] as char;
+        Some(format!("{}{other}", &real[..real.len() - 1]))
+    };
+    let mut not_tokens = vec![
+        "".to_owned(),
+        "pt1.".into(),
+        "pt1.AAAA".into(),
+        "pf1.abcd".into(),
+    ];
+    not_tokens.extend(altered);
+    for not_a_token in not_tokens.iter().map(String::as_str) {
         let error = f.token_update(not_a_token, 7).await.unwrap_err();
         assert_eq!(sqlstate(&error), "P5013", "{not_a_token:?}: {error}");
     }
@@ -172,7 +196,8 @@ async fn p2_the_token_statement_writes_once_per_newer_owner_and_records_the_toke
     let lock = f.lock(7);
     let (older, newer) = (f.token(&lock, 30), f.token(&lock, 31));
     assert_eq!(f.token_update(&newer, 7).await.unwrap(), 1);
-    assert_eq!(f.token_update(&older, 7).await.unwrap(), 0, "a stale owner");
+    let stale = f.token_update(&older, 7).await.unwrap_err();
+    assert_eq!(sqlstate(&stale), "P5009", "a stale owner: {stale}");
     assert_eq!(
         f.token_update(&newer, 7).await.unwrap(),
         0,
@@ -256,7 +281,8 @@ async fn p4_a_row_fenced_by_a_forged_token_is_repaired_to_below_the_coordinators
     // The database cannot check the signature: the forged token is written (the audit finds
     // it, crates/audit/tests/guard_mutants.rs), and blocks every owner after it.
     assert_eq!(f.token_update(&forged, 7).await.unwrap(), 1);
-    assert_eq!(f.token_update(&f.token(&lock, 60), 7).await.unwrap(), 0);
+    let blocked = f.token_update(&f.token(&lock, 60), 7).await.unwrap_err();
+    assert_eq!(sqlstate(&blocked), "P5009", "{blocked}");
     let client = f.fence.pool().get().await.unwrap();
     let repaired: i64 = client
         .query_one(
@@ -286,5 +312,53 @@ async fn p4_a_row_fenced_by_a_forged_token_is_repaired_to_below_the_coordinators
         .await
         .unwrap_err();
     assert!(sqlstate(&error).starts_with("P50"), "{error}");
+    f.drop().await;
+}
+
+#[tokio::test]
+async fn p2_a_superseded_owner_is_refused_on_rows_the_newer_owner_has_not_written() {
+    let f = Fixture::new("superseded", true).await;
+    let lock = f.lock(7);
+    f.sql(
+        "INSERT INTO {t} (id, lock, payload) VALUES (70, 'LOCK', 'initial')"
+            .replace("LOCK", lock.as_str())
+            .as_str(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(f.token_update(&f.token(&lock, 25), 7).await.unwrap(), 1);
+    // Row 70 is still at 0, but a token of 25 was presented for the lock: 12 is superseded.
+    let stale = f.token_update(&f.token(&lock, 12), 70).await.unwrap_err();
+    assert_eq!(sqlstate(&stale), "P5009", "{stale}");
+    assert_eq!(stale.as_db_error().unwrap().detail(), Some("25"));
+    assert_eq!(f.fence_of(70).await, 0);
+    f.drop().await;
+}
+
+#[tokio::test]
+async fn p5_a_role_that_may_not_present_tokens_cannot_record_one() {
+    let f = Fixture::new("presenter", true).await;
+    let role = format!("{}_reader", f.name);
+    f.sql(&format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; GRANT SELECT ON {{t}} TO {role}"
+    ))
+    .await
+    .unwrap();
+    let token = f.token(&f.lock(7), 90);
+    let client = f.fence.pool().get().await.unwrap();
+    let refused = client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL ROLE {role}; SELECT palisade_present_token('{token}')"
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&refused), "42501", "{refused}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    drop(client);
+    f.sql(&format!(
+        "REVOKE ALL ON {{t}} FROM {role}; DROP ROLE {role}"
+    ))
+    .await
+    .unwrap();
     f.drop().await;
 }

@@ -286,11 +286,9 @@ async fn the_token_statement_binds_the_write(db: &tokio_postgres::Client, bare: 
     let older = db
         .query(&statement, &[&token(4), &"from epoch 4", &7i64])
         .await
-        .unwrap();
-    assert!(
-        older.is_empty(),
-        "the older owner's token is refused: zero rows"
-    );
+        .unwrap_err();
+    // A newer owner's token was presented for the lock: the older one is superseded.
+    assert_eq!(older.code().unwrap().code(), "P5009", "{older}");
 }
 
 /// Database `name` created empty, and the roles the page names (cluster-wide: made once).
