@@ -302,10 +302,14 @@ async fn observe_postgres(
             (_, Some(column)) => client
                 .query_one(
                     &format!(
-                        "SELECT max(last_fence) FROM {t} WHERE {}::text = $1",
+                        "SELECT greatest( \
+                           (SELECT max(last_fence) FROM {t} WHERE {}::text = $1), \
+                           (SELECT max(fence) FROM palisade_row_fences \
+                              WHERE tbl = $2::text::regclass::oid \
+                                AND to_jsonb(palisade_row_fences) ->> 'lock' = $1))",
                         quote(column)?
                     ),
-                    &[lock],
+                    &[lock, &table],
                 )
                 .await
                 .map_err(|e| pg_text(&e))?

@@ -212,6 +212,29 @@ BEGIN
 END
 $$;
 
+-- A deleted row's tombstone names its lock too, so that a fence raised by a forged token and
+-- then deleted can be found (the audit) and repaired (palisade_repair_fence) on a table whose
+-- rows name their locks. Tombstones written before this migration have none.
+ALTER TABLE palisade_row_fences ADD COLUMN IF NOT EXISTS lock text;
+
+-- BEFORE DELETE, argument: the key column's name (migration 4), now recording the row's lock.
+CREATE OR REPLACE FUNCTION palisade_guard_tombstone() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    key       text := to_jsonb(OLD) ->> TG_ARGV[0];
+    lock_name text;
+BEGIN
+    SELECT coalesce(g.table_lock, to_jsonb(OLD) ->> g.lock_column) INTO lock_name
+    FROM palisade_guarded_tables g WHERE g.tbl = TG_RELID;
+    PERFORM pg_advisory_xact_lock(TG_RELID::integer, hashtext(key));
+    INSERT INTO palisade_row_fences AS r (tbl, id, fence, lock)
+    VALUES (TG_RELID, key, OLD.last_fence, lock_name)
+    ON CONFLICT (tbl, id) DO UPDATE
+        SET fence = greatest(r.fence, EXCLUDED.fence), lock = EXCLUDED.lock;
+    RETURN OLD;
+END
+$$;
+
 -- Makes `target` (already guarded) require a token for every fenced write, or not.
 CREATE OR REPLACE FUNCTION palisade_require_token(target regclass, required boolean)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -277,6 +300,8 @@ BEGIN
         EXECUTE format('UPDATE %s SET last_fence = $1 - 1 WHERE last_fence > $1 AND %I = $2',
                        target, known.lock_column) USING floor, lock_name;
         GET DIAGNOSTICS repaired = ROW_COUNT;
+        UPDATE palisade_row_fences SET fence = floor - 1
+        WHERE tbl = target AND lock = lock_name AND fence > floor;
     END IF;
     FOREACH trig IN ARRAY triggers LOOP
         IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = target AND tgname = trig) THEN
@@ -298,6 +323,7 @@ BEGIN
              WHERE p.pronamespace = current_schema()::regnamespace
                AND p.proname IN ('palisade_token_claims', 'palisade_present_token',
                                  'palisade_presented', 'palisade_presented_mac',
+                                 'palisade_guard_tombstone',
                                  'palisade_guard_token', 'palisade_require_token',
                                  'palisade_repair_fence')
     LOOP

@@ -362,3 +362,44 @@ async fn p5_a_role_that_may_not_present_tokens_cannot_record_one() {
     .unwrap();
     f.drop().await;
 }
+
+#[tokio::test]
+async fn p4_a_deleted_rows_forged_fence_is_repaired_in_its_tombstone() {
+    let f = Fixture::new("tombstone", true).await;
+    let lock = f.lock(7);
+    let forged = TokenSigner::from_secret_bytes(&[98; 32]).sign(
+        &lock,
+        Epoch(9_000_000_000_000_000_000),
+        &HolderId::new("forger").unwrap(),
+        &Principal::anonymous(),
+        0,
+    );
+    assert_eq!(f.token_update(&forged, 7).await.unwrap(), 1);
+    f.sql("DELETE FROM {t} WHERE id = 7").await.unwrap();
+    let client = f.fence.pool().get().await.unwrap();
+    let tombstone = "SELECT fence, lock FROM palisade_row_fences \
+                     WHERE tbl = $1::text::regclass AND id = '7'";
+    let row = client.query_one(tombstone, &[&f.name]).await.unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, String>(1)),
+        (9_000_000_000_000_000_000, lock.to_string())
+    );
+    client
+        .query_one(
+            "SELECT palisade_repair_fence($1::text::regclass, $2, 60)",
+            &[&f.name, &lock.as_str()],
+        )
+        .await
+        .unwrap();
+    let row = client.query_one(tombstone, &[&f.name]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 59);
+    // The owner at the floor re-creates the row.
+    let created = f
+        .table
+        .insert(&f.fence, &lock, &7i64, &f.token(&lock, 60), &"again")
+        .await
+        .unwrap();
+    assert!(matches!(created, Outcome::Accepted { .. }), "{created:?}");
+    drop(client);
+    f.drop().await;
+}
