@@ -9,6 +9,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use std::sync::{Arc, Weak};
+
 use palisade_core::{Epoch, LockName};
 
 /// A lock's floor and the coordinator's signed statement of it (none: the source has none),
@@ -91,11 +93,14 @@ pub const MAX_FLOOR_REQUESTS: usize = 8;
 /// flight across locks.
 #[derive(Debug)]
 pub struct FloorFlights {
-    locks: std::sync::Mutex<
-        std::collections::HashMap<LockName, std::sync::Arc<tokio::sync::Mutex<()>>>,
-    >,
+    /// Each lock's turn, held by its learner and waiters only: an entry nobody holds (a waiter
+    /// cancelled while it waited) is dead and pruned.
+    locks: std::sync::Mutex<std::collections::HashMap<LockName, Weak<tokio::sync::Mutex<()>>>>,
     permits: tokio::sync::Semaphore,
 }
+
+/// Entries at which dead ones are pruned before another is added.
+const PRUNE_AT: usize = 1_024;
 
 impl Default for FloorFlights {
     fn default() -> Self {
@@ -117,14 +122,22 @@ impl FloorFlights {
     pub async fn lock_turn(&self, lock: &LockName) -> LockTurn<'_> {
         let entry = {
             let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            locks.entry(lock.clone()).or_default().clone()
+            match locks.get(lock).and_then(Weak::upgrade) {
+                Some(entry) => entry,
+                None => {
+                    if locks.len() >= PRUNE_AT {
+                        locks.retain(|_, turn| turn.strong_count() > 0);
+                    }
+                    let entry = Arc::new(tokio::sync::Mutex::new(()));
+                    locks.insert(lock.clone(), Arc::downgrade(&entry));
+                    entry
+                }
+            }
         };
-        let guard = entry.clone().lock_owned().await;
         LockTurn {
             flights: self,
             lock: lock.clone(),
-            entry,
-            guard: Some(guard),
+            guard: Some(entry.lock_owned().await),
         }
     }
 
@@ -138,7 +151,11 @@ impl FloorFlights {
 
     /// Locks with a learner or a waiter now.
     pub fn locks_in_flight(&self) -> usize {
-        self.locks.lock().unwrap_or_else(|e| e.into_inner()).len()
+        let locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks
+            .values()
+            .filter(|turn| turn.strong_count() > 0)
+            .count()
     }
 }
 
@@ -148,7 +165,6 @@ impl FloorFlights {
 pub struct LockTurn<'a> {
     flights: &'a FloorFlights,
     lock: LockName,
-    entry: std::sync::Arc<tokio::sync::Mutex<()>>,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
@@ -156,8 +172,10 @@ impl Drop for LockTurn<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
         let mut locks = self.flights.locks.lock().unwrap_or_else(|e| e.into_inner());
-        // The map's and this turn's: nobody else holds or waits for it.
-        if std::sync::Arc::strong_count(&self.entry) == 2 {
+        if locks
+            .get(&self.lock)
+            .is_some_and(|turn| turn.strong_count() == 0)
+        {
             locks.remove(&self.lock);
         }
     }
@@ -167,7 +185,6 @@ impl Drop for LockTurn<'_> {
 mod flight_tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     #[tokio::test(start_paused = true)]
     async fn one_learner_per_lock_and_a_bounded_herd_across_locks() {
@@ -200,5 +217,22 @@ mod flight_tests {
         }
         assert_eq!(most.load(Ordering::SeqCst), 3);
         assert_eq!(flights.locks_in_flight(), 0, "every lock forgotten");
+        // A waiter cancelled while it waits leaves nothing held behind.
+        let lock = LockName::new("herd/cancelled").unwrap();
+        let held = flights.lock_turn(&lock).await;
+        let waiter = {
+            let flights = flights.clone();
+            let lock = lock.clone();
+            tokio::spawn(async move { drop(flights.lock_turn(&lock).await) })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        waiter.abort();
+        let _ = waiter.await;
+        drop(held);
+        assert_eq!(flights.locks_in_flight(), 0);
+        assert!(
+            flights.locks.lock().unwrap().is_empty(),
+            "no dead entry left"
+        );
     }
 }
