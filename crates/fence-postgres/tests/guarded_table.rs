@@ -651,11 +651,8 @@ async fn p2_p4_rows_that_name_their_lock_accept_only_that_locks_tokens() {
     table.install_guard(&f.fence, true).await.unwrap();
     let holder = HolderId::new("test").unwrap();
     // Locks of this run only: the database remembers the greatest token each lock presented.
-    let id = std::process::id();
-    let (x, y) = (
-        LockName::new(format!("rows/x-{id}")).unwrap(),
-        LockName::new(format!("rows/y-{id}")).unwrap(),
-    );
+    let lock = |name: &str| LockName::new(format!("rows/{name}-{}", std::process::id())).unwrap();
+    let (x, y) = (lock("x"), lock("y"));
     let sign = |lock: &LockName, epoch: u64| {
         f.signer.sign(
             lock,
