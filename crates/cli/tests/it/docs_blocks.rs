@@ -15,8 +15,11 @@
 //! - `text`: diagrams and output.
 //!
 //! The shell blocks run with the test build of `palisade` first on `PATH`, in a fresh
-//! directory per page, against a coordinator on the default port the docs name (7420; the
-//! store on 7421), so those ports must be free. What the harness does between blocks is what
+//! directory per page, against a coordinator on a free port of the test's own: the docs' default
+//! ports (7420, the store 7421) are rewritten to it in each block (where a block names them, and
+//! `--listen` where it starts a server on its default address), and `PALISADE_ENDPOINT` and
+//! `PALISADE_RESOURCE` name them, so a coordinator the reader left running on 7420
+//! (`cargo run --release -- serve`) does not collide with the tests. What the harness does between blocks is what
 //! the reader is told to do: start the coordinator, kill it with -9 and start it again, stop it,
 //! and fill in the `LEASE_ID` the first acquire printed.
 
@@ -26,7 +29,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -346,9 +348,10 @@ struct Coordinator {
 }
 
 impl Coordinator {
-    fn start(dir: &Path) -> Self {
+    fn start(dir: &Path, ports: Ports) -> Self {
+        let listen = format!("127.0.0.1:{}", ports.coordinator);
         let mut child = Command::new(common::BINARY)
-            .arg("serve")
+            .args(["serve", "--listen", &listen])
             .current_dir(dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -361,7 +364,7 @@ impl Coordinator {
                 .next()
                 .expect("the coordinator listens before exiting")
                 .unwrap();
-            if line.starts_with("palisade coordinator listening on 127.0.0.1:7420") {
+            if line.starts_with(&format!("palisade coordinator listening on {listen}")) {
                 break;
             }
         }
@@ -434,7 +437,61 @@ fn promised_status(line: &str) -> i32 {
 
 /// Runs one block in `dir`; returns its stdout. Its processes (a store or coordinator started
 /// with `&`) stay up until `groups` are killed.
-fn run_block(block: &Block, text: &str, dir: &Path, groups: &mut Vec<i32>) -> String {
+/// The ports a page's blocks use instead of the docs' defaults (7420 and 7421).
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    coordinator: u16,
+    store: u16,
+}
+
+impl Ports {
+    fn new() -> Self {
+        Self {
+            coordinator: common::free_port(),
+            store: common::free_port(),
+        }
+    }
+
+    /// `text` with the docs' default ports replaced by these: where they are named, and where
+    /// a server is started on its default address.
+    fn rewrite(self, text: &str) -> String {
+        let (coordinator, store) = (
+            format!("127.0.0.1:{}", self.coordinator),
+            format!("127.0.0.1:{}", self.store),
+        );
+        text.lines()
+            .map(|line| {
+                let line = line
+                    .replace(":7420", &format!(":{}", self.coordinator))
+                    .replace(":7421", &format!(":{}", self.store));
+                // A cluster member listens on its --cluster entry.
+                if ["--listen", "--cluster", "--node-id"]
+                    .iter()
+                    .any(|flag| line.contains(flag))
+                {
+                    line
+                } else {
+                    line.replace(
+                        "palisade serve",
+                        &format!("palisade serve --listen {coordinator}"),
+                    )
+                    .replace(
+                        "palisade resource serve",
+                        &format!("palisade resource serve --listen {store}"),
+                    )
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn run_block(
+    block: &Block,
+    text: &str,
+    (dir, ports): (&Path, Ports),
+    groups: &mut Vec<i32>,
+) -> String {
     let status_file = dir.join(".statuses");
     let _ = std::fs::remove_file(&status_file);
     let debug = Path::new(common::BINARY).parent().unwrap().to_path_buf();
@@ -442,13 +499,27 @@ fn run_block(block: &Block, text: &str, dir: &Path, groups: &mut Vec<i32>) -> St
     let mut command = Command::new("bash");
     command
         .arg("-c")
-        .arg(instrument(text))
+        .arg(instrument(&ports.rewrite(text)))
         .current_dir(dir)
         .env("PATH", path)
         .env("PALISADE_DOCS_STATUS", &status_file)
         .env("RUST_LOG", "warn")
-        .env_remove("PALISADE_ENDPOINT")
-        .env_remove("PALISADE_RESOURCE")
+        .env(
+            "PALISADE_ENDPOINT",
+            format!("http://127.0.0.1:{}", ports.coordinator),
+        )
+        .env(
+            "PALISADE_RESOURCE",
+            format!("http://127.0.0.1:{}", ports.store),
+        )
+        .env(
+            "PALISADE_LISTEN",
+            format!("127.0.0.1:{}", ports.coordinator),
+        )
+        .env(
+            "PALISADE_RESOURCE_LISTEN",
+            format!("127.0.0.1:{}", ports.store),
+        )
         .env_remove("PALISADE_TOKEN")
         .stdin(Stdio::null())
         // Files, not pipes: a server the block starts with `&` keeps its output open.
@@ -490,10 +561,6 @@ fn run_block(block: &Block, text: &str, dir: &Path, groups: &mut Vec<i32>) -> St
     stdout
 }
 
-fn port_is_free(port: u16) -> bool {
-    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
-}
-
 fn kill_groups(groups: &[i32]) {
     for &group in groups {
         let _ = nix::sys::signal::killpg(
@@ -527,13 +594,6 @@ const PRINTS: [(&str, &str, &str); 6] = [
 
 #[test]
 fn shell_blocks_run_as_written() {
-    for port in [7420, 7421] {
-        assert!(
-            port_is_free(port),
-            "127.0.0.1:{port} is in use: the docs' commands use the default ports; stop what \
-             listens there"
-        );
-    }
     let mut pages: BTreeMap<String, Vec<Block>> = BTreeMap::new();
     for block in all_blocks().into_iter().filter(Block::runs) {
         pages.entry(block.page.clone()).or_default().push(block);
@@ -545,9 +605,10 @@ fn shell_blocks_run_as_written() {
     let mut ran = 0;
     for (page, blocks) in pages {
         let dir = tempfile::tempdir().unwrap();
+        let ports = Ports::new();
         let mut groups = Vec::new();
         // "With the server running".
-        let mut coordinator = Some(Coordinator::start(dir.path()));
+        let mut coordinator = Some(Coordinator::start(dir.path(), ports));
         let mut lease_id: Option<String> = None;
         for block in &blocks {
             let mut text = block.text.clone();
@@ -555,7 +616,7 @@ fn shell_blocks_run_as_written() {
                 // "Now kill the server hard … Start it again."
                 let mut running = coordinator.take().unwrap();
                 running.kill9();
-                coordinator = Some(Coordinator::start(dir.path()));
+                coordinator = Some(Coordinator::start(dir.path(), ports));
                 let id = lease_id
                     .clone()
                     .expect("the first acquire printed a lease id");
@@ -567,7 +628,7 @@ fn shell_blocks_run_as_written() {
                     running.stop();
                 }
             }
-            let stdout = run_block(block, &text, dir.path(), &mut groups);
+            let stdout = run_block(block, &text, (dir.path(), ports), &mut groups);
             if lease_id.is_none() {
                 lease_id = stdout
                     .lines()
@@ -587,13 +648,6 @@ fn shell_blocks_run_as_written() {
         }
         drop(coordinator);
         kill_groups(&groups);
-        // The next page starts its own store on the same port.
-        for _ in 0..100 {
-            if port_is_free(7421) && port_is_free(7420) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
     eprintln!("{ran} shell blocks ran as written");
 }
