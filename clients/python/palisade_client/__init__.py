@@ -13,6 +13,7 @@ obsolete owners.
 
 from palisade_client.client import (
     Client,
+    Duration,
     InvalidArgument,
     Lease,
     LeaseLost,
@@ -22,10 +23,12 @@ from palisade_client.client import (
     RefusedByPolicy,
     Unauthenticated,
     Unavailable,
+    seconds,
 )
 
 __all__ = [
     "Client",
+    "Duration",
     "InvalidArgument",
     "Lease",
     "LeaseLost",
@@ -35,4 +38,5 @@ __all__ = [
     "RefusedByPolicy",
     "Unauthenticated",
     "Unavailable",
+    "seconds",
 ]

@@ -4,7 +4,10 @@ errors by what the caller can do about them."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import getpass
+import math
+import re
 import json
 import os
 import socket
@@ -13,7 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import grpc
 
@@ -41,6 +44,35 @@ class LockHeld(PalisadeError):
 class RefusedByPolicy(PalisadeError):
     """The coordinator's lock policy refuses the acquire (a critical lock asked as efficiency,
     or a critical lock with no boundary under --require-policy)."""
+
+
+Duration = Union[int, float, str, datetime.timedelta]
+"""A duration: a number of **seconds** (as everywhere in this client), text with its unit
+(``"500ms"``, ``"10s"``, ``"1m"``, ``"1h"``, as the CLI and the TypeScript client take it), or a
+``datetime.timedelta``."""
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(duration: Duration, what: str = "duration") -> float:
+    """Seconds of a :data:`Duration`; ``InvalidArgument`` for anything else."""
+    if isinstance(duration, bool):
+        raise InvalidArgument(f"{what} {duration!r} is not a duration")
+    if isinstance(duration, (int, float)):
+        value = float(duration)
+    elif isinstance(duration, datetime.timedelta):
+        value = duration.total_seconds()
+    elif isinstance(duration, str):
+        match = _DURATION.match(duration.strip())
+        if not match:
+            raise InvalidArgument(f"{what} {duration!r}: use seconds (10), '10s', '500ms' or '1m'")
+        value = float(match.group(1)) * _UNITS[match.group(2)]
+    else:
+        raise InvalidArgument(f"{what} {duration!r}: use seconds (10), '10s' or a timedelta")
+    if not math.isfinite(value) or value < 0:
+        raise InvalidArgument(f"{what} {duration!r} is not a duration")
+    return value
 
 
 class LeaseLost(PalisadeError):
@@ -238,17 +270,19 @@ class Client:
     def acquire(
         self,
         name: str,
-        ttl: float = 10.0,
-        wait: float = 0.0,
+        ttl: "Duration" = 10.0,
+        wait: "Duration" = 0.0,
         holder: Optional[str] = None,
         lock_class: Optional[str] = None,
         request_id: Optional[str] = None,
     ) -> Lease:
-        """Acquires ``name`` for ``ttl`` seconds, waiting up to ``wait`` seconds for a held
-        lock. No keepalive: renew it yourself, or use :meth:`lock`. A retry with the same
-        ``request_id`` returns the same lease while it is live."""
+        """Acquires ``name`` for ``ttl``, waiting up to ``wait`` for a held lock (each a
+        :data:`Duration`: seconds, ``"10s"``/``"500ms"``, or a ``timedelta``). No keepalive:
+        renew it yourself, or use :meth:`lock`. A retry with the same ``request_id`` returns the
+        same lease while it is live."""
         if lock_class not in _CLASSES:
             raise InvalidArgument(f"lock_class {lock_class!r} is unknown; use critical or efficiency")
+        ttl, wait = seconds(ttl, "ttl"), seconds(wait, "wait")
         if ttl <= 0 or wait < 0:
             raise InvalidArgument("ttl must be positive and wait not negative")
         fields = {
@@ -264,7 +298,8 @@ class Client:
         return Lease(self, reply)
 
     @contextlib.contextmanager
-    def lock(self, name: str, ttl: float = 10.0, wait: float = 0.0, **options) -> Iterator[Lease]:
+    def lock(self, name: str, ttl: "Duration" = 10.0, wait: "Duration" = 0.0,
+             **options) -> Iterator[Lease]:
         """Holds ``name`` for the ``with`` block: acquires, keeps the lease alive, releases on
         exit (also on an exception)."""
         lease = self.acquire(name, ttl=ttl, wait=wait, **options)

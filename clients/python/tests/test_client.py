@@ -335,3 +335,28 @@ def test_p8_writes_acknowledged_on_a_default_connection_survive_a_database_resta
     assert seen == [(row, f"after restart {row}", leases[row].epoch) for row in rows]
     for lease in leases.values():
         lease.release()
+
+
+def test_one_meaning_per_duration(coordinator):
+    """A duration is seconds, text with its unit, or a timedelta; anything else is refused with
+    InvalidArgument (``ttl="10s"`` raised a raw TypeError). A ttl of 10 seconds is 10 seconds at
+    the coordinator."""
+    import datetime
+    import json
+    import urllib.request
+
+    from palisade_client import InvalidArgument, seconds
+
+    assert seconds(10) == seconds("10s") == seconds(datetime.timedelta(seconds=10)) == 10.0
+    assert seconds("500ms") == 0.5 and seconds("1m") == 60.0
+    client = Client(coordinator.address)
+    for bad in ["soon", "10", True, None, -1, float("nan")]:
+        with pytest.raises(InvalidArgument):
+            client.acquire("py/bad-duration", ttl=bad)
+    for ttl in ["10s", datetime.timedelta(seconds=10), 10]:
+        lease = client.acquire("py/ten", ttl=ttl)
+        assert lease.ttl == 10.0
+        with urllib.request.urlopen(f"http://{coordinator.address}/v1/locks/py%2Ften") as answer:
+            remaining = json.load(answer)["remaining_ms"]
+        assert 9_000 < remaining <= 10_000, remaining
+        lease.release()

@@ -72,16 +72,29 @@ const ERRORS: Record<number, new (message: string, code: string) => PalisadeErro
   [grpc.status.DEADLINE_EXCEEDED]: Unavailable,
 };
 
-/** A duration: milliseconds, or text such as `"500ms"`, `"10s"`, `"1m"`. */
-export type Duration = number | string;
+/** A duration with its unit: text such as `"500ms"`, `"10s"`, `"1m"`, `"1h"`, or
+ * `{ seconds }` / `{ milliseconds }`. A bare number is refused: it meant milliseconds here and
+ * means seconds in the Python client, and a lock held 10 ms instead of 10 s is a correctness
+ * hazard. */
+export type Duration = string | { seconds: number } | { milliseconds: number };
 
 /** Milliseconds of a {@link Duration}. */
 export function millis(duration: Duration): number {
   if (typeof duration === "number") {
-    if (!Number.isFinite(duration) || duration < 0) {
-      throw new InvalidArgument(`duration ${duration} is not a number of milliseconds`);
+    throw new InvalidArgument(
+      `duration ${duration} has no unit: write "${duration}s" or "${duration}ms" (a bare number meant milliseconds in earlier versions)`,
+    );
+  }
+  if (typeof duration === "object" && duration !== null) {
+    const [value, scale] =
+      "seconds" in duration ? [duration.seconds, 1_000] : [(duration as { milliseconds: number }).milliseconds, 1];
+    if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+      throw new InvalidArgument(`duration ${JSON.stringify(duration)}: a finite number, not negative`);
     }
-    return Math.round(duration);
+    return Math.round(value * scale);
+  }
+  if (typeof duration !== "string") {
+    throw new InvalidArgument(`duration ${String(duration)}: use e.g. "500ms", "10s", "1m"`);
   }
   const match = /^(\d+(?:\.\d+)?)(ms|s|m|h)$/.exec(duration.trim());
   if (!match) {
@@ -273,7 +286,7 @@ export class Client {
    * (see {@link Client.lock}). */
   async acquire(name: string, options: LockOptions = {}): Promise<Lease> {
     const ttl = millis(options.ttl ?? "10s");
-    const wait = millis(options.wait ?? 0);
+    const wait = millis(options.wait ?? "0s");
     if (ttl <= 0) throw new InvalidArgument("ttl must be positive");
     const request = {
       lock: name,

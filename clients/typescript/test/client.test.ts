@@ -103,6 +103,22 @@ test("errors say what the caller can do", () =>
     assert.equal(millis("1.5s"), 1_500);
   }));
 
+test("one meaning per duration: units required, a bare number refused", () =>
+  withCoordinator(async (coordinator, client) => {
+    assert.equal(millis({ seconds: 10 }), 10_000);
+    assert.equal(millis({ milliseconds: 250 }), 250);
+    assert.throws(() => millis(10 as unknown as string), /has no unit/);
+    await assert.rejects(client.acquire("ts/bare", { ttl: 10 as unknown as string }), InvalidArgument);
+    // A ttl of 10 seconds is 10 seconds at the coordinator.
+    const lease = await client.acquire("ts/ten", { ttl: "10s" });
+    const shown = (await fetch(`http://${coordinator.address}/v1/locks/ts%2Ften`).then((r) => r.json())) as {
+      remaining_ms: number;
+    };
+    const remaining = Number(shown.remaining_ms);
+    assert.ok(remaining > 9_000 && remaining <= 10_000, `remaining ${remaining} ms`);
+    await lease.release();
+  }));
+
 test("an unreachable endpoint is skipped for the next one", () =>
   withCoordinator(async (coordinator) => {
     const client = new Client(["127.0.0.1:1", coordinator.address]);
