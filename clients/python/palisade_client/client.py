@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -135,7 +136,7 @@ class Lease:
     """A granted lease: its lock, epoch, token and id. ``lost`` is set when the keepalive
     could not renew it (expired, released, or unreachable past its TTL)."""
 
-    def __init__(self, client: "Client", reply: pb.AcquireResponse):
+    def __init__(self, client: "Client", reply: pb.AcquireResponse, sent: Optional[float] = None):
         self._client = client
         self.lock: str = reply.lock
         self.epoch: int = reply.epoch
@@ -149,13 +150,26 @@ class Lease:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._keepalive: Optional[threading.Thread] = None
+        # Until when the holder may believe it holds the lease (time.monotonic()): the send
+        # time of the acquire or of the last confirmed renewal, plus the TTL.
+        self._valid_until = (time.monotonic() if sent is None else sent) + self.ttl
+
+    @property
+    def valid(self) -> bool:
+        """True while the lease is held and its validity has not run out: check it before a
+        write. A ``True`` does not make the write safe — a pause can outlast the lease right
+        after it — only the resource's fence does: send ``token`` with the write."""
+        return (not self.lost.is_set() and not self._stop.is_set()
+                and time.monotonic() < self._valid_until)
 
     def __repr__(self) -> str:
         return f"Lease(lock={self.lock!r}, epoch={self.epoch}, lease_id={self.lease_id!r})"
 
     def renew(self) -> None:
         """Renews the lease by its full TTL; raises :class:`LeaseLost` when it is gone."""
+        sent = time.monotonic()
         self._client._call("Renew", pb.RenewRequest(lease_id=self.lease_id))
+        self._valid_until = max(self._valid_until, sent + self.ttl)
 
     def release(self) -> None:
         """Releases the lease (stopping the keepalive). Releasing a lease already gone is not an
@@ -294,8 +308,10 @@ class Client:
         }
         request = pb.AcquireRequest(**fields)
         setattr(request, "class", _CLASSES[lock_class])
+        sent = time.monotonic()
         reply = self._call("Acquire", request, timeout=wait + self._timeout)
-        return Lease(self, reply)
+        # Validity counts from the grant, not the send, after a wait for a held lock.
+        return Lease(self, reply, sent=sent if wait == 0 else None)
 
     @contextlib.contextmanager
     def lock(self, name: str, ttl: "Duration" = 10.0, wait: "Duration" = 0.0,

@@ -219,7 +219,7 @@ def test_the_readme_block_runs(coordinator):
     block = readme.split("```python\n", 1)[1].split("```", 1)[0]
     assert "127.0.0.1:7420" in block
     written = []
-    namespace = {"write_report": lambda **kw: written.append(kw)}
+    namespace = {"write_report": lambda **kw: written.append(kw) or True}
     exec(compile(block.replace("127.0.0.1:7420", coordinator.address), "README.md", "exec"), namespace)
     assert len(written) == 1 and written[0]["fence"] >= 1 and written[0]["token"]
 
@@ -360,3 +360,17 @@ def test_one_meaning_per_duration(coordinator):
             remaining = json.load(answer)["remaining_ms"]
         assert 9_000 < remaining <= 10_000, remaining
         lease.release()
+
+
+def test_lease_valid_before_the_write(coordinator):
+    """``lease.valid`` is true while held and renewed, false once released or run out."""
+    client = Client(coordinator.address)
+    lease = client.acquire("py/valid", ttl="300ms")
+    assert lease.valid
+    time.sleep(0.4)  # no keepalive: the validity runs out
+    assert not lease.valid
+    with client.lock("py/valid-kept", ttl="300ms") as kept:
+        time.sleep(0.5)  # the keepalive renews every 100 ms
+        assert kept.valid
+    assert not kept.valid  # released
+    lease.release()

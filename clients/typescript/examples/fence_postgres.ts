@@ -10,6 +10,7 @@ const db = new pg.Client(dsn);
 await db.connect();
 try {
   await client.withLock(`report/${id}`, { ttl: "10s" }, async (lease) => {
+    if (!lease.valid) throw new Error("lease lost before the write"); // no protection by itself
     const written = await fencedQuery(db, client, lease.lock,
       "UPDATE report_result SET payload = $1, last_fence = t.epoch FROM palisade_present_token($2) AS t(epoch) " +
         "WHERE id = $3 AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id",

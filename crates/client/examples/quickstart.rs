@@ -4,8 +4,10 @@
 //! Run it against a coordinator on the default port:
 //! `cargo run -p palisade-client --example quickstart`.
 
-async fn send_to_resource(token: &str) {
+/// Whether the resource accepted the write (a fenced resource refuses an obsolete token).
+async fn send_to_resource(token: &str) -> bool {
     println!("a write carrying {} bytes of token", token.len());
+    true
 }
 
 async fn work() {
@@ -23,7 +25,12 @@ async fn main() -> Result<(), palisade_client::ClientError> {
     let mut lease = client
         .acquire(palisade_client::AcquireOptions::new("report/7"))
         .await?;
-    send_to_resource(lease.token()).await; // the resource checks the epoch in the token
+    if lease.is_valid() {
+        // Checked before the write, no protection by itself: the resource checks the token.
+        if !send_to_resource(lease.token()).await {
+            abort("the resource refused: a newer owner wrote".into()); // stop, do not retry
+        }
+    }
     tokio::select! { reason = lease.lost() => abort(reason), _ = work() => {} }
     lease.release().await?;
     // README: end
