@@ -60,7 +60,12 @@ test("P1, P6: the PostgreSQL example fences a paused owner, also after the datab
     const run = (payload: string) =>
       spawnSync(process.execPath, [EXAMPLE, url, "7", payload], { env, encoding: "utf8" });
 
-    const first = run("first");
+    // The README's command for the example: one npm script builds it and runs it.
+    const first = spawnSync("npm", ["run", "--silent", "example", "--", url, "7", "first"], {
+      env,
+      encoding: "utf8",
+      cwd: fileURLToPath(new URL("../..", import.meta.url)),
+    });
     assert.equal(first.status, 0, first.stderr);
     assert.match(first.stdout, /row 7 written at epoch \d+/);
 
