@@ -54,6 +54,11 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
         LockCommand::List { endpoint } => list(&endpoint, json).await?,
         LockCommand::Run(args) => crate::lock_run::run(args, json).await?,
         LockCommand::Show { name, endpoint } => show(&name, &endpoint, json).await?,
+        LockCommand::Watch {
+            name,
+            count,
+            endpoint,
+        } => watch(&name, count, &endpoint, json).await?,
     }
     Ok(())
 }
@@ -132,6 +137,44 @@ async fn show(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result
         print_fields(&fields);
     } else {
         println!("{name} is free ({} waiting)", info.waiters);
+    }
+    Ok(())
+}
+
+/// `lock watch`: the lock's transitions, one line each, until `count` or the stream ends.
+async fn watch(
+    name: &str,
+    count: Option<u64>,
+    endpoint: &EndpointArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    palisade_core::LockName::new(name)?;
+    let mut events = connect(endpoint).await?.watch(name).await?;
+    let mut seen = 0;
+    while count.is_none_or(|count| seen < count) {
+        let Some(event) = events.message().await? else {
+            anyhow::bail!("the coordinator ended the watch (a leader change, or it stopped)");
+        };
+        seen += 1;
+        let at = palisade_core::clock::display_ms(palisade_core::clock::now_ms());
+        let info = event.state.unwrap_or_default();
+        if json {
+            let mut line = lock_json(&info);
+            line["event"] = json!(event.kind);
+            line["at"] = json!(at);
+            palisade_cli_common::output::print_json_line(&line);
+        } else if info.held {
+            println!(
+                "{at}  {}  {:<8}  epoch {}  holder {}  remaining {}",
+                info.lock,
+                event.kind,
+                info.epoch,
+                info.holder,
+                millis(info.remaining_ms)
+            );
+        } else {
+            println!("{at}  {}  {:<8}  free", info.lock, event.kind);
+        }
     }
     Ok(())
 }

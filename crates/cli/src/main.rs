@@ -311,6 +311,18 @@ enum LockCommand {
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
+    /// Print a lock's ownership transitions as they happen, one line each (with --json, one
+    /// JSON object per line): its state now, then every grant, release and expiry, with the
+    /// time the coordinator's answer arrived. Runs until interrupted, or --count events.
+    Watch {
+        /// The lock's name.
+        name: String,
+        /// Stop after this many events (the first is the lock's state now).
+        #[arg(long)]
+        count: Option<u64>,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
     /// Run a command while holding the lock (flock-style): the lease is kept alive and given
     /// to the command as PALISADE_LOCK, PALISADE_EPOCH, PALISADE_FENCE_TOKEN and
     /// PALISADE_LEASE_ID (not the bearer secret, unless --pass-auth-token). Exits with the

@@ -21,6 +21,7 @@ mod function_sizes;
 mod hardening;
 mod imports;
 mod lock_run;
+mod lock_watch;
 mod metrics_docs;
 mod peer_tls;
 mod poisoned_fence;
