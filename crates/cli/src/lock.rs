@@ -54,6 +54,7 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
         LockCommand::List { endpoint } => list(&endpoint, json).await?,
         LockCommand::Run(args) => crate::lock_run::run(args, json).await?,
         LockCommand::Show { name, endpoint } => show(&name, &endpoint, json).await?,
+        LockCommand::Break { name, endpoint } => break_lock(&name, &endpoint, json).await?,
         LockCommand::Watch {
             name,
             count,
@@ -139,6 +140,48 @@ async fn show(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result
         println!("{name} is free ({} waiting)", info.waiters);
     }
     Ok(())
+}
+
+/// `lock break`: `POST /v1/locks/{name}/break` on the first member that answers it.
+async fn break_lock(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result<()> {
+    palisade_core::LockName::new(name)?;
+    let http = endpoint.http(std::time::Duration::from_secs(10))?;
+    let mut errors = Vec::new();
+    for base in &endpoint.endpoint {
+        let url = format!(
+            "{}/v1/locks/{}/break",
+            base.trim_end_matches('/'),
+            palisade_client::encode_path_segment(name)
+        );
+        let reply = match http.post(&url).send().await {
+            Ok(reply) => reply,
+            Err(error) => {
+                errors.push(format!("{base}: {error}"));
+                continue;
+            }
+        };
+        let status = reply.status();
+        let body: serde_json::Value = reply.json().await.unwrap_or_default();
+        if status.is_success() {
+            if json {
+                print_json(&body);
+            } else {
+                println!(
+                    "broke {name}: the lease at epoch {} (holder {}) ended; the next owner gets a \
+                     higher epoch",
+                    body["epoch"].as_str().unwrap_or("?"),
+                    body["holder"].as_str().unwrap_or("?")
+                );
+            }
+            return Ok(());
+        }
+        let message = body["message"].as_str().unwrap_or("").to_owned();
+        if status.is_client_error() {
+            anyhow::bail!("{name} not broken: {message} ({status})");
+        }
+        errors.push(format!("{base}: {status} {message}"));
+    }
+    anyhow::bail!("no member broke {name}: {}", errors.join("; "))
 }
 
 /// `lock watch`: the lock's transitions, one line each, until `count` or the stream ends.

@@ -311,6 +311,16 @@ enum LockCommand {
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
+    /// End a lock's lease now, as an admin of the lock: for a holder whose lease id was lost
+    /// (else its TTL runs, up to an hour). The next owner gets a higher epoch, so the broken
+    /// holder's writes are still refused wherever the next owner wrote. Logged by the
+    /// coordinator with who broke it, and counted in palisade_leases_broken_total.
+    Break {
+        /// The lock's name.
+        name: String,
+        #[command(flatten)]
+        endpoint: EndpointArgs,
+    },
     /// Print a lock's ownership transitions as they happen, one line each (with --json, one
     /// JSON object per line): its state now, then every grant, release and expiry, with the
     /// time the coordinator's answer arrived. Runs until interrupted, or --count events.

@@ -55,6 +55,8 @@ pub struct Metrics {
     pub leases_released: Counter,
     /// Leases ended by expiry.
     pub leases_expired: Counter,
+    /// Leases an admin broke (`palisade lock break`; each is also a release).
+    pub leases_broken: Counter,
     /// Renewals refused because the lease was unknown, released or expired.
     pub renewal_failures: Counter,
     /// Ownership transitions by lock class.
@@ -118,6 +120,7 @@ impl Metrics {
             leases_renewed: Counter::default(),
             leases_released: Counter::default(),
             leases_expired: Counter::default(),
+            leases_broken: Counter::default(),
             renewal_failures: Counter::default(),
             transitions: Family::default(),
             leases_active: Gauge::default(),
@@ -195,6 +198,11 @@ impl Metrics {
             "leases_expired",
             "Leases expired",
             self.leases_expired.clone(),
+        );
+        r.register(
+            "leases_broken",
+            "Leases an admin broke",
+            self.leases_broken.clone(),
         );
         r.register(
             "renewal_failures",

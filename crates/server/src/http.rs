@@ -36,6 +36,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/locks/{name}", get(show_lock))
         .route("/v1/locks/{name}/acquire", post(acquire))
         .route("/v1/locks/{name}/floor", get(lock_floor))
+        .route("/v1/locks/{name}/break", post(break_lock))
         .route("/v1/leases/{id}/renew", post(renew))
         .route("/v1/leases/{id}/release", post(release))
         .route("/v1/keys", get(keys))
@@ -232,6 +233,44 @@ async fn release(
         "lock": lease.lock,
         "epoch": palisade_core::json::value(lease.epoch),
         "released": true,
+    })))
+}
+
+/// `POST /v1/locks/{name}/break`: ends the lock's lease now, for an admin of the lock (an
+/// operator whose worker lost its lease id must not wait out an hour's TTL). The next owner
+/// gets a higher epoch, so fencing holds: the broken holder's writes are refused wherever the
+/// next owner wrote. Recorded as a release in the feed, in `palisade_leases_broken_total` and
+/// in the log, naming who broke it.
+async fn break_lock(
+    State(api): State<Api>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let lock = LockName::new(name)?;
+    caller.require(Right::Admin, Some(&lock))?;
+    let summary = api.coordinator.describe(lock.clone()).await?;
+    let Some(lease) = summary.lease else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_held",
+            format!("{lock} is not held: nothing to break"),
+        ));
+    };
+    let ended = api.coordinator.release(lease.id, None).await?;
+    api.metrics.leases_broken.inc();
+    tracing::warn!(
+        %lock,
+        epoch = ended.epoch.0,
+        holder = %ended.holder,
+        principal = %ended.principal,
+        by = %caller.principal(),
+        "lock broken: its lease ended now; the next owner gets a higher epoch"
+    );
+    Ok(Json(json!({
+        "lock": lock,
+        "epoch": palisade_core::json::value(ended.epoch),
+        "holder": ended.holder,
+        "broken": true,
     })))
 }
 

@@ -54,3 +54,65 @@ fn lock_watch_prints_each_transition_as_it_happens() {
     // --count ends the watch by itself.
     assert!(watch.wait().unwrap().success());
 }
+
+/// `palisade lock break NAME`: an admin ends a lease whose id its worker lost; nobody else may.
+/// The next owner is granted at once, at a higher epoch (so fencing holds), and the break is
+/// counted.
+#[test]
+fn p1_an_admin_breaks_a_lock_and_the_next_owner_gets_a_higher_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut auth = String::new();
+    for principal in ["orders", "ops"] {
+        let out = Command::new(common::BINARY)
+            .args(["auth", "new", principal, "--secret-file"])
+            .arg(dir.path().join(principal))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        auth.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    std::fs::write(dir.path().join("auth"), auth).unwrap();
+    std::fs::write(
+        dir.path().join("acl"),
+        "orders acquire work/\nops admin *\n",
+    )
+    .unwrap();
+    let (auth, acl) = (dir.path().join("auth"), dir.path().join("acl"));
+    let server = ServerProcess::start_with(
+        &["serve", "--listen", "127.0.0.1:0"]
+            .into_iter()
+            .chain(["--auth-file", auth.to_str().unwrap()])
+            .chain(["--acl-file", acl.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+        &dir.path().join("data"),
+    );
+    let (orders, ops) = (dir.path().join("orders"), dir.path().join("ops"));
+    let acquire = || -> Value {
+        let out = server.cli_as(
+            &orders,
+            &["lock", "acquire", "work/1", "--ttl", "1h", "--json"],
+        );
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let lost = acquire(); // its lease id is "lost": the worker never releases it
+    let refused = server.cli_as(&orders, &["lock", "break", "work/1"]);
+    assert!(
+        !refused.status.success(),
+        "only an admin breaks: {refused:?}"
+    );
+    let broke = server.cli_as(&ops, &["lock", "break", "work/1"]);
+    assert!(broke.status.success(), "{broke:?}");
+    assert!(String::from_utf8_lossy(&broke.stdout).starts_with("broke work/1"));
+    let next = acquire();
+    let epoch = |v: &Value| palisade_core::json::read(&v["epoch"]).unwrap();
+    assert!(epoch(&next) > epoch(&lost), "{next} after {lost}");
+    let again = server.cli_as(&ops, &["lock", "break", "nobody/holds"]);
+    assert!(!again.status.success(), "a free lock has nothing to break");
+    let ops_secret = std::fs::read_to_string(&ops).unwrap();
+    let (_, metrics) = server.http("GET", "/metrics", Some(ops_secret.trim()), "");
+    assert!(
+        metrics.contains("palisade_leases_broken_total 1"),
+        "{metrics}"
+    );
+}
