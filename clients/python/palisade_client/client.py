@@ -399,5 +399,6 @@ class Client:
         raise Unavailable(f"GET {path}: no member names a leader")
 
     def describe(self, name: str) -> pb.LockInfo:
-        """The lock's state: ``held``, ``epoch``, ``holder``, ``remaining_ms``, ``waiters``."""
+        """The lock's state: ``held``, ``epoch``, ``holder``, ``remaining_ms``, ``waiters``, and
+        ``granted_unix_ms`` (when the lease was granted, ms since the Unix epoch; 0 if free)."""
         return self._call("Describe", pb.DescribeRequest(lock=name))

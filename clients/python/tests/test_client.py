@@ -33,6 +33,8 @@ def test_lock_yields_a_signed_token_and_releases_on_exit(coordinator):
         assert lease.token.count(".") >= 1, lease.token
         info = client.describe("report/7")
         assert info.held and info.epoch == lease.epoch
+        # Held since: the grant's wall-clock time (ms since the Unix epoch).
+        assert abs(info.granted_unix_ms - time.time() * 1000) < 60_000, info.granted_unix_ms
     assert not client.describe("report/7").held
     # The next owner gets a higher epoch (P1).
     with client.lock("report/7", ttl=5) as second:

@@ -145,6 +145,9 @@ export interface LockInfo {
   remainingMs: number;
   class: "critical" | "efficiency";
   waiters: number;
+  /** When the lease was granted, by the granting coordinator's clock; null when free (or
+   * granted before grant times were recorded). */
+  heldSince: Date | null;
 }
 
 interface Wire {
@@ -347,6 +350,7 @@ export class Client {
       remainingMs: Number(info.remaining_ms),
       class: lockClass(info.class),
       waiters: Number(info.waiters),
+      heldSince: Number(info.granted_unix_ms ?? 0) > 0 ? new Date(Number(info.granted_unix_ms)) : null,
     };
   }
 

@@ -40,6 +40,7 @@ test("P1: a lease carries its epoch exactly, as a string, even above 2^53", () =
     const info = await client.describe("ts/epoch");
     assert.equal(info.held, true);
     assert.equal(info.epoch, lease.epoch);
+    assert.ok(info.heldSince && Math.abs(info.heldSince.getTime() - Date.now()) < 60_000, String(info.heldSince));
     // One holder at a time: a second acquire is refused while the lease is held.
     await assert.rejects(client.acquire("ts/epoch"), LockHeld);
   }));

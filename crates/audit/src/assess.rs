@@ -298,11 +298,16 @@ fn lock_report(
         epoch: live.epoch,
         holder: live.holder.clone(),
         remaining_ms: live.remaining_ms,
+        granted_unix_ms: live.granted_unix_ms,
         waiters: live.waiters,
         pattern: rule.map(|r| r.pattern.as_str().to_owned()),
         boundary: boundary.map(Boundary::describe),
         fence,
-        lag: fence.filter(|&f| f <= live.epoch).map(|f| live.epoch - f),
+        // A fence of 0 is a lock never written there: no lag to speak of (its "lag" would be
+        // the whole epoch, a 19-digit number that says nothing).
+        lag: fence
+            .filter(|&f| f > 0 && f <= live.epoch)
+            .map(|f| live.epoch - f),
         stale_rejections,
     }
 }
@@ -428,6 +433,7 @@ reason = "the receiver's duplicates are harmless counters"
             holder: "w".into(),
             class,
             remaining_ms: 1_000,
+            granted_unix_ms: 0,
             waiters: 0,
         }
     }

@@ -86,6 +86,9 @@ pub struct LiveLock {
     pub class: LockClass,
     /// Time left on the lease.
     pub remaining_ms: u64,
+    /// When the lease was granted (ms since the Unix epoch; 0: unknown).
+    #[serde(default)]
+    pub granted_unix_ms: u64,
     /// Acquires waiting.
     pub waiters: usize,
 }
@@ -238,6 +241,9 @@ pub struct LockReport {
     pub holder: String,
     /// Time left.
     pub remaining_ms: u64,
+    /// When the lease was granted (ms since the Unix epoch; 0: unknown).
+    #[serde(default)]
+    pub granted_unix_ms: u64,
     /// Acquires waiting.
     pub waiters: usize,
     /// The rule that decides it.

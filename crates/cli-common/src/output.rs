@@ -39,6 +39,17 @@ pub fn millis(ms: u64) -> String {
     }
 }
 
+/// How long ago, for people, to the second: `42s`, `3m12s`, `2h05m`, `3d04h`.
+pub fn age(ms: u64) -> String {
+    let s = ms / 1_000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3_599 => format!("{}m{:02}s", s / 60, s % 60),
+        3_600..=86_399 => format!("{}h{:02}m", s / 3_600, (s % 3_600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3_600),
+    }
+}
+
 /// Set once a command printed its JSON document: an error after it is not printed as a second
 /// one (stdout stays one document).
 pub static PRINTED_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

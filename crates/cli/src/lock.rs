@@ -108,6 +108,7 @@ async fn list(endpoint: &EndpointArgs, json: bool) -> anyhow::Result<()> {
                 "CLASS",
                 "REMAINING",
                 "WAITERS",
+                "HELD FOR",
             ],
             &rows,
         );
@@ -131,6 +132,7 @@ async fn show(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result
             "waiters",
         ];
         let mut fields: Vec<(&str, String)> = keys.into_iter().zip(row).collect();
+        fields.push(("held_since", held_since(&info)));
         // Shown only to the lease's principal or an admin.
         if !info.lease_id.is_empty() {
             fields.insert(2, ("lease_id", info.lease_id.clone()));
@@ -243,7 +245,30 @@ fn lock_row(info: &LockInfo) -> Vec<String> {
         class_name(info.class).into(),
         millis(info.remaining_ms),
         info.waiters.to_string(),
+        held_for(info),
     ]
+}
+
+/// How long the lease has been held, on this machine's clock against the granting
+/// coordinator's (`–`: unknown, a lease granted before grant times were recorded).
+fn held_for(info: &LockInfo) -> String {
+    if info.granted_unix_ms == 0 {
+        return "–".into();
+    }
+    let now = palisade_core::clock::now_ms();
+    palisade_cli_common::output::age(now.saturating_sub(info.granted_unix_ms))
+}
+
+/// When the lease was granted, and how long ago.
+fn held_since(info: &LockInfo) -> String {
+    if info.granted_unix_ms == 0 {
+        return "unknown (granted before grant times were recorded)".into();
+    }
+    format!(
+        "{} ({} ago)",
+        palisade_core::clock::display_ms(info.granted_unix_ms),
+        held_for(info)
+    )
 }
 
 fn lock_json(info: &LockInfo) -> serde_json::Value {
@@ -261,6 +286,10 @@ fn lock_json(info: &LockInfo) -> serde_json::Value {
         "class": class_name(info.class),
         "waiters": info.waiters,
     });
+    if info.granted_unix_ms > 0 {
+        value["granted_unix_ms"] = json!(info.granted_unix_ms);
+        value["held_since"] = json!(palisade_core::clock::display_ms(info.granted_unix_ms));
+    }
     // Shown only to the lease's principal or an admin.
     if !info.lease_id.is_empty() {
         value["lease_id"] = json!(info.lease_id);

@@ -702,6 +702,7 @@ impl<S: LeaseStore> Engine<S> {
     /// authority), then answers it.
     async fn process(&mut self, batch: Vec<Request>) -> Result<(), StoreError> {
         let now = self.now_ms();
+        self.table.set_wall_clock(self.clock.now_ms());
         self.drop_abandoned_waiters();
         self.table.expire_due(now);
         let batch_size = batch.len();

@@ -288,6 +288,14 @@ pub(crate) struct LeaseRecord {
     /// Absent in records written before request ids existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     request_id: Option<String>,
+    /// When it was granted (ms since the Unix epoch); absent in records written before grant
+    /// times were recorded (0: unknown).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    granted_unix_ms: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// A lease id as stored: 32 hex digits, or (records written before ids were random) the
@@ -415,6 +423,7 @@ pub(crate) fn encode_record(lease: &Lease) -> LeaseRecord {
         ttl_ms: lease.ttl_ms,
         class: lease.class,
         request_id: lease.request_id.as_ref().map(|r| r.as_str().to_owned()),
+        granted_unix_ms: lease.granted_unix_ms,
     }
 }
 
@@ -443,6 +452,7 @@ pub(crate) fn decode_lease(lock: &str, record: LeaseRecord) -> Result<Lease, Sto
             .transpose()
             .map_err(|e| corrupt(e.0))?,
         expires_at: 0,
+        granted_unix_ms: record.granted_unix_ms,
     })
 }
 
@@ -511,6 +521,7 @@ mod tests {
             ttl_ms: 1_000,
             class: LockClass::Efficiency,
             expires_at: 0,
+            granted_unix_ms: 0,
             request_id: None,
         }
     }

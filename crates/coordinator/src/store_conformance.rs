@@ -66,6 +66,8 @@ pub fn lease(lock: &str, epoch: u64) -> Lease {
         ttl_ms: 3_600_000,
         class: LockClass::Critical,
         expires_at: 0,
+        // The grant time is durable too (the console and `lock show` say "held since").
+        granted_unix_ms: 1_765_000_000_000 + epoch,
         request_id: None,
     }
 }

@@ -78,6 +78,16 @@ pub struct Lease {
     /// When the coordinator may expire it, on the table's clock. Not durable: after a restart
     /// every lease restarts at its full TTL.
     pub expires_at: Millis,
+    /// When it was granted, in ms since the Unix epoch, as the granting coordinator's wall
+    /// clock read it ([`LeaseTable::set_wall_clock`]); 0 when unknown (a lease granted before
+    /// grant times were recorded). Durable and replicated with the lease, so "held since"
+    /// survives a restart and a failover. For people only: no decision reads it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub granted_unix_ms: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// What an acquire did.
@@ -269,6 +279,9 @@ pub struct LeaseTable {
     events: Vec<Event>,
     /// Each principal's live leases plus queued acquires (no entry at 0).
     claims: HashMap<Principal, usize>,
+    /// The wall clock's reading (ms since the Unix epoch) that grants record as their
+    /// `granted_unix_ms`; set by the caller ([`LeaseTable::set_wall_clock`]), 0 until then.
+    wall_ms: u64,
 }
 
 impl LeaseTable {
@@ -323,6 +336,13 @@ impl LeaseTable {
     /// want.
     pub fn set_lease_secret(&mut self, secret: [u8; 32]) {
         self.lease_secret = secret;
+    }
+
+    /// Sets the wall-clock time (ms since the Unix epoch) that the following grants record as
+    /// their grant time. An input like `now`: the table reads no clock, and nothing it decides
+    /// depends on this value (a clock that jumps only mislabels when a lease was granted).
+    pub fn set_wall_clock(&mut self, unix_ms: u64) {
+        self.wall_ms = unix_ms;
     }
 
     /// The id of the lease granted at `epoch`: 128 bits of SHA-256 over the secret and the
@@ -698,6 +718,7 @@ impl LeaseTable {
             class,
             request_id,
             expires_at: now.saturating_add(ttl_ms),
+            granted_unix_ms: self.wall_ms,
         };
         let state = self
             .locks

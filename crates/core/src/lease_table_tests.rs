@@ -49,6 +49,34 @@ fn p1_epochs_increase_per_lock_across_release_and_expiry() {
 }
 
 #[test]
+fn a_grant_records_the_wall_clock_and_keeps_it_through_renewals_and_a_restore() {
+    let mut table = LeaseTable::new();
+    table.set_wall_clock(1_765_000_000_000);
+    let a = granted(table.acquire(request("r/1", "a", 1_000, 5_000), 0).unwrap());
+    assert_eq!(a.granted_unix_ms, 1_765_000_000_000);
+    // A waiter granted later records the time of its grant, not of its request.
+    assert!(matches!(
+        table.acquire(request("r/1", "b", 1_000, 5_000), 0).unwrap(),
+        AcquireOutcome::Waiting(_)
+    ));
+    table.set_wall_clock(1_765_000_000_500);
+    let renewed = table.renew(a.id, None, 500).unwrap();
+    assert_eq!(
+        renewed.granted_unix_ms, a.granted_unix_ms,
+        "a renewal is not a grant"
+    );
+    table.set_wall_clock(1_765_000_000_900);
+    table.release(a.id, None, 900).unwrap();
+    let b = table.describe(&lock("r/1"), 900).lease.unwrap();
+    assert_eq!(b.granted_unix_ms, 1_765_000_000_900);
+    let restored = LeaseTable::restore(table.last_epoch(), [b.clone()], 0);
+    assert_eq!(
+        restored.lease(b.id).unwrap().granted_unix_ms,
+        b.granted_unix_ms
+    );
+}
+
+#[test]
 fn p8_a_retried_acquire_renews_the_lease_so_the_retrier_never_outlives_it() {
     // Granted at t=0 with a 10 s TTL, the answer lost; the client retries at t=9.5 s with the
     // same request id and counts its lease from 9.5 s. Before, the coordinator returned the
@@ -220,6 +248,7 @@ fn restore_refuses_a_lease_above_the_counter() {
         ttl_ms: 100,
         class: LockClass::Critical,
         expires_at: 0,
+        granted_unix_ms: 0,
         request_id: None,
     };
     LeaseTable::restore(Epoch(3), [lease], 0);

@@ -34,6 +34,7 @@ fn apply_entry(index: u64, last_epoch: u64, grant: Option<u64>) -> Entry<TypeCon
                 class: LockClass::Critical,
                 request_id: None,
                 expires_at: 0,
+                granted_unix_ms: 0,
             };
             vec![(lock, Some(lease))]
         })

@@ -250,6 +250,7 @@ async fn live_locks(api: &Api) -> Result<Vec<LiveLock>, ApiError> {
                 holder: lease.holder.to_string(),
                 class: lease.class,
                 remaining_ms: summary.remaining_ms,
+                granted_unix_ms: lease.granted_unix_ms,
                 waiters: summary.waiters,
             })
         })

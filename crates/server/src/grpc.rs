@@ -146,6 +146,7 @@ fn fill_lease(info: &mut pb::LockInfo, lease: &Lease, caller: &Caller) {
     info.principal = lease.principal.to_string();
     info.ttl_ms = lease.ttl_ms;
     info.class = class_to_proto(lease.class);
+    info.granted_unix_ms = lease.granted_unix_ms;
 }
 
 #[tonic::async_trait]

@@ -116,6 +116,10 @@ struct LockReply {
     principal: Option<String>,
     ttl_ms: Option<u64>,
     remaining_ms: u64,
+    /// When the lease was granted (ms since the Unix epoch, the granting coordinator's
+    /// clock); absent when free or unknown (granted before grant times were recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    granted_unix_ms: Option<u64>,
     class: Option<LockClass>,
     waiters: usize,
 }
@@ -135,6 +139,7 @@ impl LockReply {
             ttl_ms: lease.map(|l| l.ttl_ms),
             class: lease.map(|l| l.class),
             remaining_ms: summary.remaining_ms,
+            granted_unix_ms: lease.map(|l| l.granted_unix_ms).filter(|ms| *ms > 0),
             waiters: summary.waiters,
             lock: summary.lock,
         }

@@ -121,6 +121,13 @@ async fn list_show_health_and_metrics() {
     let (status, show) = f.get("/v1/locks/jobs.a").await;
     assert_eq!(status, StatusCode::OK);
     assert!(show.contains("\"held\":true"), "{show}");
+    // Held since: the grant's wall-clock time, in the list and the lock's own answer.
+    let since = serde_json::from_str::<Value>(&show).unwrap()["granted_unix_ms"]
+        .as_u64()
+        .expect("a held lock says since when");
+    let now = palisade_core::clock::now_ms();
+    assert!(since <= now && now - since < 60_000, "{since} vs {now}");
+    assert_eq!(list["locks"][0]["granted_unix_ms"], since);
     let (_, free) = f.get("/v1/locks/nobody").await;
     assert!(free.contains("\"held\":false"), "{free}");
     assert_eq!(f.get("/healthz").await.0, StatusCode::OK);
@@ -294,6 +301,10 @@ async fn p8_graceful_shutdown_keeps_every_acknowledged_lease() {
         .await
         .unwrap();
     assert_eq!(show["epoch"], granted["epoch"]);
+    assert!(
+        show["granted_unix_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "held since survives a restart: {show}"
+    );
     // The lease id is not listed (it is the capability), but it still renews the lease.
     assert!(show.get("lease_id").is_none(), "{show}");
     let lease = granted["lease_id"].as_str().unwrap();

@@ -39,8 +39,21 @@ fn acquire_renew_release_list_show() {
         table.contains("report/7") && table.contains(" me "),
         "{table}"
     );
+    assert!(table.contains("HELD FOR"), "since when it is held: {table}");
     let shown = json_of(&server.cli(&["lock", "show", "report/7", "--json"]));
     assert_eq!(shown["epoch"], acquired["epoch"]);
+    assert!(
+        shown["held_since"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{shown}"
+    );
+    let text =
+        String::from_utf8_lossy(&server.cli(&["lock", "show", "report/7"]).stdout).into_owned();
+    assert!(
+        text.contains("held_since") && text.contains(" ago)"),
+        "{text}"
+    );
 
     assert!(server.cli(&["lock", "renew", &lease]).status.success());
     assert!(server
