@@ -193,8 +193,14 @@ async fn watch(
     endpoint: &EndpointArgs,
     json: bool,
 ) -> anyhow::Result<()> {
-    palisade_core::LockName::new(name)?;
-    let mut events = connect(endpoint).await?.watch(name).await?;
+    let mut events = match name.strip_suffix('*') {
+        Some("") => anyhow::bail!("watch a prefix with at least one character before `*`"),
+        Some(prefix) => connect(endpoint).await?.watch_prefix(prefix).await?,
+        None => {
+            palisade_core::LockName::new(name)?;
+            connect(endpoint).await?.watch(name).await?
+        }
+    };
     let mut seen = 0;
     while count.is_none_or(|count| seen < count) {
         let Some(event) = events.message().await? else {
@@ -207,6 +213,11 @@ async fn watch(
             let mut line = lock_json(&info);
             line["event"] = json!(event.kind);
             line["at"] = json!(at);
+            if !info.held && info.epoch > 0 {
+                // The lease that just ended: its epoch and holder.
+                line["epoch"] = palisade_core::json::value(info.epoch);
+                line["holder"] = json!(info.holder);
+            }
             palisade_cli_common::output::print_json_line(&line);
         } else if info.held {
             println!(
@@ -216,6 +227,11 @@ async fn watch(
                 info.epoch,
                 info.holder,
                 millis(info.remaining_ms)
+            );
+        } else if info.epoch > 0 {
+            println!(
+                "{at}  {}  {:<8}  epoch {}  holder {}  (now free)",
+                info.lock, event.kind, info.epoch, info.holder
             );
         } else {
             println!("{at}  {}  {:<8}  free", info.lock, event.kind);

@@ -322,12 +322,14 @@ enum LockCommand {
         endpoint: EndpointArgs,
     },
     /// Print a lock's ownership transitions as they happen, one line each (with --json, one
-    /// JSON object per line): its state now, then every grant, release and expiry, with the
-    /// time the coordinator's answer arrived. Runs until interrupted, or --count events.
+    /// JSON object per line): its state now, then every grant, release, expiry and break, with
+    /// the time the coordinator's answer arrived. NAME ending in `*` (quote it: 'jobs/*')
+    /// watches every lock whose name starts with the rest, beginning with each held one's
+    /// state. Runs until interrupted, or --count events.
     Watch {
-        /// The lock's name.
+        /// The lock's name, or a prefix followed by `*`.
         name: String,
-        /// Stop after this many events (the first is the lock's state now).
+        /// Stop after this many events (for one lock, the first is its state now).
         #[arg(long)]
         count: Option<u64>,
         #[command(flatten)]

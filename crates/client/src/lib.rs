@@ -512,10 +512,33 @@ impl Client {
 
     /// Ownership transitions of `lock`, starting with its current state.
     pub async fn watch(&self, lock: &str) -> Result<tonic::Streaming<pb::LockEvent>, ClientError> {
-        self.call(|mut client| async move {
-            client
-                .watch(tonic::Request::new(pb::WatchRequest { lock: lock.into() }))
-                .await
+        self.watch_request(pb::WatchRequest {
+            lock: lock.into(),
+            prefix: String::new(),
+        })
+        .await
+    }
+
+    /// The transitions of every lock whose name starts with `prefix` that the caller may read,
+    /// beginning with a `current` event for each held one.
+    pub async fn watch_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<tonic::Streaming<pb::LockEvent>, ClientError> {
+        self.watch_request(pb::WatchRequest {
+            lock: String::new(),
+            prefix: prefix.into(),
+        })
+        .await
+    }
+
+    async fn watch_request(
+        &self,
+        request: pb::WatchRequest,
+    ) -> Result<tonic::Streaming<pb::LockEvent>, ClientError> {
+        self.call(|mut client| {
+            let request = request.clone();
+            async move { client.watch(tonic::Request::new(request)).await }
         })
         .await
     }

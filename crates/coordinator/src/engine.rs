@@ -116,6 +116,8 @@ pub enum TransitionKind {
     Released,
     /// A lease expired.
     Expired,
+    /// An admin ended a lease it did not hold (`palisade lock break`).
+    Broken,
 }
 
 impl TransitionKind {
@@ -125,6 +127,7 @@ impl TransitionKind {
             TransitionKind::Granted => "granted",
             TransitionKind::Released => "released",
             TransitionKind::Expired => "expired",
+            TransitionKind::Broken => "broken",
         }
     }
 }
@@ -138,6 +141,8 @@ pub struct Transition {
     pub lease: Lease,
     /// Time left on the lease at the commit (0 unless granted).
     pub remaining_ms: u64,
+    /// Who broke it ([`TransitionKind::Broken`] only).
+    pub by: Option<Principal>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, CoordinatorError>>;
@@ -146,6 +151,7 @@ enum Request {
     Acquire(AcquireRequest, Option<usize>, Reply<Lease>),
     Renew(LeaseId, Option<Principal>, Option<RightCheck>, Reply<Lease>),
     Release(LeaseId, Option<Principal>, Reply<Lease>),
+    Break(LockName, Principal, Reply<Option<Lease>>),
     Describe(LockName, Reply<LockSummary>),
     List(usize, Reply<Vec<LockSummary>>),
     Counter(Reply<palisade_core::Epoch>),
@@ -212,6 +218,17 @@ impl CoordinatorHandle {
         by: Option<Principal>,
     ) -> Result<Lease, CoordinatorError> {
         self.call(|reply| Request::Release(id, by, reply)).await
+    }
+
+    /// Ends the lock's lease now, whoever holds it (`palisade lock break`; the caller checked
+    /// that `by` is an admin of the lock), durably, and returns it; `None` when the lock is free.
+    /// Watchers and the feed see a [`TransitionKind::Broken`] naming `by`.
+    pub async fn break_lock(
+        &self,
+        lock: LockName,
+        by: Principal,
+    ) -> Result<Option<Lease>, CoordinatorError> {
+        self.call(|reply| Request::Break(lock, by, reply)).await
     }
 
     /// The durable state of one lock.
@@ -430,6 +447,7 @@ pub fn start_with_rules<S: LeaseStore>(
         own_thread,
         waiting: HashMap::new(),
         receiver,
+        breaking: HashMap::new(),
         transitions,
         metrics,
         start,
@@ -612,6 +630,8 @@ struct Engine<S> {
     /// Reply channels of acquires queued in the table, with when they arrived.
     waiting: HashMap<WaiterId, Reply<Lease>>,
     receiver: mpsc::Receiver<Request>,
+    /// Leases broken in the batch being processed, with who broke them.
+    breaking: HashMap<LeaseId, Principal>,
     transitions: broadcast::Sender<Transition>,
     metrics: Arc<Metrics>,
     /// Origin of the table's clock.
@@ -703,6 +723,7 @@ impl<S: LeaseStore> Engine<S> {
     async fn process(&mut self, batch: Vec<Request>) -> Result<(), StoreError> {
         let now = self.now_ms();
         self.table.set_wall_clock(self.clock.now_ms());
+        self.breaking.clear();
         self.drop_abandoned_waiters();
         self.table.expire_due(now);
         let batch_size = batch.len();
@@ -835,6 +856,19 @@ impl<S: LeaseStore> Engine<S> {
                 let result = self.table.release(id, by.as_ref(), now).map(|o| o.released);
                 Some(Box::new(Answer(reply, result.map_err(Into::into))))
             }
+            Request::Break(lock, by, reply) => {
+                let Some(lease) = self.table.describe(&lock, now).lease else {
+                    return Some(Box::new(Answer(reply, Ok(None))));
+                };
+                let result = self.table.release(lease.id, None, now).map(|o| o.released);
+                if result.is_ok() {
+                    self.breaking.insert(lease.id, by);
+                }
+                Some(Box::new(Answer(
+                    reply,
+                    result.map(Some).map_err(Into::into),
+                )))
+            }
             Request::Describe(lock, reply) => {
                 Some(Box::new(Answer(reply, Ok(self.table.describe(&lock, now)))))
             }
@@ -922,21 +956,24 @@ impl<S: LeaseStore> Engine<S> {
                     continue;
                 }
             }
-            let (kind, lease) = match event {
+            let (kind, lease, by) = match event {
                 Event::Granted { lease, waiter } => {
                     if let Some(reply) = waiter.and_then(|w| self.waiting.remove(&w)) {
                         let _ = reply.send(Ok(lease.clone()));
                     }
                     self.metrics.leases_granted.inc();
-                    (TransitionKind::Granted, lease)
+                    (TransitionKind::Granted, lease, None)
                 }
-                Event::Released { lease } => {
-                    self.metrics.leases_released.inc();
-                    (TransitionKind::Released, lease)
-                }
+                Event::Released { lease } => match self.breaking.remove(&lease.id) {
+                    Some(by) => (TransitionKind::Broken, lease, Some(by)),
+                    None => {
+                        self.metrics.leases_released.inc();
+                        (TransitionKind::Released, lease, None)
+                    }
+                },
                 Event::Expired { lease } => {
                     self.metrics.leases_expired.inc();
-                    (TransitionKind::Expired, lease)
+                    (TransitionKind::Expired, lease, None)
                 }
                 Event::WaitEnded { waiter, lock } => {
                     if let Some(reply) = self.waiting.remove(&waiter) {
@@ -961,6 +998,7 @@ impl<S: LeaseStore> Engine<S> {
                 kind,
                 lease,
                 remaining_ms,
+                by,
             });
         }
     }

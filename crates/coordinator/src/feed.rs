@@ -19,7 +19,8 @@ pub struct FeedEntry {
     pub seq: u64,
     /// When it was seen (ms since the Unix epoch).
     pub at_ms: u64,
-    /// `granted`, `released`, `expired`, or `missed` (the feed fell behind).
+    /// `granted`, `released`, `expired`, `broken` (an admin ended it: `palisade lock break`),
+    /// or `missed` (the feed fell behind).
     pub kind: &'static str,
     /// The lock.
     pub lock: String,
@@ -30,6 +31,9 @@ pub struct FeedEntry {
     pub holder: String,
     /// The lease's class.
     pub class: &'static str,
+    /// Who broke the lease (`broken` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// The feed.
@@ -61,6 +65,7 @@ impl Feed {
             epoch: transition.lease.epoch.0,
             holder: transition.lease.holder.to_string(),
             class: transition.lease.class.as_str(),
+            by: transition.by.as_ref().map(ToString::to_string),
         });
     }
 
@@ -97,6 +102,7 @@ impl Feed {
                     epoch: missed,
                     holder: String::new(),
                     class: "",
+                    by: None,
                 }),
                 Err(broadcast::error::RecvError::Closed) => return,
             }

@@ -106,6 +106,15 @@ impl Gateway {
         self.engine()?.release(id, by).await
     }
 
+    /// See [`CoordinatorHandle::break_lock`].
+    pub async fn break_lock(
+        &self,
+        lock: LockName,
+        by: Principal,
+    ) -> Result<Option<Lease>, CoordinatorError> {
+        self.engine()?.break_lock(lock, by).await
+    }
+
     /// See [`CoordinatorHandle::describe`].
     pub async fn describe(&self, lock: LockName) -> Result<LockSummary, CoordinatorError> {
         self.engine()?.describe(lock).await

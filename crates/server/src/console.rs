@@ -164,14 +164,39 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
         }
     });
     let observed = futures::future::join_all(observing).await;
-    Ok(palisade_audit::assess(
+    let mut report = palisade_audit::assess(
         &policy,
         api.policy.file().map(|f| f.display().to_string()),
         api.policy.require(),
         &locks,
         observed,
         now_ms(),
-    ))
+    );
+    report.findings.extend(breaks(api));
+    Ok(report)
+}
+
+/// The locks an admin broke (`palisade lock break`) among the feed's recent transitions, for
+/// the record: who broke which lease, and when.
+fn breaks(api: &Api) -> Vec<palisade_audit::Finding> {
+    let (_, entries) = api.feed.since(0, |_| true);
+    entries
+        .into_iter()
+        .filter(|entry| entry.kind == "broken")
+        .map(|entry| palisade_audit::Finding {
+            severity: palisade_audit::Severity::Info,
+            code: "lock_broken".into(),
+            message: format!(
+                "{} broke the lease of {} at epoch {} at {}; its next owner got a higher epoch,                  so the old holder's writes are refused wherever the next owner wrote",
+                entry.by.as_deref().unwrap_or("an admin"),
+                entry.holder,
+                entry.epoch,
+                palisade_core::clock::display_ms(entry.at_ms),
+            ),
+            subject: entry.lock,
+            proof: Some("GET /v1/transitions".into()),
+        })
+        .collect()
 }
 
 /// The floors a PostgreSQL boundary enforces, against this coordinator's floor for each lock

@@ -306,8 +306,10 @@ impl Coordinator for GrpcApi {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.caller(&request)?;
-        let lock = lock_name(request.into_inner().lock)?;
-        caller.require(Right::Read, Some(&lock)).map_err(denied)?;
+        let scope = WatchScope::of(request.into_inner())?;
+        if let WatchScope::Lock(lock) = &scope {
+            caller.require(Right::Read, Some(lock)).map_err(denied)?;
+        }
         let slot = self
             .api
             .auth
@@ -315,17 +317,29 @@ impl Coordinator for GrpcApi {
             .map_err(|at_limit| Status::resource_exhausted(at_limit.to_string()))?;
         // Subscribe before reading the current state, so no transition falls in between.
         let transitions = self.api.coordinator.subscribe();
-        let current = self
-            .api
-            .coordinator
-            .describe(lock.clone())
-            .await
-            .map_err(status)?;
+        let current = match &scope {
+            WatchScope::Lock(lock) => vec![self
+                .api
+                .coordinator
+                .describe(lock.clone())
+                .await
+                .map_err(status)?],
+            WatchScope::Prefix(prefix) => self
+                .api
+                .coordinator
+                .list(palisade_coordinator::engine::MAX_LIST)
+                .await
+                .map_err(status)?
+                .into_iter()
+                .filter(|s| s.lease.is_some() && s.lock.as_str().starts_with(prefix.as_str()))
+                .filter(|s| caller.can(Right::Read, Some(&s.lock)))
+                .collect(),
+        };
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
         let watch = Watch {
             auth: self.api.auth.clone(),
             caller,
-            lock,
+            scope,
             sender,
         };
         tokio::spawn(async move {
@@ -362,12 +376,44 @@ fn renew_response(lease: &Lease) -> pb::RenewResponse {
     }
 }
 
-/// One watch stream: the lock's transitions, to a caller whose rights are checked again on
-/// each transition and every [`RIGHTS_RECHECK`].
+/// What a watch follows.
+enum WatchScope {
+    /// One lock.
+    Lock(LockName),
+    /// Every lock whose name starts with this (each event only if the caller may read it).
+    Prefix(String),
+}
+
+impl WatchScope {
+    fn of(request: pb::WatchRequest) -> Result<Self, Status> {
+        match (request.lock.is_empty(), request.prefix.is_empty()) {
+            (false, true) => Ok(Self::Lock(lock_name(request.lock)?)),
+            (true, false) if request.prefix.len() <= palisade_core::limits::MAX_LOCK_NAME_BYTES => {
+                Ok(Self::Prefix(request.prefix))
+            }
+            (true, false) => Err(Status::invalid_argument(
+                "the prefix is longer than a lock name",
+            )),
+            _ => Err(Status::invalid_argument(
+                "a watch names either a lock or a prefix (one of them, not empty)",
+            )),
+        }
+    }
+
+    fn covers(&self, lock: &LockName) -> bool {
+        match self {
+            Self::Lock(watched) => watched == lock,
+            Self::Prefix(prefix) => lock.as_str().starts_with(prefix.as_str()),
+        }
+    }
+}
+
+/// One watch stream: the transitions of a lock (or of the locks under a prefix), to a caller
+/// whose rights are checked again on each transition and every [`RIGHTS_RECHECK`].
 struct Watch {
     auth: std::sync::Arc<crate::auth::Auth>,
     caller: Caller,
-    lock: LockName,
+    scope: WatchScope,
     sender: mpsc::Sender<Result<pb::LockEvent, Status>>,
 }
 
@@ -376,15 +422,17 @@ impl Watch {
     /// away, loses its right, falls behind, or the coordinator stops.
     async fn run(
         mut self,
-        current: LockSummary,
+        current: Vec<LockSummary>,
         mut transitions: broadcast::Receiver<palisade_coordinator::engine::Transition>,
     ) {
-        let first = pb::LockEvent {
-            state: Some(lock_info(&current, &self.caller)),
-            kind: "current".into(),
-        };
-        if self.sender.send(Ok(first)).await.is_err() {
-            return;
+        for summary in current {
+            let now = pb::LockEvent {
+                state: Some(lock_info(&summary, &self.caller)),
+                kind: "current".into(),
+            };
+            if self.sender.send(Ok(now)).await.is_err() {
+                return;
+            }
         }
         let mut recheck = tokio::time::interval(RIGHTS_RECHECK);
         loop {
@@ -399,7 +447,9 @@ impl Watch {
             }
             let event = match transition {
                 None => continue,
-                Some(Ok(t)) if t.lease.lock != self.lock => continue,
+                Some(Ok(t)) if !self.scope.covers(&t.lease.lock) => continue,
+                // Under a prefix, each lock's events go only to a caller that may read it.
+                Some(Ok(t)) if !self.caller.can(Right::Read, Some(&t.lease.lock)) => continue,
                 Some(Ok(t)) => Ok(self.event(&t)),
                 Some(Err(broadcast::error::RecvError::Lagged(missed))) => Err(Status::data_loss(
                     format!("watch fell {missed} transitions behind; watch again"),
@@ -416,13 +466,17 @@ impl Watch {
     /// Rights hold for as long as the stream lives: a principal removed, or one that lost
     /// `read` on the lock (SIGHUP), is told so and the stream ends.
     fn recheck_rights(&mut self) -> Result<(), Status> {
+        let lock = match &self.scope {
+            WatchScope::Lock(lock) => Some(lock),
+            WatchScope::Prefix(_) => None,
+        };
         match self.auth.refreshed(&self.caller) {
             None => Err(Status::unauthenticated("the watch's principal was removed")),
-            Some(current) if !current.can(Right::Read, Some(&self.lock)) => {
+            Some(current) if lock.is_some_and(|lock| !current.can(Right::Read, Some(lock))) => {
                 Err(Status::permission_denied(format!(
                     "{} no longer has the read right on lock {}",
                     current.principal(),
-                    self.lock
+                    lock.map(ToString::to_string).unwrap_or_default()
                 )))
             }
             Some(current) => {
@@ -435,7 +489,7 @@ impl Watch {
     /// The event of transition `t` of the watched lock, as this caller may see it.
     fn event(&self, t: &palisade_coordinator::engine::Transition) -> pb::LockEvent {
         let mut state = pb::LockInfo {
-            lock: self.lock.to_string(),
+            lock: t.lease.lock.to_string(),
             ..Default::default()
         };
         if t.kind == TransitionKind::Granted {

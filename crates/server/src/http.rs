@@ -244,8 +244,8 @@ async fn release(
 /// `POST /v1/locks/{name}/break`: ends the lock's lease now, for an admin of the lock (an
 /// operator whose worker lost its lease id must not wait out an hour's TTL). The next owner
 /// gets a higher epoch, so fencing holds: the broken holder's writes are refused wherever the
-/// next owner wrote. Recorded as a release in the feed, in `palisade_leases_broken_total` and
-/// in the log, naming who broke it.
+/// next owner wrote. Recorded as `broken` (naming who broke it) in the feed, the watch streams
+/// and the audit's findings, in `palisade_leases_broken_total` and in the log.
 async fn break_lock(
     State(api): State<Api>,
     caller: Caller,
@@ -253,15 +253,14 @@ async fn break_lock(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let lock = LockName::new(name)?;
     caller.require(Right::Admin, Some(&lock))?;
-    let summary = api.coordinator.describe(lock.clone()).await?;
-    let Some(lease) = summary.lease else {
+    let by = caller.principal().clone();
+    let Some(ended) = api.coordinator.break_lock(lock.clone(), by).await? else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_held",
             format!("{lock} is not held: nothing to break"),
         ));
     };
-    let ended = api.coordinator.release(lease.id, None).await?;
     api.metrics.leases_broken.inc();
     tracing::warn!(
         %lock,

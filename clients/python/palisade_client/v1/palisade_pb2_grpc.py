@@ -122,7 +122,9 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Ownership transitions of one lock, starting with its current state.
+        """Ownership transitions of one lock, starting with its current state; or, given a prefix,
+        of every lock whose name starts with it that the caller may read, starting with the
+        current state of each held one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

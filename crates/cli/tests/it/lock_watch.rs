@@ -115,4 +115,99 @@ fn p1_an_admin_breaks_a_lock_and_the_next_owner_gets_a_higher_epoch() {
         metrics.contains("palisade_leases_broken_total 1"),
         "{metrics}"
     );
+    assert_break_recorded(&server, ops_secret.trim(), &lost);
+}
+
+/// The break is on the record: the feed names who broke which lease, and so does the audit.
+fn assert_break_recorded(server: &ServerProcess, secret: &str, lost: &Value) {
+    let (_, feed) = server.http("GET", "/v1/transitions", Some(secret), "");
+    let feed: Value = serde_json::from_str(&feed).unwrap();
+    let broken: Vec<&Value> = feed["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"] == "broken")
+        .collect();
+    assert_eq!(broken.len(), 1, "{feed}");
+    assert_eq!(
+        (&broken[0]["lock"], &broken[0]["by"], &broken[0]["epoch"]),
+        (&"work/1".into(), &"ops".into(), &lost["epoch"]),
+        "{feed}"
+    );
+    let (_, audit) = server.http("GET", "/v1/audit", Some(secret), "");
+    let audit: Value = serde_json::from_str(&audit).unwrap();
+    let finding = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["code"] == "lock_broken")
+        .unwrap_or_else(|| panic!("no lock_broken finding: {audit}"));
+    assert_eq!(finding["subject"], "work/1");
+    assert!(
+        finding["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ops broke"),
+        "{finding}"
+    );
+}
+
+/// `palisade lock watch 'jobs/*'`: every lock under the prefix, starting with each held one's
+/// state; a lock outside the prefix is not shown; a break shows as `broken`.
+#[test]
+fn lock_watch_follows_every_lock_under_a_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path());
+    let acquire = |lock: &str| -> Value {
+        let out = server.cli(&["lock", "acquire", lock, "--ttl", "1m", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let held = acquire("jobs/a");
+    let mut watch = Command::new(common::BINARY)
+        .args(["lock", "watch", "jobs/*", "--count", "4", "--json"])
+        .args(["--endpoint", &server.url])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(watch.id() as i32);
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(30));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    });
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let now = next();
+    assert_eq!(
+        (&now["event"], &now["lock"]),
+        (&"current".into(), &"jobs/a".into())
+    );
+    assert_eq!(now["epoch"], held["epoch"]);
+    acquire("other/x"); // outside the prefix: not shown
+    let b = acquire("jobs/b");
+    let granted = next();
+    assert_eq!(
+        (&granted["lock"], &granted["epoch"]),
+        (&"jobs/b".into(), &b["epoch"])
+    );
+    let id = b["lease_id"].as_str().unwrap();
+    assert!(server.cli(&["lock", "release", id]).status.success());
+    let released = next();
+    assert_eq!(
+        (&released["event"], &released["lock"], &released["epoch"]),
+        (&"released".into(), &"jobs/b".into(), &b["epoch"])
+    );
+    assert!(server.cli(&["lock", "break", "jobs/a"]).status.success());
+    let broken = next();
+    assert_eq!(
+        (&broken["event"], &broken["lock"], &broken["epoch"]),
+        (&"broken".into(), &"jobs/a".into(), &held["epoch"])
+    );
+    assert!(watch.wait().unwrap().success());
+    let lone = server.cli(&["lock", "watch", "*"]);
+    assert!(
+        !lone.status.success(),
+        "a prefix needs a character: {lone:?}"
+    );
 }
