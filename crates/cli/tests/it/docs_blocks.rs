@@ -197,7 +197,7 @@ fn every_block_is_compiled_run_or_says_why_not() {
 /// added (block 1), the adapter's migrations and guard are installed, the seed statement (block
 /// 2) writes a newer epoch and refuses an older one, the token statement (block 3) does the same
 /// once the table requires tokens, and the grants (block 4) leave the application's role
-/// nothing to write with.
+/// nothing to write with and let the SQL-only writer's login run the token statement.
 #[test]
 fn sql_blocks_run_in_postgresql() {
     let blocks: Vec<Block> = blocks(&root().join("docs/enforcement.md"))
@@ -249,6 +249,7 @@ fn sql_blocks_run_in_postgresql() {
             .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
             .count();
         assert_eq!(rows, 0, "palisade_guard_findings must return no rows");
+        the_sql_only_writer_writes_with_its_grants(&url, &blocks[2].text).await;
         drop(db);
         drop(fence);
         admin
@@ -269,16 +270,6 @@ async fn the_token_statement_binds_the_write(db: &tokio_postgres::Client, bare: 
         .await
         .unwrap_err();
     assert_eq!(refused.code().unwrap().code(), "P5010", "{refused}");
-    let signer = palisade_core::TokenSigner::from_secret_bytes(&[8; 32]);
-    let token = |epoch| {
-        signer.sign(
-            &palisade_core::LockName::new("report/7").unwrap(),
-            palisade_core::Epoch(epoch),
-            &palisade_core::HolderId::new("docs").unwrap(),
-            &palisade_core::Principal::anonymous(),
-            0,
-        )
-    };
     let statement = db.prepare(bound).await.unwrap();
     let newer = db
         .query(&statement, &[&token(6), &"from epoch 6", &7i64])
@@ -291,6 +282,34 @@ async fn the_token_statement_binds_the_write(db: &tokio_postgres::Client, bare: 
         .unwrap_err();
     // A newer owner's token was presented for the lock: the older one is superseded.
     assert_eq!(older.code().unwrap().code(), "P5009", "{older}");
+}
+
+/// A token of lock `report/7` at `epoch`, signed by the docs' test key.
+fn token(epoch: u64) -> String {
+    palisade_core::TokenSigner::from_secret_bytes(&[8; 32]).sign(
+        &palisade_core::LockName::new("report/7").unwrap(),
+        palisade_core::Epoch(epoch),
+        &palisade_core::HolderId::new("docs").unwrap(),
+        &palisade_core::Principal::anonymous(),
+        0,
+    )
+}
+
+/// Logged in as `report_writer` with block 4's grants, the token statement (`bound`) writes
+/// the next owner's token, and a plain UPDATE is refused.
+async fn the_sql_only_writer_writes_with_its_grants(url: &str, bound: &str) {
+    let url = url.replacen("postgres://postgres@", "postgres://report_writer@", 1);
+    let writer = common::pg_connect(&url).await;
+    let written = writer
+        .query(bound, &[&token(7), &"by the SQL-only writer", &7i64])
+        .await
+        .unwrap();
+    assert_eq!(written.len(), 1, "the writer role's token statement writes");
+    let plain = writer
+        .batch_execute("UPDATE reports SET payload = 'plain' WHERE id = 7")
+        .await
+        .unwrap_err();
+    assert_eq!(plain.code().unwrap().code(), "P5010", "{plain}");
 }
 
 /// Database `name` created empty, and the roles the page names (cluster-wide: made once).
@@ -308,6 +327,8 @@ async fn a_fresh_database_and_the_roles(admin: &tokio_postgres::Client, name: &s
                  CREATE ROLE palisade_fence; END IF;
                IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'app') THEN
                  CREATE ROLE app; END IF;
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'report_writer') THEN
+                 CREATE ROLE report_writer LOGIN; END IF;
              END $$",
         )
         .await
