@@ -12,6 +12,9 @@ use crate::engine::Transition;
 /// Transitions kept.
 pub const FEED_CAPACITY: usize = 256;
 
+/// Audit probe leases remembered, to label their transitions.
+pub const PROBES_REMEMBERED: usize = 256;
+
 /// One transition as the feed shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct FeedEntry {
@@ -34,12 +37,18 @@ pub struct FeedEntry {
     /// Who broke the lease (`broken` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The audit's probe took this lease (`palisade audit --probe`), not a worker: the console
+    /// hides it unless asked. Told only to readers of the feed, never to a boundary.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub probe: bool,
 }
 
 /// The feed.
 #[derive(Debug, Default)]
 pub struct Feed {
     entries: Mutex<(u64, VecDeque<FeedEntry>)>,
+    /// The audit probe's leases, as (lock, epoch), newest last.
+    probes: Mutex<VecDeque<(String, u64)>>,
 }
 
 use palisade_core::clock::now_ms;
@@ -66,17 +75,33 @@ impl Feed {
             holder: transition.lease.holder.to_string(),
             class: transition.lease.class.as_str(),
             by: transition.by.as_ref().map(ToString::to_string),
+            probe: false,
         });
+    }
+
+    /// Remembers that the audit's probe took the lease of `lock` at `epoch`: its transitions
+    /// are labelled `probe` when read.
+    pub fn mark_probe(&self, lock: &str, epoch: u64) {
+        let mut probes = self.probes.lock().expect("not poisoned");
+        if probes.len() == PROBES_REMEMBERED {
+            probes.pop_front();
+        }
+        probes.push_back((lock.to_owned(), epoch));
     }
 
     /// Entries after `after`, oldest first, that `visible` lets through.
     pub fn since(&self, after: u64, visible: impl Fn(&str) -> bool) -> (u64, Vec<FeedEntry>) {
+        let probes = self.probes.lock().expect("not poisoned").clone();
         let guard = self.entries.lock().expect("not poisoned");
         let entries = guard
             .1
             .iter()
             .filter(|e| e.seq > after && (e.kind == "missed" || visible(&e.lock)))
             .cloned()
+            .map(|mut e| {
+                e.probe = probes.iter().any(|(l, n)| *l == e.lock && *n == e.epoch);
+                e
+            })
             .collect();
         (guard.0, entries)
     }
@@ -103,6 +128,7 @@ impl Feed {
                     holder: String::new(),
                     class: "",
                     by: None,
+                    probe: false,
                 }),
                 Err(broadcast::error::RecvError::Closed) => return,
             }

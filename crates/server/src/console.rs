@@ -380,6 +380,7 @@ async fn probe_tokens(
             .acquire(request)
             .await
             .map_err(|e| format!("cannot acquire {lock}: {e}"))?;
+        api.feed.mark_probe(lock.as_str(), lease.epoch.0);
         let token = api.sign(&lease);
         if let Err(error) = api.coordinator.release(lease.id, None).await {
             tracing::warn!(%error, "the audit probe's lease was not released; it expires");

@@ -1,8 +1,10 @@
 //! The web console in a real browser: headless Chromium (Debian's `chromium`, which
 //! `scripts/test` installs) loads `/ui/` from a running coordinator after real acquires and a
 //! real stale write, and the test checks what a person would see: the lock with its epoch, the
-//! ownership transitions, the stale write refused at the store, the audit's findings. A
-//! screenshot is kept in `target/test-artefacts/console.png`.
+//! ownership transitions, the ownership timeline with the refused stale write marked on the
+//! stale holder's lock, the rates, the audit's findings; audit probes hidden; the page fits
+//! 1,280 px. Screenshots are kept in `target/test-artefacts/` (`console.png`: the page as it
+//! opens; `console-probes.png`: with the audit's probe traffic shown).
 
 use crate::common;
 
@@ -44,7 +46,7 @@ fn browse(profile: &Path, url: &str, args: &[&str]) -> Output {
             "--disable-component-update",
             "--disable-sync",
             "--disable-extensions",
-            "--window-size=1280,1100",
+            "--window-size=1280,1500",
             "--virtual-time-budget=4000",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
@@ -78,6 +80,9 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
     let dir = tempfile::tempdir().unwrap();
     let (server, store) = start_with_a_critical_policy(dir.path());
     let (a_epoch, b_epoch) = a_stale_write_refused(&server, &store);
+    // The audit's probe: its leases and its refused write are labelled, and hidden by default.
+    let (status, probe) = server.http("POST", "/v1/audit/probe", None, "");
+    assert_eq!(status, 200, "{probe}");
     acquire(
         &server,
         &[
@@ -109,7 +114,8 @@ fn p1_console_shows_the_lock_its_epoch_and_the_refused_stale_write_in_a_browser(
         "console: {checks} checks passed, page weight {weight} bytes (3 files), first render \
          {first_render} ms (virtual time)"
     );
-    keep_a_screenshot(&profile, &url);
+    keep_a_screenshot(&profile, &url, "console.png");
+    keep_a_screenshot(&profile, &format!("{url}#probes"), "console-probes.png");
 }
 
 /// A coordinator whose policy names `report/*` critical with a reference store as its
@@ -169,25 +175,36 @@ fn a_stale_write_refused(server: &ServerProcess, store: &ResourceProcess) -> (u6
 /// stale write with both epochs, the audit's critical finding, and a holder's markup as text,
 /// with no error banner. Returns how many checks passed.
 fn assert_the_page_shows_it(dom: &str, a_epoch: u64, b_epoch: u64) -> usize {
+    let short = |epoch: u64| format!("…{}", &epoch.to_string()[13..]);
     let checks = [
-        // The lock, at B's epoch, held by B.
+        // The lock, at B's epoch, held by B; its epoch shown short, whole on hover.
         format!("data-lock=\"report/7\" data-epoch=\"{b_epoch}\""),
         "<td>worker-b</td>".to_owned(),
+        format!("title=\"{b_epoch}\" data-epoch=\"{b_epoch}\">{}</td>", short(b_epoch)),
         // The transitions: A granted, A expired, B granted.
-        format!("report/7  epoch {a_epoch}  granted  worker-a"),
-        format!("report/7  epoch {a_epoch}  expired  worker-a"),
-        format!("report/7  epoch {b_epoch}  granted  worker-b"),
-        // The refused stale write, with the epoch it claimed and the fence that refused it.
-        "data-reason=\"stale_epoch\" data-lock=\"report/7\"".to_owned(),
-        format!(
-            "<td class=\"num\">{a_epoch}</td><td class=\"num\">{b_epoch}</td><td>stale_epoch</td>"
-        ),
+        format!("data-kind=\"granted\" data-lock=\"report/7\" data-epoch=\"{a_epoch}\" data-holder=\"worker-a\""),
+        format!("data-kind=\"expired\" data-lock=\"report/7\" data-epoch=\"{a_epoch}\" data-holder=\"worker-a\""),
+        format!("data-kind=\"granted\" data-lock=\"report/7\" data-epoch=\"{b_epoch}\" data-holder=\"worker-b\""),
+        // The timeline: A's bar ends in an expiry, B's is open, and A's refused write is a
+        // mark on report/7's lane naming A's epoch and A.
+        format!("class=\"lease\" data-lock=\"report/7\" data-epoch=\"{a_epoch}\" data-holder=\"worker-a\" data-end=\"expired\""),
+        format!("class=\"lease\" data-lock=\"report/7\" data-epoch=\"{b_epoch}\" data-holder=\"worker-b\" data-end=\"held\""),
+        format!("class=\"refusal\" data-lock=\"report/7\" data-epoch=\"{a_epoch}\" data-holder=\"worker-a\" data-reason=\"stale_epoch\""),
+        // The rates: two grants of report/7 (and bare/1's), one expiry, one refusal (the probe's
+        // own refused write is hidden with the probe).
+        "data-series=\"refusals\" data-total=\"1\"".to_owned(),
+        "data-series=\"ends\" data-total=\"1\"".to_owned(),
+        "data-series=\"grants\" data-total=\"3\"".to_owned(),
+        // The refused stale write in the table, with the epoch it claimed.
+        format!("data-reason=\"stale_epoch\" data-lock=\"report/7\" data-epoch=\"{a_epoch}\""),
         // The audit's critical finding about the lock with no boundary.
         "data-code=\"no_boundary\"".to_owned(),
         "<td class=\"sev-critical\">critical</td>".to_owned(),
         // Markup in a holder is text.
         "&lt;img src=x onerror=\"document.title='pwned'\"&gt;".to_owned(),
         "data-first-render-ms=".to_owned(),
+        // Nothing wider than the 1,280 px window.
+        "data-fits=\"true\"".to_owned(),
     ];
     for check in &checks {
         assert!(
@@ -195,6 +212,13 @@ fn assert_the_page_shows_it(dom: &str, a_epoch: u64, b_epoch: u64) -> usize {
             "the page lacks {check:?}:\n{dom}"
         );
     }
+    let probes = dom.matches("data-probe=\"true\"").count();
+    assert!(probes > 0, "the probe's transitions are labelled:\n{dom}");
+    assert_eq!(
+        dom.matches("data-probe=\"true\" hidden=\"\"").count(),
+        probes,
+        "every probe transition is hidden by default:\n{dom}"
+    );
     assert!(
         !dom.contains("<img src=\"x\""),
         "markup from a client ran:\n{dom}"
@@ -204,12 +228,12 @@ fn assert_the_page_shows_it(dom: &str, a_epoch: u64, b_epoch: u64) -> usize {
         !dom.contains("id=\"banner\">"),
         "an error banner shows:\n{dom}"
     );
-    checks.len()
+    checks.len() + 2
 }
 
-/// Takes a screenshot of `url` into `target/test-artefacts/console.png` and checks it is one.
-fn keep_a_screenshot(profile: &Path, url: &str) {
-    let screenshot = artefacts().join("console.png");
+/// Takes a screenshot of `url` into `target/test-artefacts/NAME` and checks it is one.
+fn keep_a_screenshot(profile: &Path, url: &str, name: &str) {
+    let screenshot = artefacts().join(name);
     let _ = std::fs::remove_file(&screenshot);
     let out = browse(
         profile,
