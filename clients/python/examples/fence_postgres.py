@@ -21,6 +21,7 @@ with client.lock(f"report/{row_id}", ttl=10) as lease, psycopg.connect(dsn) as d
             " FROM palisade_present_token(%s) AS t(epoch)"
             " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id",
             (payload, lease.token, row_id),
+            token=lease.token,  # a refused stale write is recorded for the audit and console
         ).fetchone()  # committed by `execute`, before the lease is released
     except Superseded as why:
         sys.exit(f"refused: {why}; epoch {lease.epoch} is obsolete")

@@ -15,11 +15,16 @@ A write below the floor raises ``Superseded``: stop, do not retry.
                       " FROM palisade_present_token(%s) AS t(epoch)"
                       " WHERE id = %s AND last_fence OPERATOR(pg_catalog.<) t.epoch"
                       " RETURNING id",
-                      (payload, lease.token, 7)).fetchone()
+                      (payload, lease.token, 7), token=lease.token).fetchone()
 
 Pass the lease's token, not its epoch: on a table guarded by ``palisade resource guard`` the
 database reads the lock and epoch from the token and refuses a bare epoch (``P5010``), another
 lock's token (``P5011``) or a ``last_fence`` that is not the token's epoch (``P5012``).
+
+Given ``token=``, a refused stale write is recorded where ``palisade audit`` and the console
+read it (``palisade_record_refusal``, migration 12): the refused transaction rolled back with
+anything it wrote, so the record is made after it, committed at once outside a transaction (in
+the caller's transaction, it goes with the caller's commit or rollback).
 """
 
 from __future__ import annotations
@@ -95,13 +100,30 @@ def learn_floor(db: Any, client: Client, lock: str) -> int:
     return int(row[0])
 
 
-def execute(db: Any, client: Client, lock: str, query: str, params: Sequence[Any] = ()) -> Any:
+def record_refusal(db: Any, token: str) -> bool:
+    """Records that ``token``'s write was refused as stale (``palisade_record_refusal``): the
+    database records it only if the token is below what it holds for its lock. Best effort:
+    False when nothing was recorded (not stale, a database before migration 12, or a role
+    without the grant)."""
+    import psycopg
+
+    try:
+        with db.transaction():
+            row = db.execute("SELECT palisade_record_refusal(%s)", (token,)).fetchone()
+        return bool(row[0])
+    except psycopg.Error:
+        return False
+
+
+def execute(db: Any, client: Client, lock: str, query: str, params: Sequence[Any] = (),
+            *, token: str | None = None) -> Any:
     """Runs ``query`` on the psycopg connection ``db``, learning ``lock``'s floor first when
     the database asks for it; the cursor. With no transaction open (autocommit or psycopg's
     default), the write is committed when this returns; inside the caller's transaction it is
     a savepoint, committed with the caller's, and the transaction is left as it was. One
     thread of the process learns a lock's floor at a time, and at most
-    ``MAX_FLOOR_REQUESTS`` ask the coordinator at once."""
+    ``MAX_FLOOR_REQUESTS`` ask the coordinator at once. With ``token`` (the lease's), a
+    refused stale write is recorded for the audit and the console (``record_refusal``)."""
     import psycopg
 
     def run() -> Any:
@@ -111,6 +133,8 @@ def execute(db: Any, client: Client, lock: str, query: str, params: Sequence[Any
         except psycopg.Error as error:
             if error.sqlstate == BELOW_FLOOR:
                 detail = error.diag.message_detail or "0"
+                if token is not None:
+                    record_refusal(db, token)
                 raise Superseded(error.diag.message_primary or str(error), int(detail)) from None
             raise
 

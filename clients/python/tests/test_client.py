@@ -290,8 +290,14 @@ def test_p6_a_database_that_went_back_learns_the_floor_and_refuses_the_supersede
         assert unknown.value.sqlstate == "P5008"
         # ... and `execute` learns it from the coordinator: the paused owner is superseded.
         with pytest.raises(Superseded) as superseded:
-            execute(db, client, "report/7", UPDATE, ("stale", paused.token, 7))
+            execute(db, client, "report/7", UPDATE, ("stale", paused.token, 7),
+                    token=paused.token)
         assert superseded.value.floor > paused.epoch
+        # The refusal is recorded where the audit and the console read it (migration 12).
+        recorded = db.execute(
+            "SELECT fence FROM palisade_recent_refusals(1000) WHERE lock = 'report/7' AND epoch = %s",
+            (paused.epoch,)).fetchall()
+        assert recorded and recorded[0][0] > paused.epoch, recorded
         assert db.execute("SELECT payload FROM report_result WHERE id = 7").fetchone()[0] == "old"
     # The current owner writes on.
     again = subprocess.run(example + ["again"], env=env, capture_output=True, text=True)

@@ -14,7 +14,8 @@ try {
     const written = await fencedQuery(db, client, lease.lock,
       "UPDATE report_result SET payload = $1, last_fence = t.epoch FROM palisade_present_token($2) AS t(epoch) " +
         "WHERE id = $3 AND last_fence OPERATOR(pg_catalog.<) t.epoch RETURNING id",
-      [payload, lease.token, id]); // the token, not the epoch: the database reads both from it
+      [payload, lease.token, id], // the token, not the epoch: the database reads both from it
+      { token: lease.token }); // a refused stale write is recorded for the audit and the console
     if (written.rowCount === 0) throw new Error(`refused: row ${id} is missing or fenced above epoch ${lease.epoch}`);
     console.log(`row ${id} written at epoch ${lease.epoch}`);
   });

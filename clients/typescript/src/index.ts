@@ -589,7 +589,7 @@ export function protoText(): string {
   return readFileSync(PROTO, "utf8");
 }
 
-export { BELOW_FLOOR, FLOOR_UNKNOWN, MAX_FLOOR_REQUESTS, Superseded, fencedQuery, learnFloor } from "./postgres.js";
+export { BELOW_FLOOR, FLOOR_UNKNOWN, MAX_FLOOR_REQUESTS, Superseded, fencedQuery, learnFloor, recordRefusal } from "./postgres.js";
 export { FloorError, verifyFloorStatement } from "./floors.js";
 export type { FloorClaims } from "./floors.js";
 export type { Queryable, QueryResultLike } from "./postgres.js";

@@ -103,15 +103,31 @@ function learnFloorOnce(db: Queryable, client: Client, lock: string): Promise<st
   return flight;
 }
 
+/** Records that `token`'s write was refused as stale (`palisade_record_refusal`, migration
+ * 12), where `palisade audit` and the console read it: the database records it only if the
+ * token is below what it holds for its lock. Best effort: false when nothing was recorded (not
+ * stale, an older database, a role without the grant, or inside an aborted transaction). */
+export async function recordRefusal(db: Queryable, token: string): Promise<boolean> {
+  try {
+    const result = (await db.query("SELECT palisade_record_refusal($1) AS recorded", [token])) as QueryResultLike;
+    return Boolean(result.rows[0]?.recorded);
+  } catch {
+    return false;
+  }
+}
+
 /** Runs `text` with `values` on `db` — outside a transaction, or inside one you protect with
  * a savepoint — learning `lock`'s floor first when the database asks for it. One request per
- * client and lock is in flight at a time, and at most {@link MAX_FLOOR_REQUESTS} in all. */
+ * client and lock is in flight at a time, and at most {@link MAX_FLOOR_REQUESTS} in all. With
+ * `options.token` (the lease's), a refused stale write is recorded for the audit and the
+ * console ({@link recordRefusal}) before {@link Superseded} is thrown. */
 export async function fencedQuery<R = QueryResultLike>(
   db: Queryable,
   client: Client,
   lock: string,
   text: string,
   values: unknown[] = [],
+  options: { token?: string } = {},
 ): Promise<R> {
   for (let attempt = 0; ; attempt++) {
     try {
@@ -128,6 +144,7 @@ export async function fencedQuery<R = QueryResultLike>(
         continue;
       }
       if (failure.code === BELOW_FLOOR) {
+        if (options.token !== undefined) await recordRefusal(db, options.token);
         throw new Superseded(failure.message ?? "superseded", failure.detail ?? "0");
       }
       throw error;

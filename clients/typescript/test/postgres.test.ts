@@ -79,9 +79,15 @@ test("P1, P6: the PostgreSQL example fences a paused owner, also after the datab
     try {
       // A newer owner's token was presented for the lock: the paused one is superseded.
       await assert.rejects(
-        fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7]),
+        fencedQuery(db, client, "report/7", UPDATE, ["stale", paused.token, 7], { token: paused.token }),
         (error: unknown) => error instanceof Superseded,
       );
+      // The refusal is recorded where the audit and the console read it (migration 12).
+      const recorded = await db.query(
+        "SELECT reason FROM palisade_recent_refusals(1000) WHERE lock = 'report/7' AND epoch = $1",
+        [paused.epoch],
+      );
+      assert.deepEqual(recorded.rows.map((r) => r.reason), ["stale_epoch"]);
 
       // The database goes back: the row's fence and the floors are a copy from before.
       await db.query("ALTER TABLE report_result DISABLE TRIGGER palisade_guard_update");

@@ -321,7 +321,47 @@ async fn observe_postgres(
         }
     }
     report.presented_tokens = presented_tokens(&client, locks).await?;
+    refusals(&client, report).await;
     Ok(())
+}
+
+/// The stale writes the database refused and its writers recorded (migration 12; none
+/// before it), newest first, with the running totals: what the reference store's
+/// `GET /v1/rejections` gives.
+async fn refusals(client: &tokio_postgres::Client, report: &mut BoundaryReport) {
+    let limit = i32::try_from(MAX_REJECTIONS_SHOWN).unwrap_or(i32::MAX);
+    let Ok(rows) = client
+        .query(
+            "SELECT at_ms, lock, epoch, fence, reason FROM palisade_recent_refusals($1)",
+            &[&limit],
+        )
+        .await
+    else {
+        return; // migration 12 not applied (an older adapter), or not readable
+    };
+    report.recent_rejections = rows
+        .iter()
+        .map(|row| {
+            let (at_ms, lock, epoch, fence, reason): (i64, String, i64, i64, String) =
+                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            serde_json::json!({
+                "at_ms": at_ms,
+                "lock": lock,
+                "epoch": epoch.to_string(),
+                "fence": fence.to_string(),
+                "reason": reason,
+            })
+        })
+        .collect();
+    if let Ok(rows) = client
+        .query("SELECT reason, n FROM palisade_refusal_counts()", &[])
+        .await
+    {
+        report.rejection_totals = rows
+            .iter()
+            .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1).max(0) as u64))
+            .collect();
+    }
 }
 
 /// The greatest token presented for each of `locks` (held now), and for the locks nobody

@@ -190,3 +190,95 @@ async fn missing_tables_and_closed_databases_are_reported(
         "{closed:?}"
     );
 }
+
+/// The stale writes a PostgreSQL boundary refused, as its writers recorded them (migration
+/// 12), reach the audit like a reference store's rejections: the console's "stale refused"
+/// and its timeline read them.
+#[tokio::test]
+async fn p2_the_audit_reads_the_stale_writes_postgres_refused() {
+    let url = postgres_url();
+    let signer = palisade_core::TokenSigner::from_secret_bytes(&[13; 32]);
+    let verifier = Arc::new(Verifier::new(TokenVerifier::new([signer.verifying_key()])));
+    let fence = PostgresFence::connect(&url, 2, FenceMode::Strict, verifier)
+        .await
+        .unwrap()
+        .with_floors(Arc::new(palisade_fence::StaticFloors::new()));
+    let id = std::process::id();
+    let table = format!("audit_refused_{id}");
+    let lock = LockName::new(format!("refused/{id}")).unwrap();
+    let client = fence.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table};
+             CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL,
+                                   last_fence bigint NOT NULL DEFAULT 0);
+             INSERT INTO {table} VALUES (1, 'a', 0), (2, 'b', 0);
+             SELECT palisade_learn_floor('{lock}', 0);"
+        ))
+        .await
+        .unwrap();
+    let guarded = GuardedTable::new(&table, "id", "payload", RowLock::Table(lock.clone())).unwrap();
+    guarded.install_guard(&fence, false).await.unwrap();
+    let token = |epoch: u64| {
+        let holder = palisade_core::HolderId::new(format!("w{epoch}")).unwrap();
+        signer.sign(
+            &lock,
+            palisade_core::Epoch(epoch),
+            &holder,
+            &palisade_core::Principal::anonymous(),
+            0,
+        )
+    };
+    let (old, new) = (token(50), token(51));
+    let written = guarded
+        .update(&fence, &lock, &1i64, &new, &"new")
+        .await
+        .unwrap();
+    assert!(
+        matches!(written, palisade_fence::Outcome::Accepted { .. }),
+        "{written:?}"
+    );
+    let refused = guarded
+        .update(&fence, &lock, &2i64, &old, &"stale")
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, palisade_fence::Outcome::Rejected(_)),
+        "{refused:?}"
+    );
+
+    let boundary = Boundary::Postgres {
+        table: table.clone(),
+        url: url.clone(),
+        writers: Vec::new(),
+    };
+    let http = palisade_audit::observe::http_client();
+    let report = observe(
+        &http,
+        &boundary,
+        vec!["refused/*".into()],
+        &[lock.to_string()],
+    )
+    .await;
+    let mine: Vec<_> = report
+        .recent_rejections
+        .iter()
+        .filter(|r| r["lock"] == lock.as_str())
+        .collect();
+    assert_eq!(mine.len(), 1, "{:?}", report.recent_rejections);
+    assert_eq!(
+        (&mine[0]["epoch"], &mine[0]["fence"], &mine[0]["reason"]),
+        (&"50".into(), &"51".into(), &"stale_epoch".into())
+    );
+    assert!(mine[0]["at_ms"].as_i64().is_some_and(|ms| ms > 0));
+    assert!(report
+        .rejection_totals
+        .get("stale_epoch")
+        .is_some_and(|n| *n >= 1));
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT palisade_drop_guard('{table}'); DROP TABLE {table}; COMMIT"
+        ))
+        .await
+        .unwrap();
+}

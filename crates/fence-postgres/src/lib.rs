@@ -359,6 +359,38 @@ impl PostgresFence {
         self.pool.get().await.map_err(storage)
     }
 
+    /// `outcome`, after recording it where the audit reads it when it is a stale write's
+    /// refusal ([`Self::record_refusal`]).
+    pub(crate) async fn recorded(
+        &self,
+        token: &str,
+        outcome: Result<Outcome, FenceError>,
+    ) -> Result<Outcome, FenceError> {
+        if let Ok(Outcome::Rejected(Rejection::StaleEpoch { .. })) = &outcome {
+            self.record_refusal(token).await;
+        }
+        outcome
+    }
+
+    /// Records a stale write's refusal where the audit reads it (migration 12), in a statement
+    /// of its own: the refused transaction rolled back with anything it wrote. The database
+    /// records it only if the token is below what it holds for the lock. Best effort: the
+    /// refusal stands whether or not it is recorded.
+    async fn record_refusal(&self, token: &str) {
+        let record = async {
+            let client = self.client().await?;
+            client
+                .query_one("SELECT palisade_record_refusal($1)", &[&token])
+                .await
+                .map_err(storage)
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(2), record).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::debug!(%error, "the refusal was not recorded"),
+            Err(_) => tracing::debug!("the refusal was not recorded in 2 s"),
+        }
+    }
+
     /// The shared prechecks (bounds, sequence number, token — P4), then the epoch and seq as
     /// PostgreSQL integers.
     fn precheck(&self, write: &Write<'_>) -> Result<(i64, Option<i64>), Rejection> {
@@ -458,7 +490,9 @@ impl FencedResource for PostgresFence {
     }
 
     async fn write<'a>(&'a self, write: Write<'a>) -> Result<Outcome, FenceError> {
-        self.with_floor(write.lock, || self.write_once(write)).await
+        let token = write.token;
+        let outcome = self.with_floor(write.lock, || self.write_once(write)).await;
+        self.recorded(token, outcome).await
     }
 
     async fn activate<'a>(

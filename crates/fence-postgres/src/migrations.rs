@@ -51,6 +51,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "token binding",
         include_str!("../sql/011_token_binding.sql"),
     ),
+    (12, "refusals", include_str!("../sql/012_refusals.sql")),
 ];
 
 /// Advisory lock key serializing migrations ("palisade" in ASCII, as a bigint).

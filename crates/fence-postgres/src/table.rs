@@ -342,9 +342,10 @@ impl GuardedTable {
         token: &str,
         payload: &(dyn ToSql + Sync),
     ) -> Result<Outcome, FenceError> {
-        fence
+        let outcome = fence
             .with_floor(lock, || self.update_once(fence, lock, id, token, payload))
-            .await
+            .await;
+        fence.recorded(token, outcome).await
     }
 
     async fn update_once(
@@ -473,9 +474,10 @@ impl GuardedTable {
         token: &str,
         payload: &(dyn ToSql + Sync),
     ) -> Result<Outcome, FenceError> {
-        fence
+        let outcome = fence
             .with_floor(lock, || self.insert_once(fence, lock, id, token, payload))
-            .await
+            .await;
+        fence.recorded(token, outcome).await
     }
 
     async fn insert_once(
@@ -535,9 +537,10 @@ impl GuardedTable {
         id: &(dyn ToSql + Sync),
         token: &str,
     ) -> Result<Outcome, FenceError> {
-        fence
+        let outcome = fence
             .with_floor(lock, || self.delete_once(fence, lock, id, token))
-            .await
+            .await;
+        fence.recorded(token, outcome).await
     }
 
     async fn delete_once(

@@ -351,7 +351,7 @@ async fn migrations_are_recorded_once() {
         .await
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, (1..=11).collect::<Vec<i32>>());
+    assert_eq!(versions, (1..=12).collect::<Vec<i32>>());
 }
 
 #[tokio::test]
