@@ -53,6 +53,7 @@ fn introduction(
         last_log: last,
         vote: Some(vote),
         membership: None,
+        applied: None,
     }
 }
 
