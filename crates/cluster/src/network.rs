@@ -45,12 +45,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How often a refusal between members is logged, per peer.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
+/// When a refusal by each peer was last logged: shared by every client of a member's network,
+/// since openraft makes a new client for every election round (a per-client record would log
+/// every round's refusals).
+type RefusalLog = Arc<std::sync::Mutex<HashMap<NodeId, std::time::Instant>>>;
+
 /// Makes the per-peer clients openraft asks for.
 pub struct Network {
     node: NodeId,
     identity: Identity,
     tls: Option<Arc<PeerTls>>,
     channels: HashMap<NodeId, (String, Channel)>,
+    refusals: RefusalLog,
 }
 
 impl Network {
@@ -62,6 +68,7 @@ impl Network {
             identity,
             tls,
             channels: HashMap::new(),
+            refusals: RefusalLog::default(),
         }
     }
 }
@@ -100,7 +107,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             from: self.node,
             identity: self.identity.clone(),
-            last_refusal_log: None,
+            refusals: self.refusals.clone(),
             appends: None,
             unary_appends: false,
             client: RaftClient::new(channel)
@@ -115,7 +122,7 @@ pub struct PeerClient {
     target: NodeId,
     from: NodeId,
     identity: Identity,
-    last_refusal_log: Option<std::time::Instant>,
+    refusals: RefusalLog,
     client: RaftClient<Channel>,
     /// The open append stream to `target`, if any ([`stream`]).
     appends: Option<stream::AppendStream>,
@@ -138,10 +145,22 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        let (store, json) = self.send(kind, request, ttl).await.map_err(status_error)?;
+        self.answer(&store, &json)
+    }
+
+    /// Sends `request` to `self.target`: its answer (the store it names, the JSON) or the
+    /// status it failed with.
+    async fn send<Req: Serialize>(
+        &mut self,
+        kind: Kind,
+        request: &Req,
+        ttl: Duration,
+    ) -> Result<(String, Vec<u8>), Status> {
         // A member whose own store is not the one its membership names sends nothing.
         if let Err(replaced) = self.identity.may_send() {
             self.log_refusal(&replaced.to_string());
-            return Err(RPCError::Unreachable(Unreachable::new(&replaced)));
+            return Err(Status::unavailable(replaced.to_string()));
         }
         let mut message = Request::new(payload(request));
         message.set_timeout(ttl);
@@ -150,10 +169,8 @@ impl PeerClient {
             Kind::Append => self.client.append_entries(message).await,
             Kind::Vote => self.client.vote(message).await,
             Kind::Snapshot => self.client.install_snapshot(message).await,
-        };
-        let reply = reply.map_err(status_error)?;
-        let store = store_of(reply.metadata());
-        self.answer(&store, &reply.into_inner().json)
+        }?;
+        Ok((store_of(reply.metadata()), reply.into_inner().json))
     }
 
     /// Names this member and its store on a message or stream to `self.target`.
@@ -239,13 +256,22 @@ impl PeerClient {
     }
 
     fn log_refusal(&mut self, why: &str) {
-        let due = self
-            .last_refusal_log
-            .is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL);
-        if due {
-            self.last_refusal_log = Some(std::time::Instant::now());
+        if self.refusal_log_due() {
             tracing::error!(peer = self.target, "raft traffic refused: {why}");
         }
+    }
+
+    /// Whether a refusal by `self.target` is to be logged now: at most every
+    /// [`REFUSAL_LOG_INTERVAL`] per peer, across every client of this member.
+    fn refusal_log_due(&self) -> bool {
+        let mut logged = self.refusals.lock().expect("not poisoned");
+        let due = logged
+            .get(&self.target)
+            .is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL);
+        if due {
+            logged.insert(self.target, std::time::Instant::now());
+        }
+        due
     }
 }
 
@@ -308,7 +334,31 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Kind::Vote, &rpc, option.hard_ttl()).await
+        match self.send(Kind::Vote, &rpc, option.hard_ttl()).await {
+            // The peer does not count this member as a member (with peer TLS: it was removed,
+            // or the peer has not learnt of its addition yet). Answered as the refusal it is,
+            // logged here at most every REFUSAL_LOG_INTERVAL: as an error, openraft logged it
+            // on every election round, about 13 lines a second for a removed member until
+            // `departure` stops it.
+            Err(status) if status.code() == Code::Unauthenticated => {
+                if self.refusal_log_due() {
+                    tracing::warn!(
+                        peer = self.target,
+                        "node {} refuses this member's vote requests ({}): it does not count \
+                         this member in its membership",
+                        self.target,
+                        status.message()
+                    );
+                }
+                Ok(VoteResponse {
+                    vote: rpc.vote,
+                    vote_granted: false,
+                    last_log_id: None,
+                })
+            }
+            Err(status) => Err(status_error(status)),
+            Ok((store, json)) => self.answer(&store, &json),
+        }
     }
 }
 
