@@ -570,23 +570,29 @@ impl Chores {
         }
     }
 
-    /// A member its membership names that knows no leader (a removed member never hears one
-    /// again): asks the others it names whether a later committed membership leaves it out,
-    /// every [`departure::CHECK_INTERVAL`].
+    /// A member its membership names, unless it leads, asks whether a later committed
+    /// membership leaves it out ([`departure`]): the others it names every
+    /// [`departure::CHECK_INTERVAL`] while it knows no leader (a removed voter campaigns), the
+    /// leader it follows every [`departure::CHECK_INTERVAL_FOLLOWING`] (a removed member with
+    /// elections off still names the leader that removed it, for ever).
     fn ask_departure(&mut self, supervisor: &Supervisor, m: &RaftMetrics<NodeId, MemberNode>) {
         let (me, store) = (supervisor.node_id, supervisor.identity.store().to_owned());
         let membership = m.membership_config.membership();
-        if m.current_leader.is_some()
+        if m.current_leader == Some(me)
             || !departure::names(membership, me, &store)
             || !self.departure.as_ref().is_none_or(JoinHandle::is_finished)
             || tokio::time::Instant::now() < self.departure_after
         {
             return;
         }
-        self.departure_after = tokio::time::Instant::now() + departure::CHECK_INTERVAL;
+        let interval = match m.current_leader {
+            None => departure::CHECK_INTERVAL,
+            Some(_) => departure::CHECK_INTERVAL_FOLLOWING,
+        };
+        self.departure_after = tokio::time::Instant::now() + interval;
         let targets: Vec<(NodeId, String)> = membership
             .nodes()
-            .filter(|(id, _)| **id != me)
+            .filter(|(id, _)| **id != me && m.current_leader.is_none_or(|leader| leader == **id))
             .map(|(id, node)| (*id, node.addr.clone()))
             .collect();
         let own = m.membership_config.as_ref().clone();
