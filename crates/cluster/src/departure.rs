@@ -69,6 +69,17 @@ impl std::fmt::Display for Removal {
     }
 }
 
+/// Whether `membership` names member `node` with store `store` as a voter. Only a voter
+/// leaves when it is removed: a learner never campaigns, and one removed because its
+/// `cluster add` timed out waits quietly, so that repeating the `add` resumes it.
+pub fn names_as_voter(
+    membership: &Membership<NodeId, MemberNode>,
+    node: NodeId,
+    store: &str,
+) -> bool {
+    names(membership, node, store) && membership.voter_ids().any(|voter| voter == node)
+}
+
 /// Whether `membership` names member `node` with store `store`.
 pub fn names(membership: &Membership<NodeId, MemberNode>, node: NodeId, store: &str) -> bool {
     membership

@@ -271,7 +271,7 @@ impl Supervisor {
         chores: &Chores,
     ) -> Option<departure::Removal> {
         let store = self.identity.store();
-        if departure::names(m.membership_config.membership(), self.node_id, store) {
+        if departure::names_as_voter(m.membership_config.membership(), self.node_id, store) {
             *named_at = (*named_at).max(*m.membership_config.log_id());
         }
         departure::seen_in_own_log(store, m, *named_at).or_else(|| chores.told_removal())
@@ -579,7 +579,7 @@ impl Chores {
         let (me, store) = (supervisor.node_id, supervisor.identity.store().to_owned());
         let membership = m.membership_config.membership();
         if m.current_leader == Some(me)
-            || !departure::names(membership, me, &store)
+            || !departure::names_as_voter(membership, me, &store)
             || !self.departure.as_ref().is_none_or(JoinHandle::is_finished)
             || tokio::time::Instant::now() < self.departure_after
         {
