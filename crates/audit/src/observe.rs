@@ -326,41 +326,81 @@ async fn observe_postgres(
 }
 
 /// The stale writes the database refused and its writers recorded (migration 12; none
-/// before it), newest first, with the running totals: what the reference store's
-/// `GET /v1/rejections` gives.
+/// before it, or for a role not granted `palisade_recent_refusals`), newest first, each with
+/// the token it carried — which the coordinator verifies before anyone is shown it
+/// ([`verify_refusals`]) — and the number recorded so far.
 async fn refusals(client: &tokio_postgres::Client, report: &mut BoundaryReport) {
     let limit = i32::try_from(MAX_REJECTIONS_SHOWN).unwrap_or(i32::MAX);
     let Ok(rows) = client
         .query(
-            "SELECT at_ms, lock, epoch, fence, reason FROM palisade_recent_refusals($1)",
+            "SELECT at_ms, lock, epoch, fence, reason, token FROM palisade_recent_refusals($1)",
             &[&limit],
         )
         .await
     else {
-        return; // migration 12 not applied (an older adapter), or not readable
+        return;
     };
     report.recent_rejections = rows
         .iter()
         .map(|row| {
-            let (at_ms, lock, epoch, fence, reason): (i64, String, i64, i64, String) =
-                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            let (at_ms, lock, epoch, fence): (i64, String, i64, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            let (reason, token): (String, String) = (row.get(4), row.get(5));
             serde_json::json!({
                 "at_ms": at_ms,
                 "lock": lock,
                 "epoch": epoch.to_string(),
                 "fence": fence.to_string(),
                 "reason": reason,
+                "token": token,
             })
         })
         .collect();
-    if let Ok(rows) = client
-        .query("SELECT reason, n FROM palisade_refusal_counts()", &[])
+    if let Ok(row) = client
+        .query_one("SELECT palisade_refusal_count()", &[])
         .await
     {
-        report.rejection_totals = rows
-            .iter()
-            .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1).max(0) as u64))
-            .collect();
+        let recorded = row.get::<_, i64>(0).max(0) as u64;
+        report
+            .rejection_totals
+            .insert("stale_epoch".into(), recorded);
+    }
+}
+
+/// Keeps the refusals a PostgreSQL boundary recorded whose token `verifier` accepts for the
+/// recorded lock and epoch, without the token (a bearer credential wherever the newer owner
+/// has not written); a refusal whose token does not verify was recorded by a role with a
+/// forged token: dropped, counted as `unverified`, and reported (`forged_refusal`).
+pub fn verify_refusals(report: &mut BoundaryReport, verifier: &palisade_core::TokenVerifier) {
+    let mut forged = 0_u64;
+    report.recent_rejections.retain_mut(|rejection| {
+        let Some(token) = rejection
+            .as_object_mut()
+            .and_then(|fields| fields.remove("token"))
+        else {
+            return true; // a reference store's: it verified the token itself
+        };
+        let lock = palisade_core::LockName::new(rejection["lock"].as_str().unwrap_or_default());
+        let genuine = lock.ok().is_some_and(|lock| {
+            verifier
+                .verify(token.as_str().unwrap_or_default(), Some(&lock))
+                .is_ok_and(|claims| {
+                    palisade_core::json::read(&rejection["epoch"]) == Some(claims.epoch.0)
+                })
+        });
+        forged += u64::from(!genuine);
+        genuine
+    });
+    if forged > 0 {
+        report.rejection_totals.insert("unverified".into(), forged);
+        report.problems.push(crate::problem(
+            crate::Severity::Warning,
+            "forged_refusal",
+            format!(
+                "{forged} of the latest refusals recorded in this database carry a token this                  coordinator did not sign: a role that may run palisade_record_refusal recorded                  them (they are not shown); REVOKE EXECUTE ON FUNCTION                  palisade_record_refusal(text) from roles that do not write"
+            ),
+            "SELECT lock, epoch, token FROM palisade_recent_refusals(20)",
+        ));
     }
 }
 

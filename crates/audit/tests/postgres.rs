@@ -10,6 +10,7 @@ use palisade_audit::Probe;
 use palisade_core::{LockName, TokenVerifier};
 use palisade_fence::{FenceMode, Verifier};
 use palisade_fence_postgres::{GuardedTable, PostgresFence, RowLock};
+use serde_json::Value;
 
 fn postgres_url() -> String {
     std::env::var("PALISADE_TEST_POSTGRES_URL").expect(
@@ -253,13 +254,17 @@ async fn p2_the_audit_reads_the_stale_writes_postgres_refused() {
         writers: Vec::new(),
     };
     let http = palisade_audit::observe::http_client();
-    let report = observe(
+    let keys = TokenVerifier::new([signer.verifying_key()]);
+    let mut report = observe(
         &http,
         &boundary,
         vec!["refused/*".into()],
         &[lock.to_string()],
     )
     .await;
+    // (Other tests' refusals in this shared database carry their own keys' tokens: unverified
+    // here, they are dropped; this lock's is this key's.)
+    palisade_audit::observe::verify_refusals(&mut report, &keys);
     let mine: Vec<_> = report
         .recent_rejections
         .iter()
@@ -275,6 +280,51 @@ async fn p2_the_audit_reads_the_stale_writes_postgres_refused() {
         .rejection_totals
         .get("stale_epoch")
         .is_some_and(|n| *n >= 1));
+    // A refusal recorded with a forged token (signed by no key the coordinator has) is not
+    // shown, and is reported; no token is shown.
+    let forger = palisade_core::TokenSigner::from_secret_bytes(&[14; 32]);
+    let framed = palisade_core::HolderId::new("framed").unwrap();
+    let forged = forger.sign(
+        &lock,
+        palisade_core::Epoch(49),
+        &framed,
+        &palisade_core::Principal::anonymous(),
+        0,
+    );
+    let recorded: bool = client
+        .query_one("SELECT palisade_record_refusal($1)", &[&forged])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(recorded, "the database cannot tell a forged token");
+    let mut report = observe(
+        &http,
+        &boundary,
+        vec!["refused/*".into()],
+        &[lock.to_string()],
+    )
+    .await;
+    palisade_audit::observe::verify_refusals(&mut report, &keys);
+    assert!(
+        report.problems.iter().any(|p| p.code == "forged_refusal"),
+        "{:?}",
+        report.problems
+    );
+    assert!(report
+        .rejection_totals
+        .get("unverified")
+        .is_some_and(|n| *n >= 1));
+    let epochs: Vec<&Value> = report
+        .recent_rejections
+        .iter()
+        .filter(|r| r["lock"] == lock.as_str())
+        .map(|r| &r["epoch"])
+        .collect();
+    assert_eq!(epochs, vec!["50"], "only the genuine refusal is shown");
+    assert!(report
+        .recent_rejections
+        .iter()
+        .all(|r| r.get("token").is_none()));
     client
         .batch_execute(&format!(
             "BEGIN; SELECT palisade_drop_guard('{table}'); DROP TABLE {table}; COMMIT"

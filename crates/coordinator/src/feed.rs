@@ -44,8 +44,10 @@ pub struct FeedEntry {
 }
 
 /// The feed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Feed {
+    /// Random, per feed: a reader that sees another id reads from the start again.
+    id: String,
     entries: Mutex<(u64, VecDeque<FeedEntry>)>,
     /// The audit probe's leases, as (lock, epoch), newest last.
     probes: Mutex<VecDeque<(String, u64)>>,
@@ -53,7 +55,22 @@ pub struct Feed {
 
 use palisade_core::clock::now_ms;
 
+impl Default for Feed {
+    fn default() -> Self {
+        Self {
+            id: format!("{:016x}", rand::random::<u64>()),
+            entries: Mutex::default(),
+            probes: Mutex::default(),
+        }
+    }
+}
+
 impl Feed {
+    /// This feed's id: another after a restart, and on each member.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
     fn push(&self, make: impl FnOnce(u64) -> FeedEntry) {
         let mut guard = self.entries.lock().expect("not poisoned");
         let (next, entries) = &mut *guard;

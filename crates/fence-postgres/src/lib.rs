@@ -137,6 +137,10 @@ fn storage(error: impl std::error::Error + Send + Sync + 'static) -> FenceError 
     FenceError::Storage(Box::new(error))
 }
 
+/// How long a refused write's record may take ([`PostgresFence::record_refusal`]) before its
+/// connection is dropped: recording is best effort and never delays the writers behind it.
+pub const REFUSAL_RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// SQLSTATE of a row written at or below the restore floor (migration 7; DETAIL: the floor).
 pub const RESTORE_FLOOR_SQLSTATE: &str = "P5007";
 /// SQLSTATE of a fenced row whose lock's floor the database has not learned in its current
@@ -377,17 +381,23 @@ impl PostgresFence {
     /// records it only if the token is below what it holds for the lock. Best effort: the
     /// refusal stands whether or not it is recorded.
     async fn record_refusal(&self, token: &str) {
-        let record = async {
-            let client = self.client().await?;
-            client
-                .query_one("SELECT palisade_record_refusal($1)", &[&token])
-                .await
-                .map_err(storage)
+        let Ok(client) = self.client().await else {
+            return;
         };
-        match tokio::time::timeout(std::time::Duration::from_secs(2), record).await {
+        let outcome = {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&token];
+            let record = client.query_one("SELECT palisade_record_refusal($1)", &params);
+            tokio::time::timeout(REFUSAL_RECORD_TIMEOUT, record).await
+        };
+        match outcome {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => tracing::debug!(%error, "the refusal was not recorded"),
-            Err(_) => tracing::debug!("the refusal was not recorded in 2 s"),
+            Err(_) => {
+                // The statement may still run on the server: this connection goes, rather
+                // than back to the pool with a statement ahead of the next writer's.
+                drop(deadpool_postgres::Object::take(client));
+                tracing::debug!("the refusal was not recorded in time");
+            }
         }
     }
 

@@ -107,17 +107,28 @@ struct TransitionsQuery {
 }
 
 /// `GET /v1/transitions?after=SEQ`: the transitions after `SEQ` of the locks the caller may
-/// read, oldest first, and the latest sequence number.
+/// read, oldest first, the latest sequence number, and the feed's id (a new one after a
+/// restart or on another member: its numbers start again). Only admins see which were the
+/// audit's probe.
 async fn transitions(
     State(api): State<Api>,
     caller: Caller,
     query: Result<Query<TransitionsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("?after=N: {e}")))?;
-    let (last, entries) = api.feed.since(query.after.unwrap_or(0), |lock| {
+    let (last, mut entries) = api.feed.since(query.after.unwrap_or(0), |lock| {
         LockName::new(lock).is_ok_and(|lock| caller.can(Right::Read, Some(&lock)))
     });
-    Ok(Json(json!({"last": last, "transitions": entries})))
+    // Which leases were the audit's probe is for those who may run it: a worker, or a boundary
+    // with read credentials, must not tell the probe from real traffic.
+    if !caller.can(Right::Admin, None) {
+        for entry in &mut entries {
+            entry.probe = false;
+        }
+    }
+    Ok(Json(
+        json!({"feed": api.feed.id(), "last": last, "transitions": entries}),
+    ))
 }
 
 /// Runs the audit: the live locks, what each boundary reports for them, and (with `probe`)
@@ -156,6 +167,7 @@ async fn audit_now(api: &Api, probe: bool) -> Result<Report, ApiError> {
                         == Some(boundary)
                 });
                 judge_fences(api, table, &mut report).await;
+                observe::verify_refusals(&mut report, &verifier(api));
             }
             if probe {
                 report.probe = Some(probe_boundary(api, http, policy, boundary, patterns).await);
@@ -187,7 +199,8 @@ fn breaks(api: &Api) -> Vec<palisade_audit::Finding> {
             severity: palisade_audit::Severity::Info,
             code: "lock_broken".into(),
             message: format!(
-                "{} broke the lease of {} at epoch {} at {}; its next owner got a higher epoch,                  so the old holder's writes are refused wherever the next owner wrote",
+                "{} broke the lease of {} at epoch {} at {}; its next owner got a higher epoch, \
+                 so the old holder's writes are refused wherever the next owner wrote",
                 entry.by.as_deref().unwrap_or("an admin"),
                 entry.holder,
                 entry.epoch,

@@ -62,7 +62,10 @@ async fn keep_alive(
 /// Watches `lock` until it is seen released; returns the event kinds seen.
 async fn watch_until_released(mut client: Client, lock: String) -> Vec<String> {
     let mut events = client
-        .watch(pb::WatchRequest { lock })
+        .watch(pb::WatchRequest {
+            lock,
+            prefix: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();

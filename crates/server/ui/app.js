@@ -6,6 +6,7 @@
 const started = performance.now();
 let token = null;
 let lastSeq = 0;
+let feedId = null;
 let audit = null;
 let heldNow = [];
 let showProbes = /(^|[#&])probes\b/.test(location.hash);
@@ -222,9 +223,10 @@ function noteTransition(t) {
 
 async function refreshFeed() {
   let reply = await get("/v1/transitions?after=" + lastSeq);
-  if (reply.last < lastSeq) {
-    // Another feed: a new leader (or a restart) numbers from 1 again. Read it whole; what
+  if (reply.feed !== feedId || reply.last < lastSeq) {
+    // Another feed (a new leader, a restart: its numbers start again). Read it whole; what
     // this page saw before stays.
+    feedId = reply.feed;
     lastSeq = 0;
     reply = await get("/v1/transitions?after=0");
   }

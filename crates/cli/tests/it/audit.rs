@@ -491,4 +491,23 @@ fn p2_the_probe_names_the_locks_owner_so_a_store_admitting_only_owners_is_probed
     assert_eq!(out.status.code(), Some(0), "{report:#}\n{}", stderr(&out));
     let probe = &report["boundaries"][0]["probe"];
     assert_eq!(probe["result"], "refused", "{report:#}");
+    probe_labels_only_for_admins(&server, &ops, &dir.path().join("orders"));
+}
+
+/// The feed labels the probe's leases for an admin only: the lock's owner (or a boundary with
+/// its read credentials) sees them as any other lease, so nothing tells the probe apart.
+fn probe_labels_only_for_admins(server: &ServerProcess, ops: &str, orders: &Path) {
+    let probes = |secret: &str| -> usize {
+        let (_, body) = server.http("GET", "/v1/transitions", Some(secret), "");
+        let feed: Value = serde_json::from_str(&body).unwrap();
+        let entries = feed["transitions"].as_array().unwrap();
+        assert!(!entries.is_empty(), "{feed}");
+        entries.iter().filter(|e| e["probe"] == true).count()
+    };
+    assert!(
+        probes(ops.trim()) > 0,
+        "an admin sees which leases were the probe's"
+    );
+    let orders = std::fs::read_to_string(orders).unwrap();
+    assert_eq!(probes(orders.trim()), 0, "the lock's owner does not");
 }
