@@ -54,7 +54,11 @@ pub async fn run(command: LockCommand, json: bool) -> anyhow::Result<()> {
         LockCommand::List { endpoint } => list(&endpoint, json).await?,
         LockCommand::Run(args) => crate::lock_run::run(args, json).await?,
         LockCommand::Show { name, endpoint } => show(&name, &endpoint, json).await?,
-        LockCommand::Break { name, endpoint } => break_lock(&name, &endpoint, json).await?,
+        LockCommand::Break {
+            name,
+            epoch,
+            endpoint,
+        } => break_lock(&name, epoch, &endpoint, json).await?,
         LockCommand::Watch {
             name,
             count,
@@ -145,7 +149,12 @@ async fn show(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result
 }
 
 /// `lock break`: `POST /v1/locks/{name}/break` on the first member that answers it.
-async fn break_lock(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::Result<()> {
+async fn break_lock(
+    name: &str,
+    epoch: Option<u64>,
+    endpoint: &EndpointArgs,
+    json: bool,
+) -> anyhow::Result<()> {
     palisade_core::LockName::new(name)?;
     let http = endpoint.http(std::time::Duration::from_secs(10))?;
     let mut errors = Vec::new();
@@ -155,7 +164,15 @@ async fn break_lock(name: &str, endpoint: &EndpointArgs, json: bool) -> anyhow::
             base.trim_end_matches('/'),
             palisade_client::encode_path_segment(name)
         );
-        let reply = match http.post(&url).send().await {
+        let body = match epoch {
+            Some(epoch) => json!({ "epoch": epoch.to_string() }).to_string(),
+            None => String::new(),
+        };
+        let request = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body);
+        let reply = match request.send().await {
             Ok(reply) => reply,
             Err(error) => {
                 errors.push(format!("{base}: {error}"));
@@ -218,6 +235,9 @@ async fn watch(
                 line["epoch"] = palisade_core::json::value(info.epoch);
                 line["holder"] = json!(info.holder);
             }
+            if !event.by.is_empty() {
+                line["by"] = json!(event.by);
+            }
             palisade_cli_common::output::print_json_line(&line);
         } else if info.held {
             println!(
@@ -229,8 +249,13 @@ async fn watch(
                 millis(info.remaining_ms)
             );
         } else if info.epoch > 0 {
+            let by = if event.by.is_empty() {
+                String::new()
+            } else {
+                format!("  by {}", event.by)
+            };
             println!(
-                "{at}  {}  {:<8}  epoch {}  holder {}  (now free)",
+                "{at}  {}  {:<8}  epoch {}  holder {}{by}  (now free)",
                 info.lock, event.kind, info.epoch, info.holder
             );
         } else {

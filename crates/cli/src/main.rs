@@ -318,6 +318,10 @@ enum LockCommand {
     Break {
         /// The lock's name.
         name: String,
+        /// Break only the lease at this epoch (as `lock show` printed it): if the lock changed
+        /// hands since, nothing is broken.
+        #[arg(long)]
+        epoch: Option<u64>,
         #[command(flatten)]
         endpoint: EndpointArgs,
     },

@@ -132,6 +132,17 @@ impl TransitionKind {
     }
 }
 
+/// What `palisade lock break` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BreakOutcome {
+    /// This lease ended.
+    Broken(Lease),
+    /// Nobody held the lock: nothing to break.
+    Free,
+    /// The lock is held at another epoch than the one named: nothing was broken.
+    Other(Lease),
+}
+
 /// A durable ownership transition, broadcast after its commit.
 #[derive(Debug, Clone)]
 pub struct Transition {
@@ -151,7 +162,7 @@ enum Request {
     Acquire(AcquireRequest, Option<usize>, Reply<Lease>),
     Renew(LeaseId, Option<Principal>, Option<RightCheck>, Reply<Lease>),
     Release(LeaseId, Option<Principal>, Reply<Lease>),
-    Break(LockName, Principal, Reply<Option<Lease>>),
+    Break(LockName, Principal, Option<Epoch>, Reply<BreakOutcome>),
     Describe(LockName, Reply<LockSummary>),
     List(usize, Reply<Vec<LockSummary>>),
     Counter(Reply<palisade_core::Epoch>),
@@ -220,15 +231,18 @@ impl CoordinatorHandle {
         self.call(|reply| Request::Release(id, by, reply)).await
     }
 
-    /// Ends the lock's lease now, whoever holds it (`palisade lock break`; the caller checked
-    /// that `by` is an admin of the lock), durably, and returns it; `None` when the lock is free.
-    /// Watchers and the feed see a [`TransitionKind::Broken`] naming `by`.
+    /// Ends the lock's lease now (`palisade lock break`; the caller checked that `by` is an
+    /// admin of the lock), durably: whoever holds it, or only the lease at `epoch` when given
+    /// (so that a holder that changed in between is not broken by mistake). Watchers and the
+    /// feed see a [`TransitionKind::Broken`] naming `by`.
     pub async fn break_lock(
         &self,
         lock: LockName,
         by: Principal,
-    ) -> Result<Option<Lease>, CoordinatorError> {
-        self.call(|reply| Request::Break(lock, by, reply)).await
+        epoch: Option<Epoch>,
+    ) -> Result<BreakOutcome, CoordinatorError> {
+        self.call(|reply| Request::Break(lock, by, epoch, reply))
+            .await
     }
 
     /// The durable state of one lock.
@@ -856,18 +870,21 @@ impl<S: LeaseStore> Engine<S> {
                 let result = self.table.release(id, by.as_ref(), now).map(|o| o.released);
                 Some(Box::new(Answer(reply, result.map_err(Into::into))))
             }
-            Request::Break(lock, by, reply) => {
-                let Some(lease) = self.table.describe(&lock, now).lease else {
-                    return Some(Box::new(Answer(reply, Ok(None))));
+            Request::Break(lock, by, epoch, reply) => {
+                let outcome = match self.table.describe(&lock, now).lease {
+                    None => Ok(BreakOutcome::Free),
+                    Some(lease) if epoch.is_some_and(|epoch| epoch != lease.epoch) => {
+                        Ok(BreakOutcome::Other(lease))
+                    }
+                    Some(lease) => {
+                        let ended = self.table.release(lease.id, None, now);
+                        if ended.is_ok() {
+                            self.breaking.insert(lease.id, by);
+                        }
+                        ended.map(|o| BreakOutcome::Broken(o.released))
+                    }
                 };
-                let result = self.table.release(lease.id, None, now).map(|o| o.released);
-                if result.is_ok() {
-                    self.breaking.insert(lease.id, by);
-                }
-                Some(Box::new(Answer(
-                    reply,
-                    result.map(Some).map_err(Into::into),
-                )))
+                Some(Box::new(Answer(reply, outcome.map_err(Into::into))))
             }
             Request::Describe(lock, reply) => {
                 Some(Box::new(Answer(reply, Ok(self.table.describe(&lock, now)))))

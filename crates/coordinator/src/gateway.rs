@@ -111,8 +111,9 @@ impl Gateway {
         &self,
         lock: LockName,
         by: Principal,
-    ) -> Result<Option<Lease>, CoordinatorError> {
-        self.engine()?.break_lock(lock, by).await
+        epoch: Option<palisade_core::Epoch>,
+    ) -> Result<crate::engine::BreakOutcome, CoordinatorError> {
+        self.engine()?.break_lock(lock, by, epoch).await
     }
 
     /// See [`CoordinatorHandle::describe`].

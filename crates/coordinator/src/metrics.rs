@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 pub struct TransitionLabels {
     /// `critical` or `efficiency`.
     pub class: &'static str,
-    /// `granted`, `released` or `expired`.
+    /// `granted`, `released`, `expired` or `broken`.
     pub transition: &'static str,
 }
 
@@ -164,7 +164,7 @@ impl Metrics {
                 .inc_by(0);
         }
         for class in ["critical", "efficiency"] {
-            for transition in ["granted", "released", "expired"] {
+            for transition in ["granted", "released", "expired", "broken"] {
                 metrics
                     .transitions
                     .get_or_create(&TransitionLabels { class, transition })

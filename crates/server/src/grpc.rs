@@ -429,6 +429,7 @@ impl Watch {
             let now = pb::LockEvent {
                 state: Some(lock_info(&summary, &self.caller)),
                 kind: "current".into(),
+                by: String::new(),
             };
             if self.sender.send(Ok(now)).await.is_err() {
                 return;
@@ -506,6 +507,7 @@ impl Watch {
         pb::LockEvent {
             state: Some(state),
             kind: t.kind.as_str().into(),
+            by: t.by.as_ref().map(ToString::to_string).unwrap_or_default(),
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::auth::{Caller, Limited, Right};
 use crate::http_error::ApiError;
 use crate::tls::CertificatePrincipal;
 use palisade_cluster::MembershipError;
-use palisade_coordinator::engine::{CoordinatorError, MAX_LIST};
+use palisade_coordinator::engine::{BreakOutcome, CoordinatorError, MAX_LIST};
 
 /// Largest request body accepted. An acquire body is under 300 bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -245,21 +245,43 @@ async fn release(
 /// operator whose worker lost its lease id must not wait out an hour's TTL). The next owner
 /// gets a higher epoch, so fencing holds: the broken holder's writes are refused wherever the
 /// next owner wrote. Recorded as `broken` (naming who broke it) in the feed, the watch streams
-/// and the audit's findings, in `palisade_leases_broken_total` and in the log.
+/// and the audit's findings, in `palisade_leases_broken_total` and in the log. A body
+/// `{"epoch": "E"}` breaks only the lease at epoch E (409 `epoch_changed` otherwise).
 async fn break_lock(
     State(api): State<Api>,
     caller: Caller,
     Path(name): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let lock = LockName::new(name)?;
     caller.require(Right::Admin, Some(&lock))?;
+    let body: BreakBody = if body.iter().all(u8::is_ascii_whitespace) {
+        BreakBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
     let by = caller.principal().clone();
-    let Some(ended) = api.coordinator.break_lock(lock.clone(), by).await? else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_held",
-            format!("{lock} is not held: nothing to break"),
-        ));
+    let epoch = body.epoch.map(palisade_core::Epoch);
+    let ended = match api.coordinator.break_lock(lock.clone(), by, epoch).await? {
+        BreakOutcome::Broken(ended) => ended,
+        BreakOutcome::Free => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_held",
+                format!("{lock} is not held: nothing to break"),
+            ))
+        }
+        BreakOutcome::Other(held) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "epoch_changed",
+                format!(
+                    "{lock} is held at epoch {} by {}, not at the epoch named: nothing broken",
+                    held.epoch, held.holder
+                ),
+            ))
+        }
     };
     api.metrics.leases_broken.inc();
     tracing::warn!(
@@ -276,6 +298,14 @@ async fn break_lock(
         "holder": ended.holder,
         "broken": true,
     })))
+}
+
+/// The body of a break: the epoch to break, if the caller names one.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BreakBody {
+    #[serde(default, with = "palisade_core::json::option_string")]
+    epoch: Option<u64>,
 }
 
 /// `GET /v1/locks`: the locks the caller may read.

@@ -101,7 +101,19 @@ fn p1_an_admin_breaks_a_lock_and_the_next_owner_gets_a_higher_epoch() {
         !refused.status.success(),
         "only an admin breaks: {refused:?}"
     );
-    let broke = server.cli_as(&ops, &["lock", "break", "work/1"]);
+    // Naming another epoch than the holder's breaks nothing (the lock changed hands since the
+    // operator looked).
+    let held_epoch = palisade_core::json::read(&lost["epoch"]).unwrap();
+    let other = (held_epoch - 1).to_string();
+    let wrong = server.cli_as(&ops, &["lock", "break", "work/1", "--epoch", &other]);
+    assert!(!wrong.status.success(), "{wrong:?}");
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("epoch_changed")
+            || String::from_utf8_lossy(&wrong.stderr).contains("not at the epoch named"),
+        "{wrong:?}"
+    );
+    let held = held_epoch.to_string();
+    let broke = server.cli_as(&ops, &["lock", "break", "work/1", "--epoch", &held]);
     assert!(broke.status.success(), "{broke:?}");
     assert!(String::from_utf8_lossy(&broke.stdout).starts_with("broke work/1"));
     let next = acquire();
@@ -204,6 +216,7 @@ fn lock_watch_follows_every_lock_under_a_prefix() {
         (&broken["event"], &broken["lock"], &broken["epoch"]),
         (&"broken".into(), &"jobs/a".into(), &held["epoch"])
     );
+    assert_eq!(broken["by"], "anonymous", "who broke it: {broken}");
     assert!(watch.wait().unwrap().success());
     let lone = server.cli(&["lock", "watch", "*"]);
     assert!(
