@@ -32,8 +32,8 @@ pub mod supervisor;
 pub mod witness;
 
 pub use palisade_member_store::{
-    identity, raft_log, runtime, storage, Applied, ClusterError, Command, MemberNode, NodeId,
-    TypeConfig,
+    identity, raft_log, runtime, storage, Applied, AppliedTransition, ClusterError, Command,
+    MemberNode, NodeId, TypeConfig,
 };
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -252,6 +252,7 @@ impl RaftLeaseStore {
         let command = Command::Apply {
             last_epoch: changes.last_epoch,
             locks: changes.locks.clone(),
+            ended: changes.endings.clone(),
         };
         let raft = self.raft.clone();
         async move {
@@ -385,6 +386,8 @@ pub struct Member {
     /// The applied log id known to be on disk
     /// ([`storage::StateMachine::durable_applied_watch`]).
     pub durable_applied: tokio::sync::watch::Receiver<Option<openraft::LogId<NodeId>>>,
+    /// The ownership transitions this member applies ([`storage::StateMachine::history`]).
+    pub history: tokio::sync::broadcast::Sender<AppliedTransition>,
 }
 
 /// Opens the cluster store in `dir`, checks the membership, starts Raft (initialising a new
@@ -539,6 +542,7 @@ impl MemberStart<'_> {
         let config = self.config;
         let (log, sm) = self.stores;
         let durable_applied = sm.durable_applied_watch();
+        let history = sm.history();
         tokio::spawn(sync_applies(sm.syncer(), self.shutdown.clone()));
         let state = sm.shared();
         let identity = sm.identity();
@@ -599,6 +603,7 @@ impl MemberStart<'_> {
             clock_check,
             supervisor,
             durable_applied,
+            history,
         })
     }
 }

@@ -291,6 +291,7 @@ pub fn restore(
         store.commit(&Changes {
             locks: Vec::new(),
             last_epoch: Epoch(counter),
+            endings: Vec::new(),
         })?;
     }
     let record = RestoreRecord {

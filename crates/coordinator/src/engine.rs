@@ -748,7 +748,8 @@ impl<S: LeaseStore> Engine<S> {
             }
         }
         let (events, vanished) = self.collect_events(now);
-        let changes = self.table.take_changes();
+        let mut changes = self.table.take_changes();
+        changes.endings = self.endings(&events, &vanished);
         if !changes.is_empty() {
             if let Err(error) = self.commit(changes, batch_size).await {
                 let failure = match &error {
@@ -905,6 +906,29 @@ impl<S: LeaseStore> Engine<S> {
                 Some(Box::new(Answer(reply, Ok(floor))))
             }
         }
+    }
+
+    /// How each lease that ended in `events` ended, for the history a replicated store keeps
+    /// on every member (a lease granted to a vanished waiter and released at once is none).
+    fn endings(&self, events: &[Event], vanished: &HashSet<LeaseId>) -> Vec<palisade_core::Ended> {
+        let ended = |lease: &Lease, kind: &str, by: Option<&Principal>| palisade_core::Ended {
+            lock: lease.lock.clone(),
+            epoch: lease.epoch,
+            kind: kind.to_owned(),
+            by: by.map(ToString::to_string),
+        };
+        events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Released { lease } if vanished.contains(&lease.id) => None,
+                Event::Released { lease } => Some(match self.breaking.get(&lease.id) {
+                    Some(by) => ended(lease, "broken", Some(by)),
+                    None => ended(lease, "released", None),
+                }),
+                Event::Expired { lease } => Some(ended(lease, "expired", None)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Withdraws every queued acquire whose client has gone (its reply channel closed: the

@@ -1,5 +1,7 @@
 //! The recent ownership transitions, for the console's live feed (`GET /v1/transitions`).
-//! Bounded: the last [`FEED_CAPACITY`] transitions.
+//! Bounded: the last [`FEED_CAPACITY`] transitions. A single node records its engine's
+//! transitions; a cluster member records those it applies (the leader's and every
+//! follower's history alike, so a new leader's feed holds what the old one granted).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -83,15 +85,44 @@ impl Feed {
 
     /// Records a transition.
     pub fn record(&self, transition: &Transition) {
+        let by = transition.by.as_ref().map(ToString::to_string);
+        self.record_parts(transition.kind.as_str(), &transition.lease, by);
+    }
+
+    /// Records that `lease` was `kind` (`granted`, `released`, `expired`, `broken`; any other
+    /// word is recorded as `ended`), by `by`.
+    pub fn record_parts(&self, kind: &str, lease: &palisade_core::Lease, by: Option<String>) {
+        let kind = match kind {
+            "granted" => "granted",
+            "released" => "released",
+            "expired" => "expired",
+            "broken" => "broken",
+            _ => "ended",
+        };
         self.push(|seq| FeedEntry {
             seq,
             at_ms: now_ms(),
-            kind: transition.kind.as_str(),
-            lock: transition.lease.lock.to_string(),
-            epoch: transition.lease.epoch.0,
-            holder: transition.lease.holder.to_string(),
-            class: transition.lease.class.as_str(),
-            by: transition.by.as_ref().map(ToString::to_string),
+            kind,
+            lock: lease.lock.to_string(),
+            epoch: lease.epoch.0,
+            holder: lease.holder.to_string(),
+            class: lease.class.as_str(),
+            by,
+            probe: false,
+        });
+    }
+
+    /// Records `kind` for the feed falling `missed` transitions behind.
+    pub fn record_missed(&self, missed: u64) {
+        self.push(|seq| FeedEntry {
+            seq,
+            at_ms: now_ms(),
+            kind: "missed",
+            lock: String::new(),
+            epoch: missed,
+            holder: String::new(),
+            class: "",
+            by: None,
             probe: false,
         });
     }
@@ -136,17 +167,7 @@ impl Feed {
             };
             match received {
                 Ok(transition) => self.record(&transition),
-                Err(broadcast::error::RecvError::Lagged(missed)) => self.push(|seq| FeedEntry {
-                    seq,
-                    at_ms: now_ms(),
-                    kind: "missed",
-                    lock: String::new(),
-                    epoch: missed,
-                    holder: String::new(),
-                    class: "",
-                    by: None,
-                    probe: false,
-                }),
+                Err(broadcast::error::RecvError::Lagged(missed)) => self.record_missed(missed),
                 Err(broadcast::error::RecvError::Closed) => return,
             }
         }

@@ -185,6 +185,7 @@ mod tests {
         Changes {
             last_epoch: Epoch(last_epoch),
             locks: Default::default(),
+            endings: Vec::new(),
         }
     }
 

@@ -457,6 +457,7 @@ pub fn open_in(dir: &Path) -> Result<LogLeaseStore, StoreError> {
                     .map(|lease| (lease.lock.clone(), Some(lease)))
                     .collect(),
                 last_epoch: state.last_epoch,
+                endings: Vec::new(),
             })?;
         }
         std::fs::rename(&migrating, &path).map_err(io_error)?;

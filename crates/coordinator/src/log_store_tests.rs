@@ -37,6 +37,7 @@ fn grant(lock: &str, epoch: u64) -> Changes {
     Changes {
         locks: vec![(LockName::new(lock).unwrap(), Some(lease(lock, epoch)))],
         last_epoch: Epoch(epoch),
+        endings: Vec::new(),
     }
 }
 
@@ -44,6 +45,7 @@ fn release(lock: &str, epoch: u64) -> Changes {
     Changes {
         locks: vec![(LockName::new(lock).unwrap(), None)],
         last_epoch: Epoch(epoch),
+        endings: Vec::new(),
     }
 }
 
@@ -274,6 +276,7 @@ fn p8_a_commit_larger_than_the_zeros_ahead_grows_the_file() {
         .commit(&Changes {
             locks,
             last_epoch: Epoch(9),
+            endings: Vec::new(),
         })
         .unwrap();
     let length = std::fs::metadata(&path).unwrap().len();

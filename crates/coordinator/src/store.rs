@@ -538,11 +538,13 @@ mod tests {
                     (LockName::new("b").unwrap(), Some(lease("b", 4))),
                 ],
                 last_epoch: Epoch(4),
+                endings: Vec::new(),
             };
             store.commit(&changes).unwrap();
             let release_b = Changes {
                 locks: vec![(LockName::new("b").unwrap(), None)],
                 last_epoch: Epoch(4),
+                endings: Vec::new(),
             };
             store.commit(&release_b).unwrap();
         }
@@ -559,11 +561,13 @@ mod tests {
         let up = Changes {
             locks: vec![],
             last_epoch: Epoch(10),
+            endings: Vec::new(),
         };
         store.commit(&up).unwrap();
         let down = Changes {
             locks: vec![],
             last_epoch: Epoch(9),
+            endings: Vec::new(),
         };
         assert!(matches!(store.commit(&down), Err(StoreError::Corrupt(_))));
         assert_eq!(store.load().unwrap().last_epoch, Epoch(10));

@@ -84,6 +84,7 @@ fn set(locks: &[(&str, Option<u64>)], last_epoch: u64) -> Changes {
             })
             .collect(),
         last_epoch: Epoch(last_epoch),
+        endings: Vec::new(),
     }
 }
 

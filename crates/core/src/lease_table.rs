@@ -201,6 +201,24 @@ pub struct Changes {
     pub locks: Vec<(LockName, Option<Lease>)>,
     /// The greatest epoch granted so far.
     pub last_epoch: Epoch,
+    /// How the leases that ended in this change ended, for the history every member keeps
+    /// (a replicated store carries it with the change; the lease table leaves it empty, the
+    /// engine fills it). For people: no decision reads it.
+    pub endings: Vec<Ended>,
+}
+
+/// How a lease ended, as the history shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    /// The lock.
+    pub lock: LockName,
+    /// The lease's epoch.
+    pub epoch: Epoch,
+    /// `released`, `expired` or `broken`.
+    pub kind: String,
+    /// Who broke it (`broken` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 impl Changes {
@@ -670,6 +688,7 @@ impl LeaseTable {
         Changes {
             locks,
             last_epoch: self.last_epoch,
+            endings: Vec::new(),
         }
     }
 

@@ -18,8 +18,8 @@ pub mod types;
 pub mod witness;
 
 pub use lease_table::{
-    AcquireOutcome, AcquireRequest, Changes, Event, Lease, LeaseError, LeaseTable, LockSummary,
-    ReleaseOutcome, WaiterId,
+    AcquireOutcome, AcquireRequest, Changes, Ended, Event, Lease, LeaseError, LeaseTable,
+    LockSummary, ReleaseOutcome, WaiterId,
 };
 /// Lower-case hexadecimal of `bytes` (digests, store ids).
 pub fn hex(bytes: &[u8]) -> String {

@@ -17,7 +17,7 @@ pub mod storage;
 
 use std::io::Cursor;
 
-use palisade_core::{Epoch, Lease, LockName};
+use palisade_core::{Ended, Epoch, Lease, LockName};
 use serde::{Deserialize, Serialize};
 
 pub use error::ClusterError;
@@ -79,7 +79,25 @@ pub enum Command {
         last_epoch: Epoch,
         /// The locks the batch changed, with their lease now (`None`: free).
         locks: Vec<(LockName, Option<Lease>)>,
+        /// How the leases that ended in the batch ended (for the history every member keeps,
+        /// [`AppliedTransition`]; absent in entries of earlier versions).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ended: Vec<Ended>,
     },
+}
+
+/// An ownership transition as a member applied it: every member, the leader included, keeps
+/// the same history of grants and ends, so the console's feed survives a failover. For people:
+/// no decision reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedTransition {
+    /// `granted`, `released`, `expired`, `broken`, or `ended` (an entry of an earlier version
+    /// that did not say how).
+    pub kind: String,
+    /// The lease.
+    pub lease: Lease,
+    /// Who broke it (`broken` only).
+    pub by: Option<String>,
 }
 
 fn is_zero(epoch: &Epoch) -> bool {

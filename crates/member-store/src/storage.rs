@@ -43,11 +43,11 @@ use openraft::{
 use palisade_core::{Epoch, Lease, LockName};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use super::identity::Identity;
 use super::raft_log::{LogError, RaftLog};
-use super::{Applied, ClusterError, Command, NodeId, TypeConfig};
+use super::{Applied, AppliedTransition, ClusterError, Command, NodeId, TypeConfig};
 
 mod open;
 pub use open::{log_paths, open, open_backend, read_counter};
@@ -559,8 +559,13 @@ pub struct StateMachine {
     applied: Arc<watch::Sender<Option<LogId<NodeId>>>>,
     /// The `last_applied` known to be on disk (see [`mark_durable`]).
     durable: Arc<watch::Sender<Option<LogId<NodeId>>>>,
+    /// The ownership transitions applied, after their commit ([`AppliedTransition`]).
+    history: broadcast::Sender<AppliedTransition>,
     snapshot_seq: u64,
 }
+
+/// Applied transitions a slow reader of [`StateMachine::history`] may fall behind by.
+pub const HISTORY_BUFFER: usize = 1_024;
 
 impl StateMachine {
     /// The shared in-memory view of the applied state.
@@ -571,6 +576,12 @@ impl StateMachine {
     /// This store's identity (see [`super::identity`]).
     pub fn identity(&self) -> Identity {
         self.identity.clone()
+    }
+
+    /// The ownership transitions this member applies from now on (the leader's and every
+    /// follower's alike), after each apply's commit.
+    pub fn history(&self) -> broadcast::Sender<AppliedTransition> {
+        self.history.clone()
     }
 
     /// The applied log id, as it changes (published after each apply's commit, which is not
@@ -673,6 +684,37 @@ impl SmSync {
     }
 }
 
+/// The transitions of one lock's change from `old` to `new`: the old lease ended (how, as
+/// `ended` says), the new one was granted. A renewal (the same epoch) is none.
+fn note_transitions(
+    old: Option<&Lease>,
+    new: Option<&Lease>,
+    ended: &[palisade_core::Ended],
+    history: &mut Vec<AppliedTransition>,
+) {
+    let (old_epoch, new_epoch) = (old.map(|l| l.epoch), new.map(|l| l.epoch));
+    if old_epoch == new_epoch {
+        return;
+    }
+    if let Some(old) = old {
+        let how = ended
+            .iter()
+            .find(|e| e.lock == old.lock && e.epoch == old.epoch);
+        history.push(AppliedTransition {
+            kind: how.map_or_else(|| "ended".to_owned(), |e| e.kind.clone()),
+            lease: old.clone(),
+            by: how.and_then(|e| e.by.clone()),
+        });
+    }
+    if let Some(new) = new {
+        history.push(AppliedTransition {
+            kind: "granted".to_owned(),
+            lease: new.clone(),
+            by: None,
+        });
+    }
+}
+
 /// A committed entry the state machine must not apply (it stops the member instead).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -688,6 +730,7 @@ fn apply_command(
     state: &mut SmState,
     command: Command,
     changed: &mut Vec<LockName>,
+    history: &mut Vec<AppliedTransition>,
 ) -> std::result::Result<(), RefusedEntry> {
     match command {
         Command::LeaderStart {
@@ -711,7 +754,11 @@ fn apply_command(
             state.header.key_owners.remove(&key_id);
             state.header.retired_keys.insert(key_id);
         }
-        Command::Apply { last_epoch, locks } => {
+        Command::Apply {
+            last_epoch,
+            locks,
+            ended,
+        } => {
             if last_epoch < state.header.last_epoch {
                 return Err(RefusedEntry(format!(
                     "a committed change carries epoch counter {last_epoch}, below the applied \
@@ -732,6 +779,7 @@ fn apply_command(
             }
             state.header.last_epoch = last_epoch;
             for (lock, lease) in locks {
+                note_transitions(state.leases.get(&lock), lease.as_ref(), &ended, history);
                 match lease {
                     Some(lease) => {
                         state.leases.insert(lock.clone(), lease);
@@ -768,16 +816,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut next = lock_state(&self.state).clone();
         let mut changed = Vec::new();
+        let mut history = Vec::new();
         let mut replies = Vec::new();
         for entry in entries {
             next.header.last_applied = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Blank => {}
-                EntryPayload::Normal(command) => apply_command(&mut next, command, &mut changed)
-                    .map_err(|why| {
-                        tracing::error!(entry = %entry.log_id, "refusing to apply: {why}");
-                        invariant_err(format!("log entry {}: {why}", entry.log_id))
-                    })?,
+                EntryPayload::Normal(command) => {
+                    apply_command(&mut next, command, &mut changed, &mut history).map_err(
+                        |why| {
+                            tracing::error!(entry = %entry.log_id, "refusing to apply: {why}");
+                            invariant_err(format!("log entry {}: {why}", entry.log_id))
+                        },
+                    )?
+                }
                 EntryPayload::Membership(membership) => {
                     next.header.membership = StoredMembership::new(Some(entry.log_id), membership);
                 }
@@ -814,6 +866,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let applied = next.header.last_applied;
         *lock_state(&self.state) = next;
         self.applied.send_replace(applied);
+        for transition in history {
+            let _ = self.history.send(transition); // nobody listening is fine
+        }
         Ok(replies)
     }
 
@@ -824,6 +879,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             identity: self.identity.clone(),
             applied: self.applied.clone(),
             durable: self.durable.clone(),
+            history: self.history.clone(),
             snapshot_seq: self.snapshot_seq + 1_000_000,
         }
     }

@@ -44,6 +44,7 @@ fn apply_entry(index: u64, last_epoch: u64, grant: Option<u64>) -> Entry<TypeCon
         payload: EntryPayload::Normal(Command::Apply {
             last_epoch: Epoch(last_epoch),
             locks,
+            ended: Vec::new(),
         }),
     }
 }
@@ -74,6 +75,73 @@ async fn p1_p8_a_log_read_never_returns_entries_without_the_ranges_start() {
     // a gap, or the file is refused (`raft_log_tests.rs`).
 }
 
+/// Every member keeps the same history of what it applies: grants, and how each lease ended
+/// as the leader said (or `ended` for an entry of an earlier version); a renewal is none.
+#[test]
+fn the_applied_history_names_grants_and_how_each_lease_ended() {
+    let lease = |epoch: u64| Lease {
+        id: LeaseId(u128::from(epoch)),
+        principal: palisade_core::Principal::anonymous(),
+        lock: LockName::new("a").unwrap(),
+        holder: HolderId::new(format!("h{epoch}")).unwrap(),
+        epoch: Epoch(epoch),
+        ttl_ms: 1_000,
+        class: LockClass::Critical,
+        request_id: None,
+        expires_at: 0,
+        granted_unix_ms: 0,
+    };
+    let apply =
+        |state: &mut SmState, epoch: u64, now: Option<Lease>, ended: Vec<palisade_core::Ended>| {
+            let mut history = Vec::new();
+            let command = Command::Apply {
+                last_epoch: Epoch(epoch),
+                locks: vec![(LockName::new("a").unwrap(), now)],
+                ended,
+            };
+            apply_command(state, command, &mut Vec::new(), &mut history).unwrap();
+            history
+                .into_iter()
+                .map(|t| (t.kind, t.lease.epoch.0, t.by))
+                .collect::<Vec<_>>()
+        };
+    let ended = |epoch: u64, kind: &str, by: Option<&str>| palisade_core::Ended {
+        lock: LockName::new("a").unwrap(),
+        epoch: Epoch(epoch),
+        kind: kind.into(),
+        by: by.map(Into::into),
+    };
+    let mut state = SmState::default();
+    assert_eq!(
+        apply(&mut state, 1, Some(lease(1)), vec![]),
+        [("granted".into(), 1, None)]
+    );
+    assert_eq!(
+        apply(&mut state, 1, Some(lease(1)), vec![]),
+        [],
+        "a renewal"
+    );
+    assert_eq!(
+        apply(
+            &mut state,
+            2,
+            Some(lease(2)),
+            vec![ended(1, "expired", None)]
+        ),
+        [("expired".into(), 1, None), ("granted".into(), 2, None)]
+    );
+    assert_eq!(
+        apply(&mut state, 2, None, vec![ended(2, "broken", Some("ops"))]),
+        [("broken".into(), 2, Some("ops".into()))]
+    );
+    apply(&mut state, 3, Some(lease(3)), vec![]);
+    assert_eq!(
+        apply(&mut state, 3, None, vec![]),
+        [("ended".into(), 3, None)],
+        "an entry of an earlier version does not say how"
+    );
+}
+
 #[test]
 fn p4_p6_a_retired_key_stays_retired_and_a_restored_floor_raises_the_counter() {
     let mut state = SmState::default();
@@ -84,20 +152,26 @@ fn p4_p6_a_retired_key_stays_retired_and_a_restored_floor_raises_the_counter() {
         public_key: format!("pk-{key}"),
         floor: Epoch(floor),
     };
-    apply_command(&mut state, start("k2", 0), &mut changed).unwrap();
+    apply_command(&mut state, start("k2", 0), &mut changed, &mut Vec::new()).unwrap();
     assert_eq!(state.header.key_owners.get("k2"), Some(&2));
     let retire = Command::RetireKey {
         key_id: "k2".into(),
     };
-    apply_command(&mut state, retire, &mut changed).unwrap();
+    apply_command(&mut state, retire, &mut changed, &mut Vec::new()).unwrap();
     assert!(!state.header.keys.contains_key("k2"));
     // Its member leads again with the same key: not published again.
-    apply_command(&mut state, start("k2", 0), &mut changed).unwrap();
+    apply_command(&mut state, start("k2", 0), &mut changed, &mut Vec::new()).unwrap();
     assert!(!state.header.keys.contains_key("k2"));
     // A restored member's first entry raises the counter; a lower floor never lowers it.
-    apply_command(&mut state, start("k3", 1 << 40), &mut changed).unwrap();
+    apply_command(
+        &mut state,
+        start("k3", 1 << 40),
+        &mut changed,
+        &mut Vec::new(),
+    )
+    .unwrap();
     assert_eq!(state.header.last_epoch, Epoch(1 << 40));
-    apply_command(&mut state, start("k3", 5), &mut changed).unwrap();
+    apply_command(&mut state, start("k3", 5), &mut changed, &mut Vec::new()).unwrap();
     assert_eq!(state.header.last_epoch, Epoch(1 << 40));
 }
 

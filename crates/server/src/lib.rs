@@ -572,6 +572,11 @@ async fn start_cluster(
         audits: Arc::default(),
         data_dir: Arc::from(dir),
     };
+    tokio::spawn(follow_applied(
+        api.feed.clone(),
+        member.history.subscribe(),
+        shutdown_signal.clone(),
+    ));
     let raft = member.raft.clone();
     let supervisor = member.supervisor;
     let core: Core = Box::pin(async move {
@@ -594,6 +599,27 @@ async fn start_cluster(
         health,
     );
     Ok((api, Some(RaftFront { service, admission }), core))
+}
+
+/// Records in `feed` every transition this member applies, until the channel closes or
+/// shutdown: every member keeps the same history, so the console's feed survives a failover.
+async fn follow_applied(
+    feed: Arc<palisade_coordinator::feed::Feed>,
+    mut applied: tokio::sync::broadcast::Receiver<palisade_cluster::AppliedTransition>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let received = tokio::select! {
+            received = applied.recv() => received,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        match received {
+            Ok(t) => feed.record_parts(&t.kind, &t.lease, t.by),
+            Err(RecvError::Lagged(missed)) => feed.record_missed(missed),
+            Err(RecvError::Closed) => return,
+        }
+    }
 }
 
 /// The one client-streaming method: it may wait between messages.
@@ -621,11 +647,14 @@ async fn serve(
 ) -> Result<RunningServer, ServerError> {
     // The HTTP router (with its JSON 404 fallback) plus the gRPC services' path prefixes.
     let metrics = api.metrics.clone();
-    tokio::spawn(
-        api.feed
-            .clone()
-            .follow(api.coordinator.subscribe(), shutdown_signal.clone()),
-    );
+    if api.cluster.is_none() {
+        // A cluster member's feed follows what it applies instead (`member_api`).
+        tokio::spawn(
+            api.feed
+                .clone()
+                .follow(api.coordinator.subscribe(), shutdown_signal.clone()),
+        );
+    }
     let app = front_ends(api, raft);
     let listener = TcpListener::bind(config.listen)
         .await

@@ -205,6 +205,7 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     );
     let (second_leader, _) = leader(&endpoints);
     assert_ne!(second_leader, first_leader);
+    the_new_leaders_feed_holds_the_old_leaders_grants(&nodes, second_leader, &a);
 
     // The killed member rejoins with the same list; a wrong list is refused.
     let killed_dir = dir.path().join(format!("n{first_leader}"));
@@ -213,6 +214,23 @@ fn cluster_survives_a_leader_kill_and_refuses_a_disagreeing_member_list() {
     let c = acquire("cluster/c", "req-c");
     assert!(palisade_core::json::read(&c["epoch"]) > palisade_core::json::read(&b["epoch"]));
     drop(nodes); // kills the members
+}
+
+/// The console's history survives the failover: every member records what it applies, so the
+/// new leader's feed holds the grant the killed leader made.
+fn the_new_leaders_feed_holds_the_old_leaders_grants(
+    nodes: &[Option<ServerProcess>],
+    leader: u64,
+    granted: &Value,
+) {
+    let node = nodes[leader as usize - 1].as_ref().unwrap();
+    let (status, body) = node.http("GET", "/v1/transitions", None, "");
+    assert_eq!(status, 200, "{body}");
+    let feed: Value = serde_json::from_str(&body).unwrap();
+    let held = feed["transitions"].as_array().unwrap().iter().any(|t| {
+        t["kind"] == "granted" && t["lock"] == "cluster/a" && t["epoch"] == granted["epoch"]
+    });
+    assert!(held, "the grant before the failover is in the new leader's feed: {feed}");
 }
 
 /// Readiness is "this member sees a leader": followers are ready too (a Kubernetes Service

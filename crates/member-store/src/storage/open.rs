@@ -103,6 +103,7 @@ fn open_database(
             identity,
             applied: Arc::new(applied_tx),
             durable,
+            history: tokio::sync::broadcast::channel(super::HISTORY_BUFFER).0,
             snapshot_seq: 0,
         },
     ))
