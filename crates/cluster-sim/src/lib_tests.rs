@@ -293,7 +293,6 @@ impl palisade_cluster::membership::Introducer for Phantom {
                 last_log: None,
                 vote: None,
                 membership: None,
-                applied: None,
             })
         })
     }

@@ -22,7 +22,6 @@
 #![forbid(unsafe_code)]
 
 pub mod clock_check;
-pub mod departure;
 mod error;
 pub mod health;
 pub mod membership;
@@ -699,17 +698,6 @@ fn check_stored_membership(
         .nodes()
         .map(|(id, node)| (*id, node.addr.clone()))
         .collect();
-    if !stored.contains_key(&config.node_id) {
-        // It applied the membership that removed it (`departure`): it is no member any more.
-        return Err(ClusterError::Removed(format!(
-            "node {} was removed from the cluster: the membership stored in {store_name} ({}) \
-             does not name it, so it does not start. To bring it back: start it with an empty \
-             data directory and --join, then `palisade cluster add {} HOST:PORT` on the leader",
-            config.node_id,
-            format_members(&stored),
-            config.node_id
-        )));
-    }
     if stored != config.members {
         return Err(ClusterError::Config(format!(
             "--cluster {} disagrees with the membership stored in {store_name}: {}. Start with \

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::storage::SmState;
 use super::{
-    departure, ClusterError, Command, MemberNode, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT,
+    ClusterError, Command, MemberNode, NodeId, RaftLeaseStore, RaftNode, COMMIT_TIMEOUT,
     QUORUM_LOSS_MS,
 };
 use palisade_coordinator::engine::{self, LeaderHint, Transition};
@@ -218,7 +218,6 @@ impl Supervisor {
         let mut electing = false;
         let mut heartbeats = true;
         let mut last_leader = None;
-        let mut named_at = None;
         let mut chores = Chores::default();
         loop {
             let mut closed = false;
@@ -242,11 +241,6 @@ impl Supervisor {
             }
             chores.census(&self);
             chores.read_clocks(&self);
-            chores.ask_departure(&self, &m);
-            if let Some(removal) = self.removal(&m, &mut named_at, &chores) {
-                outcome = Err(self.leave(&removal));
-                break;
-            }
             self.switch_elections(&m, &mut electing);
             self.step_engine(&m, &mut running, &mut heartbeats).await;
             chores.finish_joint(&self, &m, running.is_some());
@@ -259,35 +253,6 @@ impl Supervisor {
             engine.stop("shutting down").await;
         }
         outcome
-    }
-
-    /// Whether this member was removed ([`departure`]): its own log applied a membership
-    /// without it after one that named it, or a peer's answer showed one. `named_at` follows
-    /// the latest membership naming this member's store.
-    fn removal(
-        &self,
-        m: &RaftMetrics<NodeId, MemberNode>,
-        named_at: &mut Option<openraft::LogId<NodeId>>,
-        chores: &Chores,
-    ) -> Option<departure::Removal> {
-        let store = self.identity.store();
-        if departure::names_as_voter(m.membership_config.membership(), self.node_id, store) {
-            *named_at = (*named_at).max(*m.membership_config.log_id());
-        }
-        departure::seen_in_own_log(store, m, *named_at).or_else(|| chores.told_removal())
-    }
-
-    /// Leaves a cluster that removed this member: elections off, one line, and the reason
-    /// the supervisor ends with (the server stops gracefully; `palisade serve` exits 10).
-    fn leave(&self, removal: &departure::Removal) -> ClusterError {
-        self.raft.runtime_config().elect(false);
-        tracing::warn!(
-            membership = %removal.log_id,
-            voters = ?removal.voters,
-            told_by = ?removal.told_by,
-            "removed from the cluster's membership: this member stops (exit code 10)"
-        );
-        ClusterError::Removed(removal.to_string())
     }
 
     /// Elections on only while the membership names this member's store and its identity
@@ -492,10 +457,6 @@ struct Chores {
     /// Reading the peers' clocks ([`super::clock_check`]).
     clocks: Option<JoinHandle<()>>,
     clocks_after: tokio::time::Instant,
-    /// Asking the peers whether this member was removed ([`departure`]), and what it heard.
-    departure: Option<JoinHandle<()>>,
-    departure_after: tokio::time::Instant,
-    told: Arc<Mutex<Option<departure::Removal>>>,
 }
 
 impl Default for Chores {
@@ -508,9 +469,6 @@ impl Default for Chores {
             finish_after: now,
             clocks: None,
             clocks_after: now,
-            departure: None,
-            departure_after: now,
-            told: Arc::default(),
         }
     }
 }
@@ -570,48 +528,8 @@ impl Chores {
         }
     }
 
-    /// A member its membership names, unless it leads, asks whether a later committed
-    /// membership leaves it out ([`departure`]): the others it names every
-    /// [`departure::CHECK_INTERVAL`] while it knows no leader (a removed voter campaigns), the
-    /// leader it follows every [`departure::CHECK_INTERVAL_FOLLOWING`] (a removed member with
-    /// elections off still names the leader that removed it, for ever).
-    fn ask_departure(&mut self, supervisor: &Supervisor, m: &RaftMetrics<NodeId, MemberNode>) {
-        let (me, store) = (supervisor.node_id, supervisor.identity.store().to_owned());
-        let membership = m.membership_config.membership();
-        if m.current_leader == Some(me)
-            || !departure::names_as_voter(membership, me, &store)
-            || !self.departure.as_ref().is_none_or(JoinHandle::is_finished)
-            || tokio::time::Instant::now() < self.departure_after
-        {
-            return;
-        }
-        let interval = match m.current_leader {
-            None => departure::CHECK_INTERVAL,
-            Some(_) => departure::CHECK_INTERVAL_FOLLOWING,
-        };
-        self.departure_after = tokio::time::Instant::now() + interval;
-        let targets: Vec<(NodeId, String)> = membership
-            .nodes()
-            .filter(|(id, _)| **id != me && m.current_leader.is_none_or(|leader| leader == **id))
-            .map(|(id, node)| (*id, node.addr.clone()))
-            .collect();
-        let own = m.membership_config.as_ref().clone();
-        let (changes, told) = (supervisor.changes.clone(), self.told.clone());
-        self.departure = Some(tokio::spawn(async move {
-            let answers = changes.census(targets).await;
-            if let Some(removal) = departure::told_by_peers(me, &store, &own, &answers) {
-                *told.lock().expect("not poisoned") = Some(removal);
-            }
-        }));
-    }
-
-    /// The removal a peer's answer showed, if one did.
-    fn told_removal(&self) -> Option<departure::Removal> {
-        self.told.lock().expect("not poisoned").clone()
-    }
-
     fn abort(self) {
-        for task in [self.census, self.finishing, self.clocks, self.departure]
+        for task in [self.census, self.finishing, self.clocks]
             .into_iter()
             .flatten()
         {

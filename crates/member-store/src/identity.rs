@@ -810,11 +810,6 @@ pub struct Introduction {
     /// log, which cannot read its own: does it name that member's store?
     #[serde(default)]
     pub membership: Option<StoredMembership<NodeId, MemberNode>>,
-    /// Its last applied entry: a membership at or below it is committed, so a member it no
-    /// longer names was removed for good (`palisade_cluster::departure`). `None` from a
-    /// member of an older build, which therefore never tells a member it was removed.
-    #[serde(default)]
-    pub applied: Option<openraft::LogId<NodeId>>,
 }
 
 impl Introduction {
@@ -835,7 +830,6 @@ impl Introduction {
             vote: Some(metrics.vote),
             membership: (metrics.membership_config.nodes().next().is_some())
                 .then(|| metrics.membership_config.as_ref().clone()),
-            applied: metrics.last_applied,
         }
     }
 }

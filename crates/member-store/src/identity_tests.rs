@@ -53,7 +53,6 @@ fn introduction(
         last_log: last,
         vote: Some(vote),
         membership: None,
-        applied: None,
     }
 }
 

@@ -11,7 +11,6 @@ mod cli;
 mod client_tls;
 mod clock;
 mod cluster;
-mod cluster_departure;
 mod console_browser;
 mod crash_churn;
 mod docs_blocks;
