@@ -230,7 +230,10 @@ fn the_new_leaders_feed_holds_the_old_leaders_grants(
     let held = feed["transitions"].as_array().unwrap().iter().any(|t| {
         t["kind"] == "granted" && t["lock"] == "cluster/a" && t["epoch"] == granted["epoch"]
     });
-    assert!(held, "the grant before the failover is in the new leader's feed: {feed}");
+    assert!(
+        held,
+        "the grant before the failover is in the new leader's feed: {feed}"
+    );
 }
 
 /// Readiness is "this member sees a leader": followers are ready too (a Kubernetes Service
