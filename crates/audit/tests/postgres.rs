@@ -280,12 +280,28 @@ async fn p2_the_audit_reads_the_stale_writes_postgres_refused() {
         .rejection_totals
         .get("stale_epoch")
         .is_some_and(|n| *n >= 1));
-    // A refusal recorded with a forged token (signed by no key the coordinator has) is not
-    // shown, and is reported; no token is shown.
+    a_forged_refusal_is_not_shown(&client, &http, &boundary, &lock, &keys).await;
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT palisade_drop_guard('{table}'); DROP TABLE {table}; COMMIT"
+        ))
+        .await
+        .unwrap();
+}
+
+/// A refusal recorded with a forged token (signed by no key the coordinator has) is not shown,
+/// and is reported; no token is shown.
+async fn a_forged_refusal_is_not_shown(
+    client: &tokio_postgres::Client,
+    http: &reqwest::Client,
+    boundary: &Boundary,
+    lock: &LockName,
+    keys: &TokenVerifier,
+) {
     let forger = palisade_core::TokenSigner::from_secret_bytes(&[14; 32]);
     let framed = palisade_core::HolderId::new("framed").unwrap();
     let forged = forger.sign(
-        &lock,
+        lock,
         palisade_core::Epoch(49),
         &framed,
         &palisade_core::Principal::anonymous(),
@@ -298,13 +314,13 @@ async fn p2_the_audit_reads_the_stale_writes_postgres_refused() {
         .get(0);
     assert!(recorded, "the database cannot tell a forged token");
     let mut report = observe(
-        &http,
-        &boundary,
+        http,
+        boundary,
         vec!["refused/*".into()],
         &[lock.to_string()],
     )
     .await;
-    palisade_audit::observe::verify_refusals(&mut report, &keys);
+    palisade_audit::observe::verify_refusals(&mut report, keys);
     assert!(
         report.problems.iter().any(|p| p.code == "forged_refusal"),
         "{:?}",
@@ -325,10 +341,4 @@ async fn p2_the_audit_reads_the_stale_writes_postgres_refused() {
         .recent_rejections
         .iter()
         .all(|r| r.get("token").is_none()));
-    client
-        .batch_execute(&format!(
-            "BEGIN; SELECT palisade_drop_guard('{table}'); DROP TABLE {table}; COMMIT"
-        ))
-        .await
-        .unwrap();
 }

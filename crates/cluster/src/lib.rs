@@ -540,8 +540,7 @@ impl MemberStart<'_> {
     {
         let config = self.config;
         let (log, sm) = self.stores;
-        let durable_applied = sm.durable_applied_watch();
-        let history = sm.history();
+        let (durable_applied, history) = (sm.durable_applied_watch(), sm.history());
         tokio::spawn(sync_applies(sm.syncer(), self.shutdown.clone()));
         let state = sm.shared();
         let identity = sm.identity();
