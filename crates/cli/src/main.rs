@@ -567,6 +567,9 @@ fn parse_wait(text: &str) -> Result<Duration, String> {
 }
 
 fn exit_code(error: &anyhow::Error) -> u8 {
+    if serve::was_removed(error) {
+        return serve::REMOVED_EXIT_CODE;
+    }
     if error.downcast_ref::<audit::CriticalFindings>().is_some() {
         return 8;
     }

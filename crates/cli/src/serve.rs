@@ -54,6 +54,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resume_counter_ahead: args.resume_counter_ahead.map(palisade_core::Epoch),
     })
     .await
+    .map_err(removal_told_apart)
     .context("cannot start the coordinator")?;
     eprintln!("palisade coordinator listening on {}", server.local_addr);
     eprintln!(
@@ -79,7 +80,42 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     server
         .shutdown()
         .await
+        .map_err(removal_told_apart)
         .context("the coordinator stopped with an error")
+}
+
+/// The exit code of a cluster member removed from the membership (`palisade cluster remove`):
+/// it stops by itself, or refuses to start again, rather than campaign in a cluster that no
+/// longer counts it. Distinct, so that a service manager can be told not to restart it
+/// (systemd: `RestartPreventExitStatus=10`).
+pub const REMOVED_EXIT_CODE: u8 = 10;
+
+/// A cluster member removed from the membership: it stopped, or does not start again.
+#[derive(Debug)]
+pub struct Removed(String);
+
+impl std::fmt::Display for Removed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Removed {}
+
+/// Whether `error` is a cluster member's removal from the membership.
+pub fn was_removed(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<Removed>().is_some()
+}
+
+/// `error`, with a removal from the membership told apart (its own exit code, its message
+/// once).
+fn removal_told_apart(error: palisade_server::ServerError) -> anyhow::Error {
+    match error {
+        palisade_server::ServerError::Cluster(palisade_cluster::ClusterError::Removed(why)) => {
+            Removed(why).into()
+        }
+        other => other.into(),
+    }
 }
 
 /// Cluster mode's settings (`--node-id`, `--cluster`, `--join`, `--max-clock-offset-ms`), or

@@ -600,6 +600,7 @@ impl Cluster {
             introducer: Arc::new(self.router.introducer(id)),
             floor: palisade_core::Epoch(0),
             clock: member.clock.clone(),
+            refusals: None,
         }
         .run(self.router.endpoint(id))
         .await

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock_check;
+pub mod departure;
 mod error;
 pub mod health;
 pub mod membership;
@@ -439,6 +440,7 @@ pub async fn start_member(
         shutdown.clone(),
     ));
     let network = network::Network::new(config.node_id, stores.1.identity(), peer_tls.clone());
+    let refusals = network.non_member_refusals();
     let start = MemberStart {
         config,
         raft_config: raft_config(),
@@ -450,6 +452,7 @@ pub async fn start_member(
         introducer: Arc::new(network::GrpcIntroducer { tls: peer_tls }),
         floor,
         clock: Arc::new(palisade_core::clock::SystemClock),
+        refusals: Some(refusals),
     };
     start.run(network).await
 }
@@ -514,6 +517,9 @@ pub struct MemberStart<'a> {
     /// The wall clock whose floor every term this member leads starts at
     /// ([`palisade_core::clock`]).
     pub clock: Arc<dyn palisade_core::clock::WallClock>,
+    /// The vote refusals its network saw from peers that do not count it ([`departure`]);
+    /// `None`: a network that cannot tell (the simulation's), and it never leaves by itself.
+    pub refusals: Option<departure::NonMemberRefusals>,
 }
 
 /// Makes the state machine's applies durable every `FOLLOW_INTERVAL` (when one is not yet)
@@ -542,8 +548,7 @@ impl MemberStart<'_> {
         let (log, sm) = self.stores;
         let (durable_applied, history) = (sm.durable_applied_watch(), sm.history());
         tokio::spawn(sync_applies(sm.syncer(), self.shutdown.clone()));
-        let state = sm.shared();
-        let identity = sm.identity();
+        let (state, identity) = (sm.shared(), sm.identity());
         let raft = start_raft(config.node_id, self.raft_config, network, log, sm).await?;
         let stored = stored_membership(&raft).await?;
         identity.attach(raft.metrics());
@@ -590,6 +595,7 @@ impl MemberStart<'_> {
             changes: changes.clone(),
             client_scheme: if config.client_tls { "https" } else { "http" },
             listed: config.members.clone(),
+            refusals: self.refusals,
         };
         let supervisor = tokio::spawn(supervisor.run(self.shutdown));
         Ok(Member {
@@ -697,6 +703,17 @@ fn check_stored_membership(
         .nodes()
         .map(|(id, node)| (*id, node.addr.clone()))
         .collect();
+    if !stored.contains_key(&config.node_id) {
+        // It applied the membership that removed it (`departure`): it is no member any more.
+        return Err(ClusterError::Removed(format!(
+            "node {} was removed from the cluster: the membership stored in {store_name} ({}) \
+             does not name it, so it does not start. To bring it back: start it with an empty \
+             data directory and --join, then `palisade cluster add {} HOST:PORT` on the leader",
+            config.node_id,
+            format_members(&stored),
+            config.node_id
+        )));
+    }
     if stored != config.members {
         return Err(ClusterError::Config(format!(
             "--cluster {} disagrees with the membership stored in {store_name}: {}. Start with \

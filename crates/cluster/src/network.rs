@@ -57,6 +57,7 @@ pub struct Network {
     tls: Option<Arc<PeerTls>>,
     channels: HashMap<NodeId, (String, Channel)>,
     refusals: RefusalLog,
+    non_members: crate::departure::NonMemberRefusals,
 }
 
 impl Network {
@@ -69,7 +70,13 @@ impl Network {
             tls,
             channels: HashMap::new(),
             refusals: RefusalLog::default(),
+            non_members: crate::departure::NonMemberRefusals::default(),
         }
+    }
+
+    /// What peers said of this member's vote requests ([`crate::departure`]).
+    pub fn non_member_refusals(&self) -> crate::departure::NonMemberRefusals {
+        self.non_members.clone()
     }
 }
 
@@ -108,6 +115,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             from: self.node,
             identity: self.identity.clone(),
             refusals: self.refusals.clone(),
+            non_members: self.non_members.clone(),
             appends: None,
             unary_appends: false,
             client: RaftClient::new(channel)
@@ -123,6 +131,7 @@ pub struct PeerClient {
     from: NodeId,
     identity: Identity,
     refusals: RefusalLog,
+    non_members: crate::departure::NonMemberRefusals,
     client: RaftClient<Channel>,
     /// The open append stream to `target`, if any ([`stream`]).
     appends: Option<stream::AppendStream>,
@@ -341,6 +350,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             // on every election round, about 13 lines a second for a removed member until
             // `departure` stops it.
             Err(status) if status.code() == Code::Unauthenticated => {
+                self.non_members.refused(self.target);
                 if self.refusal_log_due() {
                     tracing::warn!(
                         peer = self.target,
@@ -357,7 +367,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 })
             }
             Err(status) => Err(status_error(status)),
-            Ok((store, json)) => self.answer(&store, &json),
+            Ok((store, json)) => {
+                self.non_members.answered(self.target);
+                self.answer(&store, &json)
+            }
         }
     }
 }

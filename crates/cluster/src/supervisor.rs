@@ -68,6 +68,8 @@ pub struct Supervisor {
     /// The `--cluster` list (node id → address): whom the census of a member with no
     /// membership of its own asks (`identity` rule 4).
     pub listed: std::collections::BTreeMap<NodeId, String>,
+    /// The vote refusals of peers that do not count this member ([`super::departure`]).
+    pub refusals: Option<super::departure::NonMemberRefusals>,
 }
 
 struct Running {
@@ -219,6 +221,7 @@ impl Supervisor {
         let mut heartbeats = true;
         let mut last_leader = None;
         let mut chores = Chores::default();
+        let mut named_at = None;
         loop {
             let mut closed = false;
             tokio::select! {
@@ -239,6 +242,10 @@ impl Supervisor {
             if closed {
                 break;
             }
+            if let Some(removed) = self.removed(&m, &mut named_at) {
+                outcome = Err(removed);
+                break;
+            }
             chores.census(&self);
             chores.read_clocks(&self);
             self.switch_elections(&m, &mut electing);
@@ -253,6 +260,52 @@ impl Supervisor {
             engine.stop("shutting down").await;
         }
         outcome
+    }
+
+    /// A removal a majority of this member's voters showed by refusing its vote requests as a
+    /// non-member ([`super::departure`]): elections off, one line, and the error that makes
+    /// `palisade serve` exit 10.
+    fn removed(
+        &self,
+        m: &RaftMetrics<NodeId, MemberNode>,
+        named_at: &mut Option<openraft::LogId<NodeId>>,
+    ) -> Option<ClusterError> {
+        let store = self.identity.store();
+        let membership = m.membership_config.membership();
+        if super::departure::names_as_voter(membership, self.node_id, store) {
+            *named_at = (*named_at).max(*m.membership_config.log_id());
+        }
+        if let Some(at) = super::departure::seen_in_own_log(store, m, *named_at) {
+            return Some(self.leave(format!("the membership committed at {at} leaves it out")));
+        }
+        let refusals = self.refusals.as_ref()?;
+        if m.current_leader.is_some() {
+            return None;
+        }
+        let voters: std::collections::BTreeSet<NodeId> =
+            m.membership_config.membership().voter_ids().collect();
+        let refusing = refusals.standing(super::departure::EVIDENCE);
+        if !super::departure::removed(self.node_id, &voters, &refusing) {
+            return None;
+        }
+        Some(self.leave(format!(
+            "voters {refusing:?} of {voters:?} refuse its vote requests as a non-member's"
+        )))
+    }
+
+    /// Leaves a cluster that removed this member (`why`): elections off, one line, and the
+    /// error that makes `palisade serve` exit 10.
+    fn leave(&self, why: String) -> ClusterError {
+        self.raft.runtime_config().elect(false);
+        tracing::warn!(
+            "removed from the cluster's membership ({why}): this member stops (exit code 10)"
+        );
+        ClusterError::Removed(format!(
+            "node {} was removed from the cluster ({why}), so it stops rather than campaign. \
+             To bring it back: start it with an empty data directory and --join, then \
+             `palisade cluster add {} HOST:PORT` on the leader",
+            self.node_id, self.node_id
+        ))
     }
 
     /// Elections on only while the membership names this member's store and its identity

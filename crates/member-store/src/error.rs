@@ -19,6 +19,11 @@ pub enum ClusterError {
     /// Raft stopped on a fatal error (a storage failure): the member no longer takes part.
     #[error("raft stopped on a fatal error: {0}")]
     RaftStopped(String),
+    /// This member was removed from the cluster's membership (`palisade cluster remove`): it
+    /// stops rather than campaign in a cluster that no longer counts it. `palisade serve`
+    /// exits 10.
+    #[error("{0}")]
+    Removed(String),
     /// No randomness for a store id.
     #[error("no randomness for a store id: {0}")]
     Randomness(String),

@@ -11,6 +11,7 @@ mod cli;
 mod client_tls;
 mod clock;
 mod cluster;
+mod cluster_departure;
 mod console_browser;
 mod crash_churn;
 mod docs_blocks;
