@@ -292,6 +292,9 @@ pub(crate) struct LeaseRecord {
     /// times were recorded (0: unknown).
     #[serde(default, skip_serializing_if = "is_zero")]
     granted_unix_ms: u64,
+    /// When it was last renewed (0: never, or unknown).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    renewed_unix_ms: u64,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -424,6 +427,7 @@ pub(crate) fn encode_record(lease: &Lease) -> LeaseRecord {
         class: lease.class,
         request_id: lease.request_id.as_ref().map(|r| r.as_str().to_owned()),
         granted_unix_ms: lease.granted_unix_ms,
+        renewed_unix_ms: lease.renewed_unix_ms,
     }
 }
 
@@ -453,6 +457,7 @@ pub(crate) fn decode_lease(lock: &str, record: LeaseRecord) -> Result<Lease, Sto
             .map_err(|e| corrupt(e.0))?,
         expires_at: 0,
         granted_unix_ms: record.granted_unix_ms,
+        renewed_unix_ms: record.renewed_unix_ms,
     })
 }
 
@@ -522,6 +527,7 @@ mod tests {
             class: LockClass::Efficiency,
             expires_at: 0,
             granted_unix_ms: 0,
+            renewed_unix_ms: 0,
             request_id: None,
         }
     }

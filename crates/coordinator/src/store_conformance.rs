@@ -68,6 +68,7 @@ pub fn lease(lock: &str, epoch: u64) -> Lease {
         expires_at: 0,
         // The grant time is durable too (the console and `lock show` say "held since").
         granted_unix_ms: 1_765_000_000_000 + epoch,
+        renewed_unix_ms: 1_765_000_000_500 + epoch,
         request_id: None,
     }
 }

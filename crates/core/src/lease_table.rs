@@ -84,6 +84,10 @@ pub struct Lease {
     /// survives a restart and a failover. For people only: no decision reads it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub granted_unix_ms: u64,
+    /// When it was last renewed, on the same clock; 0 when never (or before renewal times were
+    /// recorded). For people (the console marks renewals on its timeline).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub renewed_unix_ms: u64,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -571,6 +575,7 @@ impl LeaseTable {
             .remove(&(lease.expires_at, Deadline::Lease(id)));
         self.deadlines.insert((renewed_until, Deadline::Lease(id)));
         lease.expires_at = renewed_until;
+        lease.renewed_unix_ms = self.wall_ms;
         let lease = lease.clone();
         // A renewal is acknowledged as durable, so it is written like any other change: after
         // a crash the lease is restored (at full TTL) rather than lost.
@@ -738,6 +743,7 @@ impl LeaseTable {
             request_id,
             expires_at: now.saturating_add(ttl_ms),
             granted_unix_ms: self.wall_ms,
+            renewed_unix_ms: 0,
         };
         let state = self
             .locks

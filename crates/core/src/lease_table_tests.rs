@@ -65,6 +65,7 @@ fn a_grant_records_the_wall_clock_and_keeps_it_through_renewals_and_a_restore() 
         renewed.granted_unix_ms, a.granted_unix_ms,
         "a renewal is not a grant"
     );
+    assert_eq!(renewed.renewed_unix_ms, 1_765_000_000_500);
     table.set_wall_clock(1_765_000_000_900);
     table.release(a.id, None, 900).unwrap();
     let b = table.describe(&lock("r/1"), 900).lease.unwrap();
@@ -249,6 +250,7 @@ fn restore_refuses_a_lease_above_the_counter() {
         class: LockClass::Critical,
         expires_at: 0,
         granted_unix_ms: 0,
+        renewed_unix_ms: 0,
         request_id: None,
     };
     LeaseTable::restore(Epoch(3), [lease], 0);

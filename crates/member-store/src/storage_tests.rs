@@ -35,6 +35,7 @@ fn apply_entry(index: u64, last_epoch: u64, grant: Option<u64>) -> Entry<TypeCon
                 request_id: None,
                 expires_at: 0,
                 granted_unix_ms: 0,
+                renewed_unix_ms: 0,
             };
             vec![(lock, Some(lease))]
         })
@@ -90,6 +91,7 @@ fn the_applied_history_names_grants_and_how_each_lease_ended() {
         request_id: None,
         expires_at: 0,
         granted_unix_ms: 0,
+        renewed_unix_ms: 0,
     };
     let apply =
         |state: &mut SmState, epoch: u64, now: Option<Lease>, ended: Vec<palisade_core::Ended>| {

@@ -128,6 +128,7 @@ fn p2_an_open_coordinator_never_lists_lease_ids() {
         request_id: None,
         expires_at: 0,
         granted_unix_ms: 0,
+        renewed_unix_ms: 0,
     };
     assert!(!open.sees_lease_id(&lease));
     // Renew and release are still checked against the lease's principal.

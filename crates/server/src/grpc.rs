@@ -147,6 +147,7 @@ fn fill_lease(info: &mut pb::LockInfo, lease: &Lease, caller: &Caller) {
     info.ttl_ms = lease.ttl_ms;
     info.class = class_to_proto(lease.class);
     info.granted_unix_ms = lease.granted_unix_ms;
+    info.renewed_unix_ms = lease.renewed_unix_ms;
 }
 
 #[tonic::async_trait]

@@ -120,6 +120,9 @@ struct LockReply {
     /// clock); absent when free or unknown (granted before grant times were recorded).
     #[serde(skip_serializing_if = "Option::is_none")]
     granted_unix_ms: Option<u64>,
+    /// When the lease was last renewed (absent: never).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    renewed_unix_ms: Option<u64>,
     class: Option<LockClass>,
     waiters: usize,
 }
@@ -140,6 +143,7 @@ impl LockReply {
             class: lease.map(|l| l.class),
             remaining_ms: summary.remaining_ms,
             granted_unix_ms: lease.map(|l| l.granted_unix_ms).filter(|ms| *ms > 0),
+            renewed_unix_ms: lease.map(|l| l.renewed_unix_ms).filter(|ms| *ms > 0),
             waiters: summary.waiters,
             lock: summary.lock,
         }

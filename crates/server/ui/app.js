@@ -143,7 +143,7 @@ function leaseOf(lock, epoch) {
   const key = lock + "#" + epoch;
   let lease = leases.get(key);
   if (!lease) {
-    lease = { lock, epoch: String(epoch), holder: "", start: null, end: null, endKind: null, probe: false, lastHeld: null };
+    lease = { lock, epoch: String(epoch), holder: "", start: null, end: null, endKind: null, probe: false, lastHeld: null, renewals: [] };
     leases.set(key, lease);
   }
   return lease;
@@ -182,6 +182,11 @@ async function refreshLocks() {
     const lease = leaseOf(l.lock, l.epoch);
     lease.holder = l.holder;
     if (lease.start === null && l.granted_unix_ms) lease.start = l.granted_unix_ms;
+    // Renewals as the polls see them: the last renewal's time, each new one kept (at most 50).
+    if (l.renewed_unix_ms && !lease.renewals.includes(l.renewed_unix_ms)) {
+      lease.renewals.push(l.renewed_unix_ms);
+      if (lease.renewals.length > 50) lease.renewals.shift();
+    }
     lease.lastHeld = now;
     heldKeys.add(l.lock + "#" + l.epoch);
   }
@@ -360,6 +365,11 @@ function renderTimeline() {
       const text = l.holder + " · " + shortEpoch(l.epoch);
       if (fits >= 6) g.appendChild(svg("text", { x: x1 + 4, y: y + lane / 2 + 4, class: "label" }, text.length > fits ? text.slice(0, fits - 1) + "…" : text));
       if (l.endKind === "expired" || l.endKind === "broken") g.appendChild(svg("line", { x1: x2, x2, y1: y + 2, y2: y + lane - 2, class: "end-" + l.endKind }));
+      for (const at of l.renewals) {
+        if (at < t0) continue;
+        const rx = x(at);
+        g.appendChild(titled(svg("line", { x1: rx, x2: rx, y1: y + 4, y2: y + lane - 4, class: "renewal", "data-at": at }), "renewed at " + clock(at)));
+      }
       titled(g, l.holder + " at epoch " + l.epoch + (l.start ? ", from " + clock(l.start) : "") + (l.end === null ? ", held now" : ", " + l.endKind + " at " + clock(l.end) + (l.by ? " by " + l.by : "")) + (l.probe ? " (audit probe)" : ""));
       chart.appendChild(g);
     }

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!palisade_client/v1/palisade.proto\x12\x0bpalisade.v1\"\x9a\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\x13\n\x06ttl_ms\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x04\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12%\n\x05\x63lass\x18\x05 \x01(\x0e\x32\x16.palisade.v1.LockClass\x12\x12\n\nrequest_id\x18\x06 \x01(\tB\t\n\x07_ttl_ms\"\xaf\x01\n\x0f\x41\x63quireResponse\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08lease_id\x18\x08 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x04\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\t\x12%\n\x05\x63lass\x18\x07 \x01(\x0e\x32\x16.palisade.v1.LockClass\x12\x11\n\tprincipal\x18\t \x01(\tJ\x04\x08\x03\x10\x04\"&\n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02\"F\n\rRenewResponse\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04J\x04\x08\x01\x10\x02\"(\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02\")\n\x0fReleaseResponse\x12\x10\n\x08lease_id\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04lock\x18\x01 \x01(\t\"\r\n\x0bListRequest\",\n\x0cWatchRequest\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\"\xe7\x01\n\x08LockInfo\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08lease_id\x18\n \x01(\t\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x11\n\tprincipal\x18\x0b \x01(\t\x12\x0e\n\x06ttl_ms\x18\x06 \x01(\x04\x12\x14\n\x0cremaining_ms\x18\x07 \x01(\x04\x12%\n\x05\x63lass\x18\x08 \x01(\x0e\x32\x16.palisade.v1.LockClass\x12\x0f\n\x07waiters\x18\t \x01(\r\x12\x17\n\x0fgranted_unix_ms\x18\x0c \x01(\x04J\x04\x08\x04\x10\x05\"4\n\x0cListResponse\x12$\n\x05locks\x18\x01 \x03(\x0b\x32\x15.palisade.v1.LockInfo\"K\n\tLockEvent\x12$\n\x05state\x18\x01 \x01(\x0b\x32\x15.palisade.v1.LockInfo\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\n\n\x02\x62y\x18\x03 \x01(\t\"\r\n\x0bKeysRequest\"B\n\tPublicKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\t\x12\x11\n\talgorithm\x18\x03 \x01(\t\"4\n\x0cKeysResponse\x12$\n\x04keys\x18\x01 \x03(\x0b\x32\x16.palisade.v1.PublicKey\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04json\x18\x01 \x01(\x0c*[\n\tLockClass\x12\x1a\n\x16LOCK_CLASS_UNSPECIFIED\x10\x00\x12\x17\n\x13LOCK_CLASS_CRITICAL\x10\x01\x12\x19\n\x15LOCK_CLASS_EFFICIENCY\x10\x02\x32\x9a\x04\n\x0b\x43oordinator\x12\x44\n\x07\x41\x63quire\x12\x1b.palisade.v1.AcquireRequest\x1a\x1c.palisade.v1.AcquireResponse\x12>\n\x05Renew\x12\x19.palisade.v1.RenewRequest\x1a\x1a.palisade.v1.RenewResponse\x12\x44\n\x07Release\x12\x1b.palisade.v1.ReleaseRequest\x1a\x1c.palisade.v1.ReleaseResponse\x12\x46\n\tKeepalive\x12\x19.palisade.v1.RenewRequest\x1a\x1a.palisade.v1.RenewResponse(\x01\x30\x01\x12?\n\x08\x44\x65scribe\x12\x1c.palisade.v1.DescribeRequest\x1a\x15.palisade.v1.LockInfo\x12;\n\x04List\x12\x18.palisade.v1.ListRequest\x1a\x19.palisade.v1.ListResponse\x12<\n\x05Watch\x12\x19.palisade.v1.WatchRequest\x1a\x16.palisade.v1.LockEvent0\x01\x12;\n\x04Keys\x12\x18.palisade.v1.KeysRequest\x1a\x19.palisade.v1.KeysResponse2\x93\x03\n\x04Raft\x12\x43\n\rAppendEntries\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12\x46\n\x0c\x41ppendStream\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload(\x01\x30\x01\x12:\n\x04Vote\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12\x45\n\x0fInstallSnapshot\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12>\n\x08Identify\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12;\n\x05\x43lock\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayloadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!palisade_client/v1/palisade.proto\x12\x0bpalisade.v1\"\x9a\x01\n\x0e\x41\x63quireRequest\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\x13\n\x06ttl_ms\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07wait_ms\x18\x03 \x01(\x04\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12%\n\x05\x63lass\x18\x05 \x01(\x0e\x32\x16.palisade.v1.LockClass\x12\x12\n\nrequest_id\x18\x06 \x01(\tB\t\n\x07_ttl_ms\"\xaf\x01\n\x0f\x41\x63quireResponse\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08lease_id\x18\x08 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\x04\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\t\x12%\n\x05\x63lass\x18\x07 \x01(\x0e\x32\x16.palisade.v1.LockClass\x12\x11\n\tprincipal\x18\t \x01(\tJ\x04\x08\x03\x10\x04\"&\n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02\"F\n\rRenewResponse\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x0e\n\x06ttl_ms\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04J\x04\x08\x01\x10\x02\"(\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02\")\n\x0fReleaseResponse\x12\x10\n\x08lease_id\x18\x02 \x01(\tJ\x04\x08\x01\x10\x02\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04lock\x18\x01 \x01(\t\"\r\n\x0bListRequest\",\n\x0cWatchRequest\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\"\x80\x02\n\x08LockInfo\x12\x0c\n\x04lock\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08lease_id\x18\n \x01(\t\x12\x0e\n\x06holder\x18\x05 \x01(\t\x12\x11\n\tprincipal\x18\x0b \x01(\t\x12\x0e\n\x06ttl_ms\x18\x06 \x01(\x04\x12\x14\n\x0cremaining_ms\x18\x07 \x01(\x04\x12%\n\x05\x63lass\x18\x08 \x01(\x0e\x32\x16.palisade.v1.LockClass\x12\x0f\n\x07waiters\x18\t \x01(\r\x12\x17\n\x0fgranted_unix_ms\x18\x0c \x01(\x04\x12\x17\n\x0frenewed_unix_ms\x18\r \x01(\x04J\x04\x08\x04\x10\x05\"4\n\x0cListResponse\x12$\n\x05locks\x18\x01 \x03(\x0b\x32\x15.palisade.v1.LockInfo\"K\n\tLockEvent\x12$\n\x05state\x18\x01 \x01(\x0b\x32\x15.palisade.v1.LockInfo\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\n\n\x02\x62y\x18\x03 \x01(\t\"\r\n\x0bKeysRequest\"B\n\tPublicKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\t\x12\x11\n\talgorithm\x18\x03 \x01(\t\"4\n\x0cKeysResponse\x12$\n\x04keys\x18\x01 \x03(\x0b\x32\x16.palisade.v1.PublicKey\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04json\x18\x01 \x01(\x0c*[\n\tLockClass\x12\x1a\n\x16LOCK_CLASS_UNSPECIFIED\x10\x00\x12\x17\n\x13LOCK_CLASS_CRITICAL\x10\x01\x12\x19\n\x15LOCK_CLASS_EFFICIENCY\x10\x02\x32\x9a\x04\n\x0b\x43oordinator\x12\x44\n\x07\x41\x63quire\x12\x1b.palisade.v1.AcquireRequest\x1a\x1c.palisade.v1.AcquireResponse\x12>\n\x05Renew\x12\x19.palisade.v1.RenewRequest\x1a\x1a.palisade.v1.RenewResponse\x12\x44\n\x07Release\x12\x1b.palisade.v1.ReleaseRequest\x1a\x1c.palisade.v1.ReleaseResponse\x12\x46\n\tKeepalive\x12\x19.palisade.v1.RenewRequest\x1a\x1a.palisade.v1.RenewResponse(\x01\x30\x01\x12?\n\x08\x44\x65scribe\x12\x1c.palisade.v1.DescribeRequest\x1a\x15.palisade.v1.LockInfo\x12;\n\x04List\x12\x18.palisade.v1.ListRequest\x1a\x19.palisade.v1.ListResponse\x12<\n\x05Watch\x12\x19.palisade.v1.WatchRequest\x1a\x16.palisade.v1.LockEvent0\x01\x12;\n\x04Keys\x12\x18.palisade.v1.KeysRequest\x1a\x19.palisade.v1.KeysResponse2\x93\x03\n\x04Raft\x12\x43\n\rAppendEntries\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12\x46\n\x0c\x41ppendStream\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload(\x01\x30\x01\x12:\n\x04Vote\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12\x45\n\x0fInstallSnapshot\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12>\n\x08Identify\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayload\x12;\n\x05\x43lock\x12\x18.palisade.v1.RaftPayload\x1a\x18.palisade.v1.RaftPayloadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'palisade_client.v1.palisade_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LOCKCLASS']._serialized_start=1207
-  _globals['_LOCKCLASS']._serialized_end=1298
+  _globals['_LOCKCLASS']._serialized_start=1232
+  _globals['_LOCKCLASS']._serialized_end=1323
   _globals['_ACQUIREREQUEST']._serialized_start=51
   _globals['_ACQUIREREQUEST']._serialized_end=205
   _globals['_ACQUIRERESPONSE']._serialized_start=208
@@ -52,21 +52,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_start=630
   _globals['_WATCHREQUEST']._serialized_end=674
   _globals['_LOCKINFO']._serialized_start=677
-  _globals['_LOCKINFO']._serialized_end=908
-  _globals['_LISTRESPONSE']._serialized_start=910
-  _globals['_LISTRESPONSE']._serialized_end=962
-  _globals['_LOCKEVENT']._serialized_start=964
-  _globals['_LOCKEVENT']._serialized_end=1039
-  _globals['_KEYSREQUEST']._serialized_start=1041
-  _globals['_KEYSREQUEST']._serialized_end=1054
-  _globals['_PUBLICKEY']._serialized_start=1056
-  _globals['_PUBLICKEY']._serialized_end=1122
-  _globals['_KEYSRESPONSE']._serialized_start=1124
-  _globals['_KEYSRESPONSE']._serialized_end=1176
-  _globals['_RAFTPAYLOAD']._serialized_start=1178
-  _globals['_RAFTPAYLOAD']._serialized_end=1205
-  _globals['_COORDINATOR']._serialized_start=1301
-  _globals['_COORDINATOR']._serialized_end=1839
-  _globals['_RAFT']._serialized_start=1842
-  _globals['_RAFT']._serialized_end=2245
+  _globals['_LOCKINFO']._serialized_end=933
+  _globals['_LISTRESPONSE']._serialized_start=935
+  _globals['_LISTRESPONSE']._serialized_end=987
+  _globals['_LOCKEVENT']._serialized_start=989
+  _globals['_LOCKEVENT']._serialized_end=1064
+  _globals['_KEYSREQUEST']._serialized_start=1066
+  _globals['_KEYSREQUEST']._serialized_end=1079
+  _globals['_PUBLICKEY']._serialized_start=1081
+  _globals['_PUBLICKEY']._serialized_end=1147
+  _globals['_KEYSRESPONSE']._serialized_start=1149
+  _globals['_KEYSRESPONSE']._serialized_end=1201
+  _globals['_RAFTPAYLOAD']._serialized_start=1203
+  _globals['_RAFTPAYLOAD']._serialized_end=1230
+  _globals['_COORDINATOR']._serialized_start=1326
+  _globals['_COORDINATOR']._serialized_end=1864
+  _globals['_RAFT']._serialized_start=1867
+  _globals['_RAFT']._serialized_end=2270
 # @@protoc_insertion_point(module_scope)

@@ -166,6 +166,9 @@ fn a_stale_write_refused(server: &ServerProcess, store: &ResourceProcess) -> (u6
     };
     let out = put("from B", &b);
     assert!(out.status.success(), "{}", stderr(&out));
+    // B renews once: the timeline marks the renewal on B's bar.
+    let renewed = server.cli(&["lock", "renew", b["lease_id"].as_str().unwrap()]);
+    assert!(renewed.status.success(), "{}", stderr(&renewed));
     let out = put("from A", &a);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
     (a_epoch, b_epoch)
@@ -212,6 +215,15 @@ fn assert_the_page_shows_it(dom: &str, a_epoch: u64, b_epoch: u64) -> usize {
             "the page lacks {check:?}:\n{dom}"
         );
     }
+    let b_bar = format!(
+        "class=\"lease\" data-lock=\"report/7\" data-epoch=\"{b_epoch}\" data-holder=\"worker-b\""
+    );
+    let bar = &dom[dom.find(&b_bar).unwrap()..];
+    let bar = &bar[..bar.find("</g>").unwrap()];
+    assert!(
+        bar.contains("class=\"renewal\""),
+        "B's renewal is on its bar: {bar}"
+    );
     let probes = dom.matches("data-probe=\"true\"").count();
     assert!(probes > 0, "the probe's transitions are labelled:\n{dom}");
     assert_eq!(
