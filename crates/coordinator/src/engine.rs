@@ -107,54 +107,7 @@ fn not_leader_message(leader: &Option<LeaderHint>) -> String {
     }
 }
 
-/// How a lease ended or began, for watchers and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransitionKind {
-    /// A lease was granted.
-    Granted,
-    /// A lease was released.
-    Released,
-    /// A lease expired.
-    Expired,
-    /// An admin ended a lease it did not hold (`palisade lock break`).
-    Broken,
-}
-
-impl TransitionKind {
-    /// The kind's name in metrics and the watch stream.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TransitionKind::Granted => "granted",
-            TransitionKind::Released => "released",
-            TransitionKind::Expired => "expired",
-            TransitionKind::Broken => "broken",
-        }
-    }
-}
-
-/// What `palisade lock break` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BreakOutcome {
-    /// This lease ended.
-    Broken(Lease),
-    /// Nobody held the lock: nothing to break.
-    Free,
-    /// The lock is held at another epoch than the one named: nothing was broken.
-    Other(Lease),
-}
-
-/// A durable ownership transition, broadcast after its commit.
-#[derive(Debug, Clone)]
-pub struct Transition {
-    /// What happened.
-    pub kind: TransitionKind,
-    /// The lease it happened to.
-    pub lease: Lease,
-    /// Time left on the lease at the commit (0 unless granted).
-    pub remaining_ms: u64,
-    /// Who broke it ([`TransitionKind::Broken`] only).
-    pub by: Option<Principal>,
-}
+pub use crate::transition::{BreakOutcome, Transition, TransitionKind};
 
 type Reply<T> = oneshot::Sender<Result<T, CoordinatorError>>;
 
@@ -588,42 +541,7 @@ async fn wait_for_clock(
     }
 }
 
-/// A wall clock that follows tokio's clock from a chosen starting time, and can be stepped:
-/// under a paused runtime (tests, the cluster simulation) its time moves exactly as the
-/// runtime's does, so every run is deterministic, and a test steps it back or forward to see
-/// what the engine does with a clock that jumps ([`palisade_core::clock`]).
-#[derive(Debug)]
-pub struct SteppableClock {
-    origin: Instant,
-    origin_ms: u64,
-    /// Milliseconds added to (or, negative, taken from) the clock's reading.
-    step_ms: std::sync::atomic::AtomicI64,
-}
-
-impl SteppableClock {
-    /// A clock that reads `origin_ms` now and moves on with tokio's clock.
-    pub fn starting_at(origin_ms: u64) -> Self {
-        Self {
-            origin: Instant::now(),
-            origin_ms,
-            step_ms: std::sync::atomic::AtomicI64::new(0),
-        }
-    }
-
-    /// Steps the clock by `ms` (negative: back), as an operator or NTP stepping it would.
-    pub fn step(&self, ms: i64) {
-        self.step_ms.fetch_add(ms, Ordering::SeqCst);
-    }
-}
-
-impl WallClock for SteppableClock {
-    fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.origin_ms
-            .saturating_add(elapsed)
-            .saturating_add_signed(self.step_ms.load(Ordering::SeqCst))
-    }
-}
+pub use crate::steppable_clock::SteppableClock;
 
 struct Engine<S> {
     table: LeaseTable,

@@ -25,8 +25,10 @@ pub mod keys;
 pub mod lease_secret;
 pub mod log_store;
 pub mod metrics;
+pub mod steppable_clock;
 pub mod store;
 pub mod store_conformance;
+pub mod transition;
 
 /// File name of the lease store (the lease log) inside the data directory.
 pub const STORE_FILE: &str = "coordinator.log";

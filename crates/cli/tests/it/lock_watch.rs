@@ -8,24 +8,36 @@ use std::process::{Command, Stdio};
 use common::ServerProcess;
 use serde_json::Value;
 
-#[test]
-fn lock_watch_prints_each_transition_as_it_happens() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(dir.path());
+/// `palisade lock watch NAME --count 4 --json` against `server`, and its output's lines.
+/// Bounded: a watch that hears nothing is killed after 30 s, and the test fails.
+fn watch_json(
+    server: &ServerProcess,
+    name: &str,
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
     let mut watch = Command::new(common::BINARY)
-        .args(["lock", "watch", "watch/1", "--count", "4", "--json"])
+        .args(["lock", "watch", name, "--count", "4", "--json"])
         .args(["--endpoint", &server.url])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    // Bounded: a watch that hears nothing is killed after 30 s, and the test fails.
     let pid = nix::unistd::Pid::from_raw(watch.id() as i32);
     std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_secs(30));
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     });
-    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    (watch, lines)
+}
+
+#[test]
+fn lock_watch_prints_each_transition_as_it_happens() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path());
+    let (mut watch, mut lines) = watch_json(&server, "watch/1");
     let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
     let now = next();
     assert_eq!(
@@ -176,19 +188,7 @@ fn lock_watch_follows_every_lock_under_a_prefix() {
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let held = acquire("jobs/a");
-    let mut watch = Command::new(common::BINARY)
-        .args(["lock", "watch", "jobs/*", "--count", "4", "--json"])
-        .args(["--endpoint", &server.url])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = nix::unistd::Pid::from_raw(watch.id() as i32);
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(30));
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-    });
-    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let (mut watch, mut lines) = watch_json(&server, "jobs/*");
     let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
     let now = next();
     assert_eq!(
